@@ -1,0 +1,3 @@
+"""beam_pipelines package."""
+
+__all__: list[str] = []

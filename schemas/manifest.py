@@ -1,0 +1,280 @@
+"""``dataset.json``: the manifest that commits a dataset and tells readers what it holds.
+
+The writer publishes ``dataset.json`` last; readers trust only the shards it lists. This module
+is storage-agnostic: it converts between ``Manifest`` objects and JSON text, and names files.
+Reading and writing the bytes is the caller's job (Beam FileSystems in the pipeline, the shard
+cache or local files in the reader).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from schemas.image_example import SCHEMA_VERSION
+
+__all__ = [
+    "MANIFEST_NAME",
+    "REJECTED_NAME",
+    "TOOL_NAME",
+    "TOOL_VERSION",
+    "ENCODINGS",
+    "CROPS",
+    "ShardInfo",
+    "SplitInfo",
+    "Counts",
+    "ImageSpec",
+    "Manifest",
+    "shard_filename",
+    "parse_shard_filename",
+]
+
+MANIFEST_NAME = "dataset.json"
+REJECTED_NAME = "rejected.jsonl"
+TOOL_NAME = "tfrecord-service"
+TOOL_VERSION = "0.1.0"
+ENCODINGS = ("jpeg", "png", "raw")
+CROPS = ("none", "center")
+
+_SHARD_RE = re.compile(
+    r"^(?P<split>[a-z][a-z0-9_]*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.tfrecord$"
+)
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+def shard_filename(split: str, index: int, count: int) -> str:
+    """Names a shard: ``train-00003-of-00016.tfrecord``.
+
+    Raises:
+      ValueError: if ``split`` is not a lowercase identifier or ``index`` is not in ``[0, count)``.
+    """
+    if not re.match(r"^[a-z][a-z0-9_]*$", split):
+        raise ValueError(f"split name must be a lowercase identifier like 'train', got {split!r}")
+    if not 0 <= index < count or count > 99999:
+        raise ValueError(
+            f"shard index must be in [0, count) with count <= 99999, got {index} of {count}"
+        )
+    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
+
+
+def parse_shard_filename(name: str) -> tuple[str, int, int]:
+    """Inverse of ``shard_filename``: returns ``(split, index, count)``.
+
+    Raises:
+      ValueError: if ``name`` is not a shard file name.
+    """
+    match = _SHARD_RE.match(name)
+    if not match:
+        raise ValueError(f"not a shard file name like 'train-00003-of-00016.tfrecord': {name!r}")
+    return match["split"], int(match["index"]), int(match["count"])
+
+
+def _require_int(name: str, value: Any, minimum: int = 0) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardInfo:
+    """One shard file: its path relative to the dataset root, record count, size and hash."""
+
+    file: str
+    num_examples: int
+    num_bytes: int
+    sha256: str
+
+    def __post_init__(self) -> None:
+        if (
+            not isinstance(self.file, str)
+            or not self.file
+            or self.file.startswith("/")
+            or ".." in self.file.split("/")
+        ):
+            raise ValueError(
+                f"shard file must be a relative path inside the dataset, got {self.file!r}"
+            )
+        _require_int("num_examples", self.num_examples)
+        _require_int("num_bytes", self.num_bytes)
+        if not isinstance(self.sha256, str) or not _SHA256_RE.match(self.sha256):
+            raise ValueError(f"shard sha256 must be 64 lowercase hex digits, got {self.sha256!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitInfo:
+    """A split (``train``, ``validation``) and its shards, in read order."""
+
+    num_examples: int
+    shards: tuple[ShardInfo, ...]
+
+    def __post_init__(self) -> None:
+        _require_int("num_examples", self.num_examples)
+        total = sum(s.num_examples for s in self.shards)
+        if total != self.num_examples:
+            raise ValueError(
+                f"split num_examples {self.num_examples} != sum over its shards {total}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Counts:
+    """Where every input went: ``input == written + rejected + duplicates``, exactly."""
+
+    input: int
+    written: int
+    rejected: int
+    duplicates: int
+
+    def __post_init__(self) -> None:
+        for name in ("input", "written", "rejected", "duplicates"):
+            _require_int(name, getattr(self, name))
+        if self.input != self.written + self.rejected + self.duplicates:
+            raise ValueError(
+                f"counts do not add up: input {self.input} != written {self.written} + "
+                f"rejected {self.rejected} + duplicates {self.duplicates}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class ImageSpec:
+    """How the stored images were prepared, so a reader can pick its decode path."""
+
+    encoding: str
+    image_size: int
+    crop: str
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
+        _require_int("image_size", self.image_size, minimum=1)
+        if self.crop not in CROPS:
+            raise ValueError(f"crop must be one of {CROPS}, got {self.crop!r}")
+        if self.encoding == "raw" and self.crop != "center":
+            raise ValueError(
+                "encoding 'raw' requires crop 'center' (RAW examples must share one shape)"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """The content of ``dataset.json``.
+
+    It holds no timestamps or host names, so that the same input and options give the same
+    manifest on every runner.
+    """
+
+    label_names: tuple[str, ...]
+    splits: Mapping[str, SplitInfo]
+    counts: Counts
+    image: ImageSpec
+    rejected_file: str = REJECTED_NAME
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+    tool: str = TOOL_NAME
+    tool_version: str = TOOL_VERSION
+
+    def __post_init__(self) -> None:
+        if self.schema_version != SCHEMA_VERSION:
+            raise ValueError(
+                f"dataset schema_version {self.schema_version!r} is not supported; this build reads "
+                f"version {SCHEMA_VERSION}"
+            )
+        if len(set(self.label_names)) != len(self.label_names) or not all(
+            isinstance(n, str) and n for n in self.label_names
+        ):
+            raise ValueError(
+                f"label_names must be distinct non-empty strings, got {list(self.label_names)!r}"
+            )
+        for name in self.splits:
+            if not re.match(r"^[a-z][a-z0-9_]*$", name):
+                raise ValueError(f"split name must be a lowercase identifier, got {name!r}")
+        written = sum(s.num_examples for s in self.splits.values())
+        if written != self.counts.written:
+            raise ValueError(
+                f"counts.written {self.counts.written} != examples in splits {written}"
+            )
+
+    def split(self, name: str) -> SplitInfo:
+        """Returns a split by name.
+
+        Raises:
+          KeyError: naming the split and the splits the dataset has.
+        """
+        if name not in self.splits:
+            raise KeyError(f"split {name!r} not in dataset; it has {sorted(self.splits)}")
+        return self.splits[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "tool": self.tool,
+            "tool_version": self.tool_version,
+            "label_names": list(self.label_names),
+            "image": dataclasses.asdict(self.image),
+            "splits": {
+                name: {
+                    "num_examples": split.num_examples,
+                    "shards": [dataclasses.asdict(s) for s in split.shards],
+                }
+                for name, split in sorted(self.splits.items())
+            },
+            "counts": dataclasses.asdict(self.counts),
+            "rejected_file": self.rejected_file,
+            "options": dict(self.options),
+        }
+
+    def to_json(self) -> str:
+        """Deterministic JSON text (sorted keys, fixed indentation, trailing newline)."""
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
+        """Builds and validates a manifest from parsed JSON.
+
+        Raises:
+          ValueError: naming the missing or bad field.
+        """
+        try:
+            splits = {
+                name: SplitInfo(
+                    num_examples=split["num_examples"],
+                    shards=tuple(ShardInfo(**shard) for shard in split["shards"]),
+                )
+                for name, split in data["splits"].items()
+            }
+            return cls(
+                label_names=tuple(data["label_names"]),
+                splits=splits,
+                counts=Counts(**data["counts"]),
+                image=ImageSpec(**data["image"]),
+                rejected_file=data["rejected_file"],
+                options=dict(data.get("options", {})),
+                schema_version=data["schema_version"],
+                tool=data.get("tool", TOOL_NAME),
+                tool_version=data.get("tool_version", "unknown"),
+            )
+        except KeyError as e:
+            raise ValueError(f"dataset.json is missing field {e}") from e
+        except TypeError as e:
+            raise ValueError(f"dataset.json has a malformed field: {e}") from e
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Manifest:
+        """Parses ``dataset.json`` text.
+
+        Raises:
+          ValueError: if the text is not JSON or does not describe a valid dataset.
+        """
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"dataset.json is not valid JSON: {e}") from e
+        if not isinstance(data, dict):
+            raise ValueError(f"dataset.json must hold a JSON object, got {type(data).__name__}")
+        return cls.from_dict(data)
+
+    def all_shards(self) -> Sequence[ShardInfo]:
+        """Every shard of every split, splits in name order."""
+        return [s for _, split in sorted(self.splits.items()) for s in split.shards]

@@ -1,0 +1,10 @@
+"""Shared pytest fixtures. Each area keeps its fixtures in tests/fixtures/<area>.py."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from tests.fixtures.dask_cluster import *  # noqa: E402,F403
+from tests.fixtures.data_service import *  # noqa: E402,F403
+from tests.fixtures.images import *  # noqa: E402,F403
+from tests.fixtures.object_store import *  # noqa: E402,F403

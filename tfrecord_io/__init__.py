@@ -1,0 +1,3 @@
+"""tfrecord_io package."""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""trainer package."""
+
+__all__: list[str] = []
