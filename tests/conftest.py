@@ -8,3 +8,4 @@ from tests.fixtures.dask_cluster import *  # noqa: E402,F403
 from tests.fixtures.data_service import *  # noqa: E402,F403
 from tests.fixtures.images import *  # noqa: E402,F403
 from tests.fixtures.object_store import *  # noqa: E402,F403
+from tests.fixtures.shards import *  # noqa: E402,F403
