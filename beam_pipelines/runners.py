@@ -1,20 +1,70 @@
-"""Runner short names accepted on the command line, mapped to the class paths Beam needs."""
+"""Runner short names accepted on the command line, and checks of runner-specific options."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
-__all__ = ["RUNNER_ALIASES", "resolve_runner_aliases"]
+__all__ = ["DASK_RUNNER", "RUNNER_ALIASES", "resolve_runner_aliases"]
 
-# Beam resolves only its built-in runners by short name; the Dask runner must be named by its
-# full class path.
+# Beam's own DaskRunner computes only one branch of a pipeline and mixes tagged outputs (see
+# beam_pipelines.dask_runner), so both its short name and its full class path select the
+# corrected subclass.
+DASK_RUNNER = "beam_pipelines.dask_runner.DaskRunner"
 RUNNER_ALIASES = {
-    "DaskRunner": "apache_beam.runners.dask.dask_runner.DaskRunner",
+    "DaskRunner": DASK_RUNNER,
+    "apache_beam.runners.dask.dask_runner.DaskRunner": DASK_RUNNER,
 }
+
+_DASK_FLAGS = (
+    "--dask_client_address",
+    "--dask_scheduler_file",
+    "--dask_connection_timeout",
+    "--dask_client_name",
+    "--dask_connection_limit",
+    "--dask_npartitions",
+    "--dask_partition_size",
+)
+_DASK_ADDRESS = re.compile(
+    r"^(?:(?:tcp|tls|ucx|ws|wss)://)?(?P<host>\[[0-9a-fA-F:]+\]|[^:/\s]+):(?P<port>\d+)$"
+)
+
+
+def _flag_values(argv: Sequence[str], flag: str) -> list[str]:
+    values: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == flag:
+            if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+                raise ValueError(f"{flag} needs a value")
+            values.append(argv[i + 1])
+        elif arg.startswith(flag + "="):
+            values.append(arg.split("=", 1)[1])
+    return values
+
+
+def _check_dask_address(address: str) -> None:
+    match = _DASK_ADDRESS.match(address)
+    if match is None or not 0 < int(match["port"]) < 65536:
+        raise ValueError(
+            f"--dask_client_address {address!r} is not a Dask scheduler address; expected "
+            "[tcp://]HOST:PORT, for example tcp://127.0.0.1:8786"
+        )
 
 
 def resolve_runner_aliases(argv: Sequence[str]) -> list[str]:
-    """Returns ``argv`` with any ``--runner`` short name from ``RUNNER_ALIASES`` expanded."""
+    """Expands ``--runner`` short names and checks the options that go with the runner.
+
+    Args:
+        argv: Command-line arguments, Beam pipeline options included.
+
+    Returns:
+        ``argv`` with any ``--runner`` name from ``RUNNER_ALIASES`` replaced by its class path.
+
+    Raises:
+        ValueError: ``--runner`` has no value; a ``--dask_*`` option is given for a runner
+            other than the DaskRunner; ``--dask_client_address`` is not ``[tcp://]HOST:PORT``;
+            or it is given together with ``--dask_scheduler_file``.
+    """
     out: list[str] = []
     expand_next = False
     for arg in argv:
@@ -29,4 +79,21 @@ def resolve_runner_aliases(argv: Sequence[str]) -> list[str]:
             out.append(f"--runner={RUNNER_ALIASES.get(name, name)}")
         else:
             out.append(arg)
+    runners = _flag_values(out, "--runner")
+    runner = runners[-1] if runners else "DirectRunner"
+    dask_flags = [
+        flag for flag in _DASK_FLAGS if any(a == flag or a.startswith(flag + "=") for a in out)
+    ]
+    if dask_flags and runner != DASK_RUNNER:
+        raise ValueError(
+            f"{', '.join(dask_flags)} only apply to --runner DaskRunner, but the runner is "
+            f"{runner!r}"
+        )
+    addresses = _flag_values(out, "--dask_client_address")
+    for address in addresses:
+        _check_dask_address(address)
+    if addresses and _flag_values(out, "--dask_scheduler_file"):
+        raise ValueError(
+            "--dask_client_address and --dask_scheduler_file both name the scheduler; give one"
+        )
     return out
