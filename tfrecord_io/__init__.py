@@ -1,3 +1,27 @@
-"""tfrecord_io package."""
+"""tfrecord_io: the fast, resumable tf.data reader for image TFRecord shards, and verification."""
 
-__all__: list[str] = []
+from tfrecord_io.decode import MEAN_RGB, STDDEV_RGB, DecodeConfig
+from tfrecord_io.reader import CorruptionCounter, ReaderConfig, make_dataset
+from tfrecord_io.source import (
+    ResolvedSource,
+    ShardFile,
+    label_names,
+    load_manifest,
+    num_classes,
+    resolve_source,
+)
+
+__all__ = [
+    "MEAN_RGB",
+    "STDDEV_RGB",
+    "DecodeConfig",
+    "CorruptionCounter",
+    "ReaderConfig",
+    "make_dataset",
+    "ResolvedSource",
+    "ShardFile",
+    "label_names",
+    "load_manifest",
+    "num_classes",
+    "resolve_source",
+]

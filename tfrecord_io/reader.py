@@ -1,0 +1,529 @@
+"""``make_dataset``: the fast, resumable ``tf.data`` reader for image TFRecord shards.
+
+The chain is built in a fixed order (the order of tensorflow/datasets' reader):
+
+  shard files -> shard by input pipeline -> shuffle files (per epoch, seeded) -> repeat
+  -> parallel interleave of per-file readers (large read buffer, integrity check)
+  -> [cache] -> shuffle records -> zip per-example seeds -> batch -> parse_example (vectorised)
+  -> decode + crop + flip (parallel) -> [tf.data service] -> prefetch
+
+Every step is a native ``tf.data`` op, so ``tf.train.Checkpoint(iterator=it)`` saves the
+position and a restored iterator continues exactly; augmentation draws only on per-example seeds
+from ``tf.data.Dataset.random``, whose state is part of that checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+
+from tfrecord_io.decode import DCT_METHODS, OUTPUTS, DecodeConfig, decode_batch, parse_batch
+from tfrecord_io.source import ResolvedSource, ShardFile, resolve_source
+
+__all__ = [
+    "DEFAULT_READ_BUFFER_BYTES",
+    "SHARDING_POLICIES",
+    "CorruptionCounter",
+    "ReaderConfig",
+    "make_dataset",
+]
+
+_log = logging.getLogger(__name__)
+
+# Object stores serve large sequential reads far better than many small ones; 8 MiB per open
+# file is what the reference ImageNet input pipelines use for GCS.
+DEFAULT_READ_BUFFER_BYTES = 8 * 1024 * 1024
+# The record shuffle buffer is sized by bytes so RAW (150 KB/record) and JPEG (30 KB/record)
+# datasets hold a similar amount of memory.
+_SHUFFLE_BUFFER_BYTES = 256 * 1024 * 1024
+_MAX_SHUFFLE_BUFFER = 10_000
+_FOREIGN_SHUFFLE_BUFFER = 2_048
+_DEFAULT_CYCLE_LENGTH = 16
+# TFRecord framing: 8-byte length, 4-byte length CRC, payload, 4-byte payload CRC.
+_RECORD_OVERHEAD = 16
+SHARDING_POLICIES = ("files", "records", "auto")
+
+
+class CorruptionCounter:
+    """Counts damage skipped by a ``skip_corrupt=True`` reader; pass it as ``corruption_counter``.
+
+    The counts are TensorFlow variables updated inside the input pipeline, so they are exact
+    even with parallel readers. Read them with ``as_dict()``.
+    """
+
+    def __init__(self) -> None:
+        self.damaged_shards = tf.Variable(0, dtype=tf.int64, trainable=False, name="damaged_shards")
+        self.bytes_skipped = tf.Variable(0, dtype=tf.int64, trainable=False, name="bytes_skipped")
+        self.records_skipped = tf.Variable(
+            0, dtype=tf.int64, trainable=False, name="records_skipped"
+        )
+
+    def as_dict(self) -> dict[str, int]:
+        """``{damaged_shards, bytes_skipped, records_skipped}``; records only where the manifest
+        gives a shard's record count."""
+        return {
+            "damaged_shards": int(self.damaged_shards.numpy()),
+            "bytes_skipped": int(self.bytes_skipped.numpy()),
+            "records_skipped": int(self.records_skipped.numpy()),
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderConfig:
+    """The validated options of ``make_dataset`` (see its docstring for their meaning)."""
+
+    global_batch_size: int
+    training: bool = True
+    image_size: int = 224
+    seed: int | None = None
+    with_keys: bool = False
+    deterministic: bool | None = None
+    cache: str | None = None
+    output: str = "uint8"
+    skip_corrupt: bool = False
+    label_offset: int = 0
+    num_epochs: int | None = None
+    shuffle_buffer: int | None = None
+    cycle_length: int | None = None
+    read_buffer_bytes: int = DEFAULT_READ_BUFFER_BYTES
+    sharding: str = "files"
+    ram_budget_bytes: int | None = None
+    threads: int | None = None
+    jpeg_dct_method: str = "INTEGER_FAST"
+
+    def __post_init__(self) -> None:
+        def positive(name: str, value: Any, optional: bool = False) -> None:
+            if optional and value is None:
+                return
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(
+                    f"{name} must be a positive int{' or None' if optional else ''}, got {value!r}"
+                )
+
+        positive("global_batch_size", self.global_batch_size)
+        positive("image_size", self.image_size)
+        positive("num_epochs", self.num_epochs, optional=True)
+        positive("shuffle_buffer", self.shuffle_buffer, optional=True)
+        positive("cycle_length", self.cycle_length, optional=True)
+        positive("read_buffer_bytes", self.read_buffer_bytes)
+        positive("ram_budget_bytes", self.ram_budget_bytes, optional=True)
+        positive("threads", self.threads, optional=True)
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0
+        ):
+            raise ValueError(f"seed must be an int >= 0 or None, got {self.seed!r}")
+        if self.output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, got {self.output!r}")
+        if self.cache is not None and (not isinstance(self.cache, str) or not self.cache):
+            raise ValueError(
+                f"cache must be None, 'memory' or a file path prefix, got {self.cache!r}"
+            )
+        if self.sharding not in SHARDING_POLICIES:
+            raise ValueError(f"sharding must be one of {SHARDING_POLICIES}, got {self.sharding!r}")
+        if not isinstance(self.label_offset, int) or self.label_offset < 0:
+            raise ValueError(f"label_offset must be an int >= 0, got {self.label_offset!r}")
+        if self.jpeg_dct_method not in DCT_METHODS:
+            raise ValueError(
+                f"jpeg_dct_method must be one of {DCT_METHODS}, got {self.jpeg_dct_method!r}"
+            )
+
+    @property
+    def is_deterministic(self) -> bool:
+        """Explicit ``deterministic``, else deterministic when seeded or evaluating."""
+        if self.deterministic is not None:
+            return self.deterministic
+        return self.seed is not None or not self.training
+
+
+def _derive_seeds(seed: int | None, *words: int) -> tuple[int | None, int | None, int | None]:
+    """Independent (file, record, augmentation) seeds from one user seed and a salt."""
+    if seed is None:
+        return None, None, None
+    state = np.random.SeedSequence([seed, *words]).generate_state(3, dtype=np.uint32)
+    return int(state[0]), int(state[1]), int(state[2])
+
+
+def _shuffle_buffer(config: ReaderConfig, resolved: ResolvedSource, batch_size: int) -> int:
+    if config.shuffle_buffer is not None:
+        return config.shuffle_buffer
+    if resolved.manifest is None:
+        return _FOREIGN_SHUFFLE_BUFFER
+    total_bytes = sum(s.num_bytes for s in resolved.shards)
+    total_records = max(1, sum(max(s.num_examples, 0) for s in resolved.shards))
+    per_record = max(1, total_bytes // total_records)
+    return int(min(_MAX_SHUFFLE_BUFFER, max(batch_size, _SHUFFLE_BUFFER_BYTES // per_record)))
+
+
+def _read_shard(
+    path: tf.Tensor,
+    num_bytes: tf.Tensor,
+    num_examples: tf.Tensor,
+    *,
+    read_buffer_bytes: int,
+    skip_corrupt: bool,
+    counter: CorruptionCounter | None,
+) -> tf.data.Dataset:
+    """Reads one shard and checks it was read whole.
+
+    TensorFlow's ``DataLossError`` does not name the file it came from, and ``tf.data`` has no
+    way to catch and re-raise. So each file is read with errors ignored (a damaged TFRecord file
+    ends at its first bad record), the bytes and records read are counted, and at the end of the
+    file the count is compared with the committed size: a short read fails with an error that
+    names the shard, or with ``skip_corrupt`` is logged and counted.
+    """
+    records = tf.data.TFRecordDataset(path, buffer_size=read_buffer_bytes).ignore_errors()
+    tagged = records.map(lambda r: (r, tf.constant(False)))
+    end = tf.data.Dataset.from_tensors((tf.constant(b"", tf.string), tf.constant(True)))
+    tagged = tagged.concatenate(end)
+
+    def step(state: tuple[tf.Tensor, tf.Tensor], element: tuple[tf.Tensor, tf.Tensor]) -> Any:
+        read_bytes, read_records = state
+        record, is_end = element
+        size = tf.cast(tf.strings.length(record), tf.int64) + _RECORD_OVERHEAD
+        read_bytes += tf.where(is_end, tf.constant(0, tf.int64), size)
+        read_records += tf.where(is_end, tf.constant(0, tf.int64), tf.constant(1, tf.int64))
+        whole = tf.logical_and(
+            tf.equal(read_bytes, num_bytes),
+            tf.logical_or(tf.less(num_examples, 0), tf.equal(read_records, num_examples)),
+        )
+        damaged = tf.logical_and(is_end, tf.logical_not(whole))
+        details = [
+            path,
+            "read",
+            read_bytes,
+            "of",
+            num_bytes,
+            "bytes,",
+            read_records,
+            "records (expected",
+            num_examples,
+            "; -1 = unknown)",
+        ]
+        if skip_corrupt:
+
+            def report() -> tf.Tensor:
+                ops = [
+                    tf.print(
+                        "tfrecord_io: skipped damaged, missing or unreadable shard:",
+                        *details,
+                        output_stream=sys.stderr,
+                    )
+                ]
+                if counter is not None:
+                    ops.append(counter.damaged_shards.assign_add(1))
+                    ops.append(counter.bytes_skipped.assign_add(num_bytes - read_bytes))
+                    ops.append(
+                        counter.records_skipped.assign_add(
+                            tf.maximum(num_examples - read_records, 0)
+                        )
+                    )
+                with tf.control_dependencies(ops):
+                    return tf.constant(True)
+
+            done = tf.cond(damaged, report, lambda: tf.constant(True))
+            with tf.control_dependencies([done]):
+                record = tf.identity(record)
+        else:
+            check = tf.debugging.Assert(
+                tf.logical_not(damaged),
+                [
+                    "damaged, missing or unreadable TFRecord shard (DataLossError / CRC mismatch /"
+                    " truncated / size differs from dataset.json; pass skip_corrupt=True to skip"
+                    " it):",
+                    *details,
+                ],
+                summarize=16,
+            )
+            with tf.control_dependencies([check]):
+                record = tf.identity(record)
+        return (read_bytes, read_records), (record, is_end)
+
+    zero = tf.constant(0, tf.int64)
+    checked = tagged.scan((zero, zero), step)
+    return checked.filter(lambda record, is_end: tf.logical_not(is_end)).map(
+        lambda record, is_end: record
+    )
+
+
+def _pipeline_shards(
+    shards: tuple[ShardFile, ...],
+    resolved: ResolvedSource,
+    input_context: tf.distribute.InputContext | None,
+    policy: str,
+) -> tuple[tuple[ShardFile, ...], bool]:
+    """The shard files this input pipeline reads, and whether to shard by record instead."""
+    if input_context is None or input_context.num_input_pipelines == 1:
+        return shards, False
+    n = input_context.num_input_pipelines
+    i = input_context.input_pipeline_id
+    if len(shards) >= n and policy in ("files", "auto"):
+        return shards[i::n], False
+    if policy == "files":
+        raise ValueError(
+            f"split {resolved.split!r} of {resolved.source} has {len(shards)} shard file(s) but "
+            f"there are {n} input pipelines; file sharding needs at least one file per "
+            f"pipeline. Write more shards (e.g. images_to_tfrecord --num_shards {n * 8}), or "
+            f"pass sharding='records' (every pipeline reads every file and keeps 1/{n} of the "
+            f"records)."
+        )
+    if policy == "auto":
+        _log.warning(
+            "split %r of %s has %d shard file(s) for %d input pipelines: sharding by record, so "
+            "every pipeline reads every file",
+            resolved.split,
+            resolved.source,
+            len(shards),
+            n,
+        )
+    return shards, True
+
+
+def _cache_path(cache: str, input_context: tf.distribute.InputContext | None) -> str:
+    if cache == "memory":
+        return ""
+    if input_context is not None and input_context.num_input_pipelines > 1:
+        return (
+            f"{cache}.pipeline-{input_context.input_pipeline_id:05d}-of-"
+            f"{input_context.num_input_pipelines:05d}"
+        )
+    return cache
+
+
+def _options(
+    config: ReaderConfig, deterministic: bool, sharded_here: bool, service: str | None
+) -> tf.data.Options:
+    options = tf.data.Options()
+    options.deterministic = deterministic
+    options.autotune.enabled = True
+    if config.ram_budget_bytes is not None:
+        options.autotune.ram_budget = config.ram_budget_bytes
+    if config.threads is not None:
+        options.threading.private_threadpool_size = config.threads
+    # One thread per op: parallelism comes from tf.data's parallel map/interleave instead.
+    options.threading.max_intra_op_parallelism = 1
+    options.experimental_optimization.map_parallelization = True
+    options.experimental_optimization.parallel_batch = True
+    if sharded_here or service is not None:
+        # This reader (or the tf.data service) already decided who reads what.
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+    return options
+
+
+def make_dataset(
+    source: str | os.PathLike[str],
+    split: str = "train",
+    *,
+    global_batch_size: int,
+    input_context: tf.distribute.InputContext | None = None,
+    training: bool = True,
+    image_size: int = 224,
+    seed: int | None = None,
+    with_keys: bool = False,
+    deterministic: bool | None = None,
+    cache: str | None = None,
+    output: str = "uint8",
+    skip_corrupt: bool = False,
+    service: str | None = None,
+    service_job_name: str | None = None,
+    service_compression: str | None = "AUTO",
+    label_offset: int = 0,
+    num_epochs: int | None = None,
+    shuffle_buffer: int | None = None,
+    cycle_length: int | None = None,
+    read_buffer_bytes: int = DEFAULT_READ_BUFFER_BYTES,
+    sharding: str = "files",
+    ram_budget_bytes: int | None = None,
+    threads: int | None = None,
+    jpeg_dct_method: str = "INTEGER_FAST",
+    corruption_counter: CorruptionCounter | None = None,
+) -> tf.data.Dataset:
+    """Builds the input pipeline for one split of a dataset.
+
+    Args:
+      source: a dataset root or its ``dataset.json`` (written by the pipeline), or a glob of
+        TFRecord files in TensorFlow's ImageNet key convention (``image/encoded``,
+        ``image/class/label``; other keys optional).
+      split: the split to read from a manifest (ignored for a glob).
+      global_batch_size: the batch over all replicas; each yielded batch has the per-replica
+        size ``input_context.get_per_replica_batch_size(global_batch_size)`` (the global size
+        without an input context).
+      input_context: from ``tf.distribute``; shard files by ``input_pipeline_id``.
+      training: random crops, flips and shuffling, repeating ``num_epochs`` times (forever by
+        default) with full batches only. Otherwise one ordered pass, center crops, every example
+        exactly once and the last partial batch kept.
+      image_size: output side length.
+      seed: makes file order, record order and augmentation reproducible.
+      with_keys: also yield each example's ``image/key/sha256`` (empty for foreign shards
+        without it).
+      deterministic: keep element order under parallelism; default True when ``seed`` is set
+        or when evaluating.
+      cache: None, ``"memory"``, or a file path prefix. The cache holds serialised records and
+        sits before shuffling and augmentation, so every epoch still gets fresh crops; with a
+        cache the file order is shuffled once, and the record buffer does the mixing.
+      output: ``"uint8"`` (normalise on the accelerator) or ``"float32"`` normalised with
+        ``decode.MEAN_RGB`` / ``decode.STDDEV_RGB``.
+      skip_corrupt: log and count damaged shards (their remaining records are skipped) instead
+        of failing. Pass ``corruption_counter`` to read the counts.
+      service: a tf.data service dispatcher address; the pipeline up to decoded batches runs on
+        the service's workers, which shard the data (``input_context`` does not shard files).
+      service_job_name: shared job name for the tf.data service.
+      service_compression: tf.data service transfer compression (``"AUTO"`` or None).
+      label_offset: subtracted from stored labels. TensorFlow's ImageNet converters write
+        1-based labels (0 = background): pass 1 for their shards.
+      num_epochs: training passes; None repeats forever (training) or means 1 (eval).
+      shuffle_buffer: records in the shuffle buffer; default ~256 MiB worth, at most 10,000.
+      cycle_length: files read concurrently; default min(16, files).
+      read_buffer_bytes: read buffer per open file (8 MiB suits object storage).
+      sharding: ``"files"`` (error if fewer files than input pipelines), ``"records"`` (every
+        pipeline reads every file and keeps every n-th record), or ``"auto"`` (files when
+        possible, else records with a warning).
+      ram_budget_bytes: tf.data autotune RAM budget (default: TensorFlow's, half the RAM).
+      threads: size of a private thread pool for this pipeline (default: the shared pool).
+      jpeg_dct_method: libjpeg IDCT method; ``""`` is the library default.
+      corruption_counter: receives the counts when ``skip_corrupt`` is set.
+
+    Returns:
+      A ``tf.data.Dataset`` of ``(images, labels)`` or ``(images, labels, keys)``: images
+      ``[B, image_size, image_size, 3]`` uint8 or float32, labels int32, keys string.
+
+    Raises:
+      ValueError: on a bad option (naming it), a split with fewer files than input pipelines
+        under ``sharding="files"``, or a global batch not divisible by the replicas.
+      FileNotFoundError: if the source matches nothing.
+    """
+    config = ReaderConfig(
+        global_batch_size=global_batch_size,
+        training=training,
+        image_size=image_size,
+        seed=seed,
+        with_keys=with_keys,
+        deterministic=deterministic,
+        cache=cache,
+        output=output,
+        skip_corrupt=skip_corrupt,
+        label_offset=label_offset,
+        num_epochs=num_epochs,
+        shuffle_buffer=shuffle_buffer,
+        cycle_length=cycle_length,
+        read_buffer_bytes=read_buffer_bytes,
+        sharding=sharding,
+        ram_budget_bytes=ram_budget_bytes,
+        threads=threads,
+        jpeg_dct_method=jpeg_dct_method,
+    )
+    if corruption_counter is not None and not skip_corrupt:
+        raise ValueError("corruption_counter is only used with skip_corrupt=True")
+    if corruption_counter is not None and service is not None:
+        raise ValueError(
+            "corruption_counter cannot be used with a tf.data service: the pipeline runs in the "
+            "service's workers; damage is logged there"
+        )
+    resolved = resolve_source(source, split)
+    batch_size = (
+        input_context.get_per_replica_batch_size(global_batch_size)
+        if input_context is not None
+        else global_batch_size
+    )
+    deterministic_order = config.is_deterministic
+
+    if service is not None:
+        shards, by_record = resolved.shards, False
+        pipeline_id, num_pipelines = 0, 1
+    else:
+        shards, by_record = _pipeline_shards(
+            resolved.shards, resolved, input_context, config.sharding
+        )
+        pipeline_id = input_context.input_pipeline_id if input_context else 0
+        num_pipelines = input_context.num_input_pipelines if input_context else 1
+    # With record sharding every pipeline must see the same record sequence, so the file order
+    # seed is shared and interleaving is deterministic.
+    file_seed, _, _ = _derive_seeds(config.seed, 0 if by_record else pipeline_id)
+    _, record_seed, aug_seed = _derive_seeds(config.seed, pipeline_id)
+    if by_record:
+        deterministic_order = True
+
+    files = tf.data.Dataset.from_tensor_slices(
+        (
+            tf.constant([s.path for s in shards], tf.string),
+            tf.constant([s.num_bytes for s in shards], tf.int64),
+            tf.constant([s.num_examples for s in shards], tf.int64),
+        )
+    )
+    epochs = config.num_epochs if training else (config.num_epochs or 1)
+    if training:
+        files = files.shuffle(
+            len(shards), seed=file_seed, reshuffle_each_iteration=config.cache is None
+        )
+    if config.cache is None:
+        files = files.repeat(epochs)
+
+    def read(path: tf.Tensor, num_bytes: tf.Tensor, num_examples: tf.Tensor) -> tf.data.Dataset:
+        return _read_shard(
+            path,
+            num_bytes,
+            num_examples,
+            read_buffer_bytes=config.read_buffer_bytes,
+            skip_corrupt=config.skip_corrupt,
+            counter=corruption_counter,
+        )
+
+    records = files.interleave(
+        read,
+        cycle_length=min(config.cycle_length or _DEFAULT_CYCLE_LENGTH, len(shards)),
+        block_length=1,
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=deterministic_order,
+    )
+    if by_record:
+        records = records.shard(num_pipelines, pipeline_id)
+    if config.cache is not None:
+        records = records.cache(_cache_path(config.cache, input_context)).repeat(epochs)
+    if training:
+        records = records.shuffle(
+            _shuffle_buffer(config, resolved, batch_size),
+            seed=record_seed,
+            reshuffle_each_iteration=True,
+        )
+        records = tf.data.Dataset.zip((records, tf.data.Dataset.random(seed=aug_seed)))
+
+    decode_config = DecodeConfig(
+        image_size=config.image_size,
+        training=training,
+        encoding=resolved.manifest.image.encoding if resolved.manifest else "auto",
+        stored_size=resolved.manifest.image.image_size if resolved.manifest else None,
+        output=config.output,
+        with_keys=config.with_keys,
+        strict=resolved.manifest is not None,
+        label_offset=config.label_offset,
+        num_classes=len(resolved.label_names) if resolved.label_names else None,
+        jpeg_dct_method=config.jpeg_dct_method,
+    )
+
+    def decode(serialized: tf.Tensor, seeds: tf.Tensor | None = None) -> tuple[Any, ...]:
+        return decode_batch(parse_batch(serialized, decode_config), seeds, decode_config)
+
+    batches = records.batch(batch_size, drop_remainder=training)
+    batches = batches.map(
+        decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic_order
+    )
+    batches = batches.with_options(
+        _options(config, deterministic_order, input_context is not None, service)
+    )
+    if service is not None:
+        # Imported here: the service layer is optional and only needed on this branch.
+        from tfrecord_io.service import distribute_dataset
+
+        batches = distribute_dataset(
+            batches,
+            service=service,
+            training=training,
+            job_name=service_job_name,
+            compression=service_compression,
+        )
+    return batches.prefetch(tf.data.AUTOTUNE)

@@ -1,0 +1,245 @@
+"""Resolves a dataset source to a manifest, readable shard paths, sizes and label names.
+
+This is the one place where a ``source`` argument becomes files TensorFlow can open. A source is
+either a dataset root (or its ``dataset.json``) written by the pipeline, or a glob of TFRecord
+files in TensorFlow's ImageNet key convention with no manifest ("foreign" shards). Local paths
+and globs are handled directly; any other URI goes through ``tf.io.gfile``, so a remote-storage
+layer only has to change how paths are listed, opened and localised here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import os
+import posixpath
+
+from schemas import MANIFEST_NAME, Manifest
+
+__all__ = [
+    "ResolvedSource",
+    "ShardFile",
+    "is_remote",
+    "join",
+    "load_manifest",
+    "label_names",
+    "num_classes",
+    "read_bytes",
+    "resolve_source",
+]
+
+_GLOB_CHARS = frozenset("*?[")
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardFile:
+    """One shard file to read.
+
+    Attributes:
+      path: a path or URI that ``tf.data.TFRecordDataset`` can open.
+      num_bytes: the committed size from ``dataset.json``, or the size found on storage for
+        foreign shards. The reader checks that it read exactly this many bytes.
+      num_examples: the committed record count, or -1 when unknown (foreign shards).
+    """
+
+    path: str
+    num_bytes: int
+    num_examples: int = -1
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedSource:
+    """What a source resolves to for one split.
+
+    Attributes:
+      source: the source as given.
+      split: the split resolved (for a foreign glob, the name given by the caller).
+      manifest: the parsed ``dataset.json``, or None for foreign shards.
+      shards: the split's shard files, in committed order (sorted by name for a glob).
+      label_names: class names indexed by label, or None when no manifest names them.
+    """
+
+    source: str
+    split: str
+    manifest: Manifest | None
+    shards: tuple[ShardFile, ...]
+    label_names: tuple[str, ...] | None
+
+    @property
+    def paths(self) -> list[str]:
+        return [s.path for s in self.shards]
+
+    @property
+    def num_examples(self) -> int | None:
+        """Examples in the split, or None when unknown (foreign shards)."""
+        if self.manifest is None:
+            return None
+        return sum(s.num_examples for s in self.shards)
+
+
+def is_remote(path: str) -> bool:
+    """True for URIs with a scheme (``gs://…``, ``s3://…``), False for local paths."""
+    return "://" in path and not path.startswith("file://")
+
+
+def _local(path: str) -> str:
+    return path[len("file://") :] if path.startswith("file://") else path
+
+
+def join(root: str, relative: str) -> str:
+    """Joins a dataset root and a manifest-relative path (``/``-separated) for local or URI roots."""
+    if is_remote(root):
+        return posixpath.join(root.rstrip("/") + "/", relative)
+    return os.path.join(_local(root), *relative.split("/"))
+
+
+def read_bytes(path: str) -> bytes:
+    """Reads a whole (small) file such as ``dataset.json``."""
+    if is_remote(path):
+        import tensorflow as tf
+
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return f.read()
+    with open(_local(path), "rb") as f:
+        return f.read()
+
+
+def _exists(path: str) -> bool:
+    if is_remote(path):
+        import tensorflow as tf
+
+        return tf.io.gfile.exists(path)
+    return os.path.exists(_local(path))
+
+
+def _isdir(path: str) -> bool:
+    if is_remote(path):
+        import tensorflow as tf
+
+        return tf.io.gfile.isdir(path)
+    return os.path.isdir(_local(path))
+
+
+def _size(path: str) -> int:
+    if is_remote(path):
+        import tensorflow as tf
+
+        return tf.io.gfile.stat(path).length
+    return os.path.getsize(_local(path))
+
+
+def _glob(pattern: str) -> list[str]:
+    if is_remote(pattern):
+        import tensorflow as tf
+
+        return sorted(tf.io.gfile.glob(pattern))
+    return sorted(p for p in glob.glob(_local(pattern)) if os.path.isfile(p))
+
+
+def _manifest_path(source: str) -> str | None:
+    """The ``dataset.json`` a source points at, or None if it is not a dataset root."""
+    if any(c in source for c in _GLOB_CHARS):
+        return None
+    stripped = source.rstrip("/")
+    if posixpath.basename(stripped) == MANIFEST_NAME:
+        return stripped
+    if _isdir(stripped):
+        candidate = join(stripped, MANIFEST_NAME)
+        if _exists(candidate):
+            return candidate
+    return None
+
+
+def _as_str(source: str | os.PathLike[str]) -> str:
+    if isinstance(source, os.PathLike):
+        return os.fspath(source)
+    if not isinstance(source, str) or not source:
+        raise TypeError(
+            f"source must be a dataset directory, a dataset.json path, or a glob of TFRecord "
+            f"files, got {source!r}"
+        )
+    return source
+
+
+def load_manifest(source: str | os.PathLike[str]) -> Manifest | None:
+    """Loads the ``dataset.json`` of a dataset source.
+
+    Args:
+      source: a dataset root, its ``dataset.json``, or a glob of foreign shards.
+
+    Returns:
+      The manifest, or None when the source is a glob or a file of foreign shards.
+
+    Raises:
+      ValueError: if ``dataset.json`` exists but is not a valid manifest (naming the file).
+    """
+    path = _manifest_path(_as_str(source))
+    if path is None:
+        return None
+    try:
+        return Manifest.from_json(read_bytes(path))
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from e
+
+
+def label_names(source: str | os.PathLike[str]) -> tuple[str, ...] | None:
+    """Class names indexed by label, or None when the source has no manifest."""
+    manifest = load_manifest(source)
+    return None if manifest is None else manifest.label_names
+
+
+def num_classes(source: str | os.PathLike[str]) -> int | None:
+    """Number of classes, or None when the source has no manifest."""
+    names = label_names(source)
+    return None if names is None else len(names)
+
+
+def resolve_source(source: str | os.PathLike[str], split: str = "train") -> ResolvedSource:
+    """Resolves ``source`` to the shard files of ``split``.
+
+    Args:
+      source: a dataset root or its ``dataset.json`` (shards and label names come from the
+        manifest), or a glob / single path of foreign TFRecord files (``split`` is then only a
+        name: every matched file is read).
+      split: the split to read from a manifest.
+
+    Returns:
+      The resolved source.
+
+    Raises:
+      FileNotFoundError: if nothing matches, naming the source and what was expected.
+      KeyError: if the manifest has no such split (naming the splits it has).
+      ValueError: if the manifest is invalid or the split has no shards.
+    """
+    text = _as_str(source)
+    manifest = load_manifest(text)
+    if manifest is not None:
+        root = posixpath.dirname(_manifest_path(text) or "") or "."
+        info = manifest.split(split)
+        if not info.shards:
+            raise ValueError(f"split {split!r} of {text} has no shards")
+        shards = tuple(
+            ShardFile(path=join(root, s.file), num_bytes=s.num_bytes, num_examples=s.num_examples)
+            for s in info.shards
+        )
+        return ResolvedSource(text, split, manifest, shards, manifest.label_names)
+
+    if any(c in text for c in _GLOB_CHARS):
+        paths = _glob(text)
+        if not paths:
+            raise FileNotFoundError(f"no TFRecord files match {text!r}")
+    elif _isdir(text):
+        raise FileNotFoundError(
+            f"{text} has no {MANIFEST_NAME}: pass a dataset written by "
+            f"beam_pipelines.images_to_tfrecord, or a glob of TFRecord files such as "
+            f"'{join(text, '*')}'"
+        )
+    elif _exists(text):
+        paths = [text]
+    else:
+        raise FileNotFoundError(
+            f"source {text!r} does not exist; expected a dataset directory with "
+            f"{MANIFEST_NAME}, or a glob of TFRecord files"
+        )
+    shards = tuple(ShardFile(path=p, num_bytes=_size(p)) for p in paths)
+    return ResolvedSource(text, split, None, shards, None)
