@@ -1,3 +1,96 @@
-"""beam_pipelines package."""
+"""Images -> deterministic TFRecord shards + ``dataset.json``, as an Apache Beam pipeline."""
 
-__all__: list[str] = []
+from beam_pipelines.config import PipelineConfig, parse_background
+from beam_pipelines.elements import Duplicate, PreparedRecord, Rejection, ShardResult, SourceFile
+from beam_pipelines.images import (
+    REASONS,
+    STILL_FORMATS,
+    ImageOptions,
+    PreparedImage,
+    RejectedImage,
+    decode_rgb,
+    encode_image,
+    open_image,
+    prepare_image,
+    resize_and_crop,
+    sniff_format,
+)
+from beam_pipelines.images_to_tfrecord import (
+    ImagesToTFRecordOptions,
+    RunSummary,
+    config_from_options,
+    main,
+    run,
+)
+from beam_pipelines.publish import (
+    DUPLICATES_NAME,
+    OutputExistsError,
+    StageResults,
+    prepare_output,
+    publish_manifest,
+    read_manifest,
+    remove_unlisted_shards,
+)
+from beam_pipelines.runners import RUNNER_ALIASES, resolve_runner_aliases
+from beam_pipelines.shards import (
+    METRICS_NAMESPACE,
+    TRAIN,
+    VALIDATION,
+    WriteShards,
+    assign_shard,
+    assign_split,
+    dedupe_sorted,
+    plan_shard_counts,
+)
+from beam_pipelines.sources import LabelNames, ListSources, is_listing, parse_listing_line
+from beam_pipelines.transforms import ImagesToShards, PrepareImages, read_source
+
+__all__ = [
+    "PipelineConfig",
+    "parse_background",
+    "Duplicate",
+    "PreparedRecord",
+    "Rejection",
+    "ShardResult",
+    "SourceFile",
+    "REASONS",
+    "STILL_FORMATS",
+    "ImageOptions",
+    "PreparedImage",
+    "RejectedImage",
+    "decode_rgb",
+    "encode_image",
+    "open_image",
+    "prepare_image",
+    "resize_and_crop",
+    "sniff_format",
+    "ImagesToTFRecordOptions",
+    "RunSummary",
+    "config_from_options",
+    "main",
+    "run",
+    "DUPLICATES_NAME",
+    "OutputExistsError",
+    "StageResults",
+    "prepare_output",
+    "publish_manifest",
+    "read_manifest",
+    "remove_unlisted_shards",
+    "RUNNER_ALIASES",
+    "resolve_runner_aliases",
+    "METRICS_NAMESPACE",
+    "TRAIN",
+    "VALIDATION",
+    "WriteShards",
+    "assign_shard",
+    "assign_split",
+    "dedupe_sorted",
+    "plan_shard_counts",
+    "LabelNames",
+    "ListSources",
+    "is_listing",
+    "parse_listing_line",
+    "ImagesToShards",
+    "PrepareImages",
+    "read_source",
+]

@@ -1,0 +1,296 @@
+"""Images -> deterministic TFRecord shards + ``dataset.json``.
+
+Usage::
+
+  python -m beam_pipelines.images_to_tfrecord --input SRC --output DST [options] [Beam options]
+
+``SRC`` is a directory or prefix laid out as ``<class name>/<image file>``, or a ``.csv`` /
+``.jsonl`` listing of ``uri,label``. Every Beam pipeline option (``--runner``,
+``--direct_num_workers``, ``--direct_running_mode``…) passes through untouched.
+
+Exit status: 0 when the dataset is published; 1 when more than ``--max_bad_fraction`` of the
+inputs were rejected (the report is written, ``dataset.json`` is not); 2 for a usage error,
+including an existing dataset at ``DST`` without ``--overwrite`` (nothing is changed then).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+import uuid
+from collections.abc import Sequence
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_pipelines.config import PipelineConfig, parse_background
+from beam_pipelines.images import ImageOptions
+from beam_pipelines.publish import (
+    DUPLICATES_NAME,
+    StageResults,
+    build_manifest,
+    prepare_output,
+    publish_manifest,
+    read_staged,
+    remove_unlisted_shards,
+)
+from beam_pipelines.runners import resolve_runner_aliases
+from beam_pipelines.shards import METRICS_NAMESPACE, TRAIN, VALIDATION
+from beam_pipelines.sources import is_listing
+from beam_pipelines.transforms import ImagesToShards
+from schemas.manifest import MANIFEST_NAME, REJECTED_NAME, ImageSpec, Manifest
+
+__all__ = ["ImagesToTFRecordOptions", "RunSummary", "config_from_options", "run", "main"]
+
+_LOG = logging.getLogger(__name__)
+
+
+class ImagesToTFRecordOptions(PipelineOptions):
+    """The pipeline's own flags; Beam's options are parsed by Beam from the same argv."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument(
+            "--input",
+            help="directory/prefix laid out as <class name>/<image file>, or a .csv/.jsonl "
+            "listing of uri,label (local, gs://, s3://)",
+        )
+        parser.add_argument("--output", help="dataset directory/prefix to write")
+        parser.add_argument(
+            "--image_size", type=int, default=256, help="shorter side after resizing (256)"
+        )
+        parser.add_argument(
+            "--crop", choices=("none", "center"), default="none", help="center: square crop"
+        )
+        parser.add_argument(
+            "--encoding",
+            choices=("jpeg", "png", "raw"),
+            default="jpeg",
+            help="stored encoding; raw (uint8 HWC) requires --crop center",
+        )
+        parser.add_argument("--jpeg_quality", type=int, default=90, help="JPEG quality (90)")
+        parser.add_argument(
+            "--max_pixels",
+            type=int,
+            default=ImageOptions.max_pixels,
+            help="reject images whose header declares more pixels (100000000)",
+        )
+        parser.add_argument(
+            "--background",
+            default="#ffffff",
+            help="colour transparent pixels are composited over (#ffffff)",
+        )
+        parser.add_argument(
+            "--validation_fraction",
+            type=float,
+            default=0.0,
+            help="share of examples, chosen by content hash, in the validation split (0)",
+        )
+        parser.add_argument(
+            "--num_shards",
+            type=int,
+            default=None,
+            help="train shard count (validation gets a proportional count); default: from "
+            "--target_shard_mb",
+        )
+        parser.add_argument(
+            "--target_shard_mb", type=float, default=128.0, help="wanted shard size in MiB (128)"
+        )
+        parser.add_argument(
+            "--max_bad_fraction",
+            type=float,
+            default=0.01,
+            help="largest rejected/input ratio that still publishes the dataset (0.01)",
+        )
+        parser.add_argument(
+            "--overwrite",
+            action="store_true",
+            default=False,
+            help="replace a dataset already published at --output",
+        )
+
+
+def _absolute(path: str) -> str:
+    # Local paths become absolute so that URIs in the shards and reports are unambiguous.
+    if "://" in path:
+        return path
+    return os.path.abspath(path)
+
+
+def config_from_options(options: PipelineOptions) -> PipelineConfig:
+    """Validates the parsed flags into a ``PipelineConfig``.
+
+    Raises:
+      ValueError: naming the bad flag and value.
+    """
+    own = options.view_as(ImagesToTFRecordOptions)
+    if not own.input or not own.output:
+        raise ValueError("both --input and --output are required")
+    return PipelineConfig(
+        input=_absolute(own.input),
+        output=_absolute(own.output),
+        image=ImageOptions(
+            image_size=own.image_size,
+            crop=own.crop,
+            encoding=own.encoding,
+            jpeg_quality=own.jpeg_quality,
+            max_pixels=own.max_pixels,
+            background=parse_background(own.background),
+        ),
+        validation_fraction=own.validation_fraction,
+        num_shards=own.num_shards,
+        target_shard_mb=own.target_shard_mb,
+        max_bad_fraction=own.max_bad_fraction,
+        overwrite=own.overwrite,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """What a run did.
+
+    Attributes:
+      output: the dataset directory.
+      published: True if ``dataset.json`` was written.
+      manifest: the manifest written, or that would have been written when not published.
+      bad_fraction: rejected / input.
+      rejected_by_reason: rejection counts per reason code.
+      metrics: Beam counters of the run, by name.
+      removed: stale shard files deleted after publishing.
+    """
+
+    output: str
+    published: bool
+    manifest: Manifest
+    bad_fraction: float
+    rejected_by_reason: dict[str, int]
+    metrics: dict[str, int]
+    removed: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """A human-readable summary: counts, reasons, splits and where the shards are."""
+        m = self.manifest
+        c = m.counts
+        lines = [
+            f"input {c.input}  written {c.written}  rejected {c.rejected}  duplicates {c.duplicates}"
+            f"  (bad fraction {self.bad_fraction:.2%}, limit {m.options['max_bad_fraction']:.2%})",
+        ]
+        if self.rejected_by_reason:
+            reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.rejected_by_reason.items()))
+            lines.append(f"rejected by reason: {reasons}")
+        lines.append(f"classes ({len(m.label_names)}): {', '.join(m.label_names)}")
+        for name, split in sorted(m.splits.items()):
+            lines.append(f"{name}: {split.num_examples} examples in {len(split.shards)} shards")
+        shards = m.all_shards()
+        if shards:
+            lines.append(
+                f"shards: {FileSystems.join(self.output, shards[0].file)}"
+                + (f" … {shards[-1].file}" if len(shards) > 1 else "")
+            )
+        lines.append(f"rejected report: {FileSystems.join(self.output, REJECTED_NAME)}")
+        lines.append(f"duplicates report: {FileSystems.join(self.output, DUPLICATES_NAME)}")
+        if self.published:
+            lines.append(f"published: {FileSystems.join(self.output, MANIFEST_NAME)}")
+        else:
+            lines.append(
+                f"NOT published: bad fraction {self.bad_fraction:.2%} is above "
+                f"--max_bad_fraction {m.options['max_bad_fraction']}; see the rejected report"
+            )
+        return "\n".join(lines)
+
+
+def _counters(result) -> dict[str, int]:
+    counters = result.metrics().query(MetricsFilter().with_namespace(METRICS_NAMESPACE))["counters"]
+    values: dict[str, int] = {}
+    for counter in counters:
+        value = counter.committed if counter.committed is not None else counter.attempted
+        name = counter.key.metric.name
+        values[name] = values.get(name, 0) + int(value or 0)
+    return dict(sorted(values.items()))
+
+
+def _check_input(config: PipelineConfig) -> None:
+    if is_listing(config.input):
+        if not FileSystems.exists(config.input):
+            raise ValueError(f"--input listing {config.input!r} does not exist")
+        return
+    pattern = FileSystems.join(config.input.rstrip("/"), "**")
+    found = FileSystems.match([pattern], limits=[1])[0].metadata_list
+    if not found:
+        raise ValueError(
+            f"--input {config.input!r} holds no files; expected <class name>/<image file> under it"
+        )
+
+
+def run(argv: Sequence[str] | None = None) -> RunSummary:
+    """Runs the pipeline; publishes ``dataset.json`` unless too many inputs were rejected.
+
+    Args:
+      argv: command-line arguments (default ``sys.argv[1:]``); unknown ones go to Beam.
+
+    Returns:
+      The run's summary; ``summary.published`` says whether the dataset was published.
+
+    Raises:
+      ValueError: for bad flags or input.
+      OutputExistsError: if ``--output`` holds a dataset and ``--overwrite`` was not given.
+    """
+    argv = resolve_runner_aliases(list(sys.argv[1:] if argv is None else argv))
+    options = PipelineOptions(argv)
+    config = config_from_options(options)
+    _check_input(config)
+    old_manifest = prepare_output(config.output, overwrite=config.overwrite)
+    run_id = uuid.uuid4().hex
+
+    pipeline = beam.Pipeline(options=options)
+    results = pipeline | "ImagesToShards" >> ImagesToShards(config)
+    _ = results | "StageResults" >> StageResults(config.output, run_id)
+    result = pipeline.run()
+    result.wait_until_finish()
+
+    staged = read_staged(config.output, run_id)
+    splits = (TRAIN, VALIDATION) if config.validation_fraction > 0 else (TRAIN,)
+    image = config.image
+    manifest = build_manifest(
+        staged,
+        image=ImageSpec(encoding=image.encoding, image_size=image.image_size, crop=image.crop),
+        options=config.manifest_options(),
+        splits=splits,
+    )
+    published = staged.bad_fraction <= config.max_bad_fraction
+    removed: list[str] = []
+    if published:
+        publish_manifest(config.output, manifest)
+        removed = remove_unlisted_shards(config.output, manifest, old_manifest)
+    return RunSummary(
+        output=config.output,
+        published=published,
+        manifest=manifest,
+        bad_fraction=staged.bad_fraction,
+        rejected_by_reason=staged.rejected_by_reason,
+        metrics=_counters(result),
+        removed=tuple(removed),
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry: runs, prints Beam metrics and the summary, returns the exit status."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        summary = run(argv)
+    except ValueError as e:  # includes OutputExistsError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print("Beam metrics:")
+    for name, value in summary.metrics.items():
+        print(f"  {name}: {value}")
+    print(summary.describe())
+    return 0 if summary.published else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

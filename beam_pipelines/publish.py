@@ -1,0 +1,281 @@
+"""Reports, the staged result, and publishing ``dataset.json`` as the commit point.
+
+The pipeline's last step writes ``rejected.jsonl`` and ``duplicates.jsonl`` (sorted by URI) and
+a hidden staged summary. The launching process then decides: if the bad fraction is within
+``--max_bad_fraction`` it writes ``dataset.json`` (last, under a temporary name then renamed)
+and removes shard files no manifest lists; otherwise it leaves the dataset unpublished. Every
+read, write, rename and delete goes through Beam FileSystems, so the output may be any scheme
+Beam knows (local, ``gs://``, ``s3://``…).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from beam_pipelines.elements import ShardResult
+from schemas.manifest import (
+    MANIFEST_NAME,
+    REJECTED_NAME,
+    Counts,
+    ImageSpec,
+    Manifest,
+    ShardInfo,
+    SplitInfo,
+    parse_shard_filename,
+)
+
+__all__ = [
+    "DUPLICATES_NAME",
+    "OutputExistsError",
+    "StagedResult",
+    "StageResults",
+    "staged_path",
+    "write_text",
+    "read_text",
+    "read_manifest",
+    "prepare_output",
+    "read_staged",
+    "build_manifest",
+    "publish_manifest",
+    "remove_unlisted_shards",
+]
+
+DUPLICATES_NAME = "duplicates.jsonl"
+_UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
+
+
+class OutputExistsError(ValueError):
+    """The output already holds a published dataset and ``--overwrite`` was not given."""
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes UTF-8 text under a temporary name, then renames it to ``path``."""
+    directory, name = FileSystems.split(path)
+    temporary = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
+    with FileSystems.create(temporary, compression_type=_UNCOMPRESSED) as handle:
+        handle.write(text.encode("utf-8"))
+    if FileSystems.exists(path):
+        FileSystems.delete([path])
+    FileSystems.rename([temporary], [path])
+
+
+def read_text(path: str) -> str:
+    """Reads a whole UTF-8 file through FileSystems."""
+    with FileSystems.open(path, compression_type=_UNCOMPRESSED) as handle:
+        return handle.read().decode("utf-8")
+
+
+def staged_path(output_dir: str, run_id: str) -> str:
+    """Where a run leaves its staged summary for the launcher."""
+    return FileSystems.join(output_dir, f".staged-{run_id}.json")
+
+
+def _jsonl(lines: Iterable[str]) -> str:
+    return "".join(f"{line}\n" for line in lines)
+
+
+class _StageFn(beam.DoFn):
+    def __init__(self, output_dir: str, run_id: str) -> None:
+        self._output_dir = output_dir
+        self._run_id = run_id
+
+    def process(self, _, input_count, label_names, shards, rejected, duplicates):
+        rejected = sorted(rejected)
+        duplicates = sorted(duplicates)
+        write_text(
+            FileSystems.join(self._output_dir, REJECTED_NAME),
+            _jsonl(r.to_json() for r in rejected),
+        )
+        write_text(
+            FileSystems.join(self._output_dir, DUPLICATES_NAME),
+            _jsonl(d.to_json() for d in duplicates),
+        )
+        reasons: dict[str, int] = {}
+        for r in rejected:
+            reasons[r.reason] = reasons.get(r.reason, 0) + 1
+        staged = {
+            "input": input_count,
+            "label_names": list(label_names),
+            "shards": [s._asdict() for s in sorted(shards)],
+            "rejected": len(rejected),
+            "rejected_by_reason": dict(sorted(reasons.items())),
+            "duplicates": len(duplicates),
+        }
+        path = staged_path(self._output_dir, self._run_id)
+        write_text(path, json.dumps(staged, ensure_ascii=False, sort_keys=True))
+        yield path
+
+
+class StageResults(beam.PTransform):
+    """``dict of results -> str``: writes the reports and the staged summary; yields its path.
+
+    Takes the dict ``ImagesToShards`` returns.
+    """
+
+    def __init__(self, output_dir: str, run_id: str) -> None:
+        super().__init__()
+        self._output_dir = output_dir
+        self._run_id = run_id
+
+    def expand(self, results):
+        as_list = beam.pvalue.AsList
+        input_count = results["sources"] | "CountInputs" >> beam.combiners.Count.Globally()
+        return (
+            results["sources"].pipeline
+            | "Once" >> beam.Create([None])
+            | "WriteReports"
+            >> beam.ParDo(
+                _StageFn(self._output_dir, self._run_id),
+                beam.pvalue.AsSingleton(input_count),
+                beam.pvalue.AsSingleton(results["label_names"]),
+                as_list(results["shards"]),
+                as_list(results["rejected"]),
+                as_list(results["duplicates"]),
+            )
+        )
+
+
+class StagedResult:
+    """What the pipeline produced, read back by the launcher from the staged summary."""
+
+    def __init__(self, data: dict[str, Any]) -> None:
+        self.input: int = data["input"]
+        self.label_names: tuple[str, ...] = tuple(data["label_names"])
+        self.shards: tuple[ShardResult, ...] = tuple(ShardResult(**s) for s in data["shards"])
+        self.rejected: int = data["rejected"]
+        self.rejected_by_reason: dict[str, int] = dict(data["rejected_by_reason"])
+        self.duplicates: int = data["duplicates"]
+
+    @property
+    def written(self) -> int:
+        return sum(s.num_examples for s in self.shards)
+
+    @property
+    def bad_fraction(self) -> float:
+        return self.rejected / self.input if self.input else 0.0
+
+
+def read_staged(output_dir: str, run_id: str) -> StagedResult:
+    """Reads and deletes a run's staged summary."""
+    path = staged_path(output_dir, run_id)
+    result = StagedResult(json.loads(read_text(path)))
+    FileSystems.delete([path])
+    return result
+
+
+def read_manifest(output_dir: str) -> Manifest | None:
+    """The published manifest in ``output_dir``, or None if there is none.
+
+    Raises:
+      ValueError: if a ``dataset.json`` exists but is not a valid manifest.
+    """
+    path = FileSystems.join(output_dir, MANIFEST_NAME)
+    if not FileSystems.exists(path):
+        return None
+    return Manifest.from_json(read_text(path))
+
+
+def prepare_output(output_dir: str, *, overwrite: bool) -> Manifest | None:
+    """Checks that a run may write to ``output_dir``; with ``overwrite`` unpublishes the old dataset.
+
+    Unpublishing (deleting the old ``dataset.json``) comes before any shard is rewritten, so no
+    reader ever trusts a manifest whose shards are being replaced.
+
+    Returns:
+      The old manifest when overwriting a published dataset (to clean up its shards later),
+      else None.
+
+    Raises:
+      OutputExistsError: if ``dataset.json`` exists and ``overwrite`` is False. Nothing is
+        changed in that case.
+    """
+    path = FileSystems.join(output_dir, MANIFEST_NAME)
+    if not FileSystems.exists(path):
+        return None
+    if not overwrite:
+        raise OutputExistsError(
+            f"{path} already exists: the output holds a published dataset. Pass --overwrite to "
+            "replace it, or choose another --output."
+        )
+    try:
+        old = Manifest.from_json(read_text(path))
+    except ValueError:
+        old = None  # an unreadable manifest lists nothing we could clean up
+    FileSystems.delete([path])
+    return old
+
+
+def build_manifest(
+    staged: StagedResult, *, image: ImageSpec, options: dict[str, Any], splits: Sequence[str]
+) -> Manifest:
+    """Builds the manifest; ``splits`` are always listed, even when empty.
+
+    Raises:
+      ValueError: if the counts do not add up (an input was lost), naming the numbers.
+    """
+    by_split: dict[str, list[ShardResult]] = {name: [] for name in splits}
+    for shard in staged.shards:
+        by_split.setdefault(shard.split, []).append(shard)
+    split_infos = {
+        name: SplitInfo(
+            num_examples=sum(s.num_examples for s in shards),
+            shards=tuple(
+                ShardInfo(
+                    file=s.file, num_examples=s.num_examples, num_bytes=s.num_bytes, sha256=s.sha256
+                )
+                for s in sorted(shards, key=lambda s: s.index)
+            ),
+        )
+        for name, shards in by_split.items()
+    }
+    return Manifest(
+        label_names=staged.label_names,
+        splits=split_infos,
+        counts=Counts(
+            input=staged.input,
+            written=staged.written,
+            rejected=staged.rejected,
+            duplicates=staged.duplicates,
+        ),
+        image=image,
+        rejected_file=REJECTED_NAME,
+        options=options,
+    )
+
+
+def publish_manifest(output_dir: str, manifest: Manifest) -> str:
+    """Writes ``dataset.json`` (the commit point) and returns its path."""
+    path = FileSystems.join(output_dir, MANIFEST_NAME)
+    write_text(path, manifest.to_json())
+    return path
+
+
+def remove_unlisted_shards(output_dir: str, manifest: Manifest, old: Manifest | None) -> list[str]:
+    """Deletes shard files the published manifest does not list; returns what was deleted.
+
+    Candidates are the files the previous manifest listed and every file in ``output_dir``
+    named like a shard (left by an earlier unpublished run). Other files are never touched.
+    """
+    listed = {shard.file for shard in manifest.all_shards()}
+    candidates = set(old and [s.file for s in old.all_shards()] or [])
+    matched = FileSystems.match([FileSystems.join(output_dir, "*.tfrecord")])[0].metadata_list
+    for meta in matched:
+        name = FileSystems.split(meta.path)[1]
+        try:
+            parse_shard_filename(name)
+        except ValueError:
+            continue
+        candidates.add(name)
+    stale = sorted(candidates - listed)
+    paths = [FileSystems.join(output_dir, name) for name in stale]
+    existing = [p for p in paths if FileSystems.exists(p)]
+    if existing:
+        FileSystems.delete(existing)
+    return existing

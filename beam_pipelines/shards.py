@@ -1,0 +1,256 @@
+"""Deterministic splits and shards, and the writer that commits each shard as one unit.
+
+Everything about placement is a function of the example's content hash (the SHA-256 of the
+source bytes): its split, its shard, and its position inside the shard. Two runs over the same
+input therefore write byte-identical shards on any runner, whatever order workers see the data.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import tempfile
+import uuid
+from collections.abc import Iterable, Mapping
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from beam_pipelines.elements import Duplicate, PreparedRecord, ShardResult
+from schemas.manifest import shard_filename
+
+__all__ = [
+    "TRAIN",
+    "VALIDATION",
+    "METRICS_NAMESPACE",
+    "DUPLICATES_TAG",
+    "assign_split",
+    "assign_shard",
+    "plan_shard_counts",
+    "dedupe_sorted",
+    "copy_to_filesystem",
+    "WriteShardFn",
+    "WriteShards",
+]
+
+TRAIN = "train"
+VALIDATION = "validation"
+METRICS_NAMESPACE = "images_to_tfrecord"
+DUPLICATES_TAG = "duplicates"
+
+_COPY_CHUNK = 8 * 1024 * 1024
+
+
+def _fraction(hex_digits: str) -> float:
+    return int(hex_digits, 16) / float(1 << (4 * len(hex_digits)))
+
+
+def assign_split(sha256: str, validation_fraction: float) -> str:
+    """Puts an example in ``train`` or ``validation`` from bits 64-127 of its content hash.
+
+    These bits are independent of the ones ``assign_shard`` uses, so validation examples are
+    spread over the whole hash range and every shard of a split is equally likely to hold any
+    example.
+    """
+    if validation_fraction > 0 and _fraction(sha256[16:32]) < validation_fraction:
+        return VALIDATION
+    return TRAIN
+
+
+def assign_shard(sha256: str, num_shards: int) -> int:
+    """Range-partitions the hash space: shard ``i`` holds hashes in ``[i/n, (i+1)/n)``.
+
+    With records sorted by hash inside each shard, the whole split is in hash order, which
+    mixes classes evenly across and within shards.
+    """
+    return (int(sha256[:16], 16) * num_shards) >> 64
+
+
+def plan_shard_counts(
+    stats: Mapping[str, tuple[int, int]], *, num_shards: int | None, target_shard_bytes: int
+) -> dict[str, int]:
+    """Chooses each split's shard count from its ``(num_examples, num_bytes)``.
+
+    With ``num_shards`` the train split gets that many shards and every other split a count in
+    proportion to its bytes (at least 1). Otherwise each split gets
+    ``ceil(num_bytes / target_shard_bytes)``. No split gets more shards than examples, and an
+    empty split gets none.
+    """
+    counts: dict[str, int] = {}
+    train_bytes = stats.get(TRAIN, (0, 0))[1]
+    for split, (examples, size) in sorted(stats.items()):
+        if examples == 0:
+            counts[split] = 0
+            continue
+        if num_shards is None:
+            wanted = math.ceil(size / target_shard_bytes)
+        elif split == TRAIN or train_bytes == 0:
+            wanted = num_shards
+        else:
+            wanted = math.ceil(num_shards * size / train_bytes)
+        counts[split] = max(1, min(wanted, examples, 99999))
+    return counts
+
+
+def dedupe_sorted(
+    records: Iterable[PreparedRecord],
+) -> tuple[list[PreparedRecord], list[Duplicate]]:
+    """Sorts records by ``(sha256, uri)`` and keeps the first of each run of equal hashes.
+
+    Returns:
+      ``(kept, duplicates)``: the records to write, in write order, and the dropped ones, each
+      naming the URI that was kept instead (the first in URI order).
+    """
+    kept: list[PreparedRecord] = []
+    duplicates: list[Duplicate] = []
+    for record in sorted(records, key=lambda r: (r.sha256, r.uri)):
+        if kept and kept[-1].sha256 == record.sha256:
+            duplicates.append(Duplicate(record.uri, kept[-1].uri, record.sha256))
+        else:
+            kept.append(record)
+    return kept, duplicates
+
+
+def copy_to_filesystem(local_path: str, destination: str) -> tuple[int, str]:
+    """Copies a local file to any Beam FileSystems path under a temporary name, then renames it.
+
+    A reader listing the destination never sees a partial file under the final name.
+
+    Returns:
+      ``(num_bytes, sha256 hex)`` of the file.
+    """
+    directory, name = FileSystems.split(destination)
+    temporary = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
+    digest = hashlib.sha256()
+    size = 0
+    with (
+        open(local_path, "rb") as source,
+        FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED) as sink,
+    ):
+        while chunk := source.read(_COPY_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+            sink.write(chunk)
+    try:
+        if FileSystems.exists(destination):
+            FileSystems.delete([destination])
+        FileSystems.rename([temporary], [destination])
+    except Exception:
+        FileSystems.delete([temporary])
+        raise
+    return size, digest.hexdigest()
+
+
+class WriteShardFn(beam.DoFn):
+    """``((split, index, count), [PreparedRecord | None]) -> ShardResult`` (+ duplicates).
+
+    The ``None`` placeholders make every planned shard reach this DoFn, so a shard that received
+    no records is still written (empty) and its name is never missing from the set.
+    """
+
+    def __init__(self, output_dir: str) -> None:
+        self._output_dir = output_dir
+        self._shards = Metrics.counter(METRICS_NAMESPACE, "shards_written")
+        self._written = Metrics.counter(METRICS_NAMESPACE, "images_written")
+        self._bytes = Metrics.counter(METRICS_NAMESPACE, "bytes_written")
+        self._duplicates = Metrics.counter(METRICS_NAMESPACE, "duplicates")
+
+    def setup(self) -> None:
+        import tensorflow as tf  # noqa: F401  (imported once per worker, not per shard)
+
+    def process(self, element):
+        import tensorflow as tf
+
+        (split, index, count), values = element
+        records, duplicates = dedupe_sorted(v for v in values if v is not None)
+        name = shard_filename(split, index, count)
+        fd, local_path = tempfile.mkstemp(suffix=".tfrecord")
+        os.close(fd)
+        try:
+            with tf.io.TFRecordWriter(local_path) as writer:
+                for record in records:
+                    writer.write(record.serialized)
+            num_bytes, digest = copy_to_filesystem(
+                local_path, FileSystems.join(self._output_dir, name)
+            )
+        finally:
+            os.remove(local_path)
+        self._shards.inc()
+        self._written.inc(len(records))
+        self._bytes.inc(num_bytes)
+        self._duplicates.inc(len(duplicates))
+        for duplicate in duplicates:
+            yield beam.pvalue.TaggedOutput(DUPLICATES_TAG, duplicate)
+        yield ShardResult(split, index, count, name, len(records), num_bytes, digest)
+
+
+def _split_stats(records):
+    # (split, PreparedRecord) -> (split, (1, num_bytes))
+    return (
+        records
+        | "SizeBySplit" >> beam.Map(lambda kv: (kv[0], (1, len(kv[1].serialized))))
+        | "SumBySplit" >> beam.CombinePerKey(_sum_pairs)
+    )
+
+
+def _sum_pairs(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
+    examples = size = 0
+    for n, b in pairs:
+        examples += n
+        size += b
+    return examples, size
+
+
+class WriteShards(beam.PTransform):
+    """``(split, PreparedRecord) -> ShardResult``, with a ``duplicates`` output of ``Duplicate``.
+
+    Plans each split's shard count from its total bytes, assigns every record to a shard by
+    content hash, groups by shard and writes each shard whole.
+    """
+
+    def __init__(self, output_dir: str, *, num_shards: int | None, target_shard_bytes: int) -> None:
+        super().__init__()
+        self._output_dir = output_dir
+        self._num_shards = num_shards
+        self._target = target_shard_bytes
+
+    def expand(self, records):
+        num_shards, target = self._num_shards, self._target
+        plan = (
+            _split_stats(records)
+            # (split, (num_examples, num_bytes))
+            | "StatsToDict" >> beam.combiners.ToDict()
+            # {split: (num_examples, num_bytes)}
+            | "PlanShards"
+            >> beam.Map(
+                lambda stats: plan_shard_counts(
+                    stats, num_shards=num_shards, target_shard_bytes=target
+                )
+            )
+            # {split: num_shards}
+        )
+        keyed = records | "AssignShard" >> beam.Map(_keyed_by_shard, beam.pvalue.AsSingleton(plan))
+        # ((split, index, count), PreparedRecord)
+        slots = plan | "PlannedShards" >> beam.FlatMap(
+            lambda counts: [((s, i, n), None) for s, n in sorted(counts.items()) for i in range(n)]
+        )
+        # ((split, index, count), None)
+        return (
+            (keyed, slots)
+            | "WithEmptyShards" >> beam.Flatten()
+            | "GroupByShard" >> beam.GroupByKey()
+            # ((split, index, count), [PreparedRecord | None])
+            | "WriteShard"
+            >> beam.ParDo(WriteShardFn(self._output_dir)).with_outputs(
+                DUPLICATES_TAG, main="shards"
+            )
+        )
+
+
+def _keyed_by_shard(element, plan):
+    split, record = element
+    count = plan[split]
+    return (split, assign_shard(record.sha256, count), count), record

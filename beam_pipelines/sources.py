@@ -1,0 +1,161 @@
+"""Which files go in, and with which class: directory trees and ``uri,label`` listings.
+
+A directory (or object-store prefix) is laid out as ``<class name>/<image file>``; files nested
+deeper take the class of their top-level directory, and files directly under the root have no
+class (they are reported as ``no_label``, never dropped). A ``.csv`` or ``.jsonl`` listing names
+each file and its class; relative URIs are resolved against the listing's directory.
+
+Class names are NFC-normalised (macOS writes decomposed names) and may hold spaces and any
+Unicode letters. Label indices are positions in the sorted list of distinct class names.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import unicodedata
+from collections.abc import Iterable
+
+import apache_beam as beam
+from apache_beam.io import fileio
+from apache_beam.io.filesystems import FileSystems
+
+from beam_pipelines.elements import SourceFile
+
+__all__ = [
+    "LISTING_SUFFIXES",
+    "is_listing",
+    "source_from_path",
+    "parse_listing_line",
+    "ListSources",
+    "LabelNames",
+]
+
+LISTING_SUFFIXES = (".csv", ".jsonl")
+
+
+def is_listing(input_path: str) -> bool:
+    """True if ``input_path`` names a ``.csv`` or ``.jsonl`` listing rather than a directory."""
+    return input_path.lower().endswith(LISTING_SUFFIXES)
+
+
+def _normalise_label(label: str) -> str | None:
+    label = unicodedata.normalize("NFC", label).strip()
+    return label or None
+
+
+def source_from_path(path: str, root: str) -> SourceFile:
+    """Derives the class of a file found under ``root`` from its first directory.
+
+    Raises:
+      ValueError: if ``path`` is not under ``root``.
+    """
+    prefix = root.rstrip("/") + "/"
+    if not path.startswith(prefix):
+        raise ValueError(f"matched file {path!r} is not under the input directory {root!r}")
+    parts = path[len(prefix) :].split("/")
+    if len(parts) < 2:
+        return SourceFile(path, None)
+    return SourceFile(path, _normalise_label(parts[0]))
+
+
+def _resolve(uri: str, base: str) -> str:
+    if "://" in uri or uri.startswith("/"):
+        return uri
+    return FileSystems.join(base, uri)
+
+
+def parse_listing_line(line: str, *, jsonl: bool, base: str) -> SourceFile | None:
+    """Parses one line of a listing; returns None for blank lines and the CSV header.
+
+    Args:
+      line: the text of the line.
+      jsonl: True for ``{"uri": ..., "label": ...}`` lines, False for CSV ``uri,label``.
+      base: the directory relative URIs are resolved against.
+
+    Raises:
+      ValueError: naming the line and the expected layout.
+    """
+    if not line.strip():
+        return None
+    if jsonl:
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f'listing line is not JSON: {line!r}; expected {{"uri": ..., "label": ...}}'
+            ) from e
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("uri"), str)
+            or not isinstance(row.get("label"), str)
+        ):
+            raise ValueError(
+                f'listing line {line!r} must be an object with string "uri" and "label"'
+            )
+        uri, label = row["uri"], row["label"]
+    else:
+        fields = next(csv.reader([line]))
+        if len(fields) != 2:
+            raise ValueError(
+                f"listing line {line!r} has {len(fields)} fields; expected 2: uri,label"
+            )
+        uri, label = fields
+        if (uri.strip(), label.strip()) == ("uri", "label"):
+            return None
+    if not uri.strip():
+        raise ValueError(f"listing line {line!r} has an empty uri")
+    return SourceFile(_resolve(uri.strip(), base), _normalise_label(label))
+
+
+class ListSources(beam.PTransform):
+    """``PBegin -> SourceFile``: every input file with its class, spread for decoding."""
+
+    def __init__(self, input_path: str) -> None:
+        super().__init__()
+        self._input = input_path
+
+    def expand(self, pbegin):
+        if is_listing(self._input):
+            base = FileSystems.split(self._input)[0]
+            jsonl = self._input.lower().endswith(".jsonl")
+            sources = (
+                pbegin
+                | "ReadListing" >> beam.io.ReadFromText(self._input)
+                # SourceFile or None
+                | "ParseListing"
+                >> beam.Map(lambda line: parse_listing_line(line, jsonl=jsonl, base=base))
+                | "DropBlank" >> beam.Filter(lambda s: s is not None)
+            )
+        else:
+            root = self._input.rstrip("/")
+            sources = (
+                pbegin
+                | "MatchFiles"
+                >> fileio.MatchFiles(FileSystems.join(root, "**"), empty_match_treatment=_DISALLOW)
+                # FileMetadata -> SourceFile
+                | "ClassFromPath" >> beam.Map(lambda meta: source_from_path(meta.path, root))
+            )
+        # Matching yields files in one bundle; reshuffling lets decoding fan out over workers.
+        return sources | "Reshuffle" >> beam.Reshuffle()
+
+
+_DISALLOW = fileio.EmptyMatchTreatment.DISALLOW
+
+
+def _sorted_names(names: Iterable[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(names)))
+
+
+class LabelNames(beam.PTransform):
+    """``SourceFile -> tuple[str, ...]``: one element, the sorted distinct class names."""
+
+    def expand(self, sources):
+        return (
+            sources
+            | "Labels" >> beam.FlatMap(lambda s: [s.label] if s.label is not None else [])
+            | "Distinct" >> beam.Distinct()
+            # str
+            | "Collect" >> beam.combiners.ToList()
+            | "Sort" >> beam.Map(_sorted_names)
+        )

@@ -1,0 +1,170 @@
+"""The pipeline's Beam steps: read and prepare images, then the whole images -> shards graph.
+
+Bad inputs leave through a tagged ``rejected`` output as ``Rejection`` elements and bump a
+``rejected_<reason>`` counter; they never raise out of a DoFn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from beam_pipelines.config import PipelineConfig
+from beam_pipelines.elements import PreparedRecord, Rejection, SourceFile
+from beam_pipelines.images import ImageOptions, RejectedImage, prepare_image
+from beam_pipelines.shards import (
+    DUPLICATES_TAG,
+    METRICS_NAMESPACE,
+    WriteShards,
+    assign_split,
+)
+from beam_pipelines.sources import LabelNames, ListSources
+from schemas.image_example import ImageRecord, serialize_record
+
+__all__ = [
+    "REJECTED_TAG",
+    "read_source",
+    "PrepareImageFn",
+    "PrepareImages",
+    "ImagesToShards",
+]
+
+REJECTED_TAG = "rejected"
+
+
+def read_source(uri: str) -> bytes:
+    """Reads a whole input file through Beam FileSystems (any scheme), never decompressing.
+
+    Raises:
+      RejectedImage: ``unreadable``, naming the URI and the underlying error.
+    """
+    try:
+        with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            return handle.read()
+    except Exception as e:  # noqa: BLE001  (each FileSystem raises its own types)
+        raise RejectedImage("unreadable", f"cannot read {uri}: {type(e).__name__}: {e}") from e
+
+
+class PrepareImageFn(beam.DoFn):
+    """``SourceFile -> PreparedRecord``; ``Rejection`` on the ``rejected`` output.
+
+    Side input ``label_names``: the sorted class names, whose positions are the labels.
+    """
+
+    def __init__(self, options: ImageOptions) -> None:
+        self._options = options
+        self._read = Metrics.counter(METRICS_NAMESPACE, "images_read")
+        self._bytes_read = Metrics.counter(METRICS_NAMESPACE, "bytes_read")
+        self._prepared = Metrics.counter(METRICS_NAMESPACE, "images_prepared")
+        self._drafted = Metrics.counter(METRICS_NAMESPACE, "jpeg_dct_downscaled")
+        self._labels: tuple[str, ...] | None = None
+        self._index: dict[str, int] = {}
+
+    def _label_index(self, label_names: tuple[str, ...]) -> dict[str, int]:
+        if label_names is not self._labels:
+            self._labels = label_names
+            self._index = {name: i for i, name in enumerate(label_names)}
+        return self._index
+
+    def process(self, source: SourceFile, label_names: tuple[str, ...]):
+        try:
+            yield self._prepare(source, self._label_index(label_names))
+        except RejectedImage as rejected:
+            Metrics.counter(METRICS_NAMESPACE, f"rejected_{rejected.reason}").inc()
+            yield beam.pvalue.TaggedOutput(
+                REJECTED_TAG, Rejection(source.uri, rejected.reason, rejected.detail)
+            )
+
+    def _prepare(self, source: SourceFile, index: dict[str, int]) -> PreparedRecord:
+        if source.label is None:
+            raise RejectedImage(
+                "no_label", "the file is not inside a class directory (<class name>/<image file>)"
+            )
+        data = read_source(source.uri)
+        self._read.inc()
+        self._bytes_read.inc(len(data))
+        sha256 = hashlib.sha256(data).hexdigest()
+        prepared = prepare_image(data, self._options)
+        Metrics.counter(METRICS_NAMESPACE, f"source_format_{prepared.source_format}").inc()
+        if prepared.decoded_size != prepared.source_size:
+            self._drafted.inc()
+        try:
+            record = ImageRecord(
+                encoded=prepared.encoded,
+                format=prepared.format,
+                height=prepared.height,
+                width=prepared.width,
+                channels=prepared.channels,
+                label=index[source.label],
+                text=source.label,
+                filename=source.uri,
+                sha256=sha256,
+            )
+        except ValueError as e:
+            raise RejectedImage("invalid_record", f"example breaks the schema: {e}") from e
+        self._prepared.inc()
+        return PreparedRecord(sha256, source.uri, serialize_record(record))
+
+
+class PrepareImages(beam.PTransform):
+    """``SourceFile -> PreparedRecord`` with a ``rejected`` output of ``Rejection``.
+
+    Args:
+      options: how to prepare each image.
+      label_names: a one-element PCollection holding the sorted class names.
+    """
+
+    def __init__(self, options: ImageOptions, label_names) -> None:
+        super().__init__()
+        self._options = options
+        self._label_names = label_names
+
+    def expand(self, sources):
+        return sources | "Prepare" >> beam.ParDo(
+            PrepareImageFn(self._options), beam.pvalue.AsSingleton(self._label_names)
+        ).with_outputs(REJECTED_TAG, main="records")
+
+
+class ImagesToShards(beam.PTransform):
+    """``PBegin -> dict`` of the pipeline's results, the shards written as a side effect.
+
+    Returns a dict with:
+      ``sources``: ``SourceFile`` for every input;
+      ``label_names``: one element, the sorted class names;
+      ``shards``: ``ShardResult`` for every shard written;
+      ``rejected``: ``Rejection`` for every input that did not become an example;
+      ``duplicates``: ``Duplicate`` for every input dropped as a byte-identical copy.
+    """
+
+    def __init__(self, config: PipelineConfig) -> None:
+        super().__init__()
+        self._config = config
+
+    def expand(self, pbegin):
+        config = self._config
+        sources = pbegin | "ListSources" >> ListSources(config.input)
+        # SourceFile
+        label_names = sources | "LabelNames" >> LabelNames()
+        # tuple[str, ...], one element
+        prepared = sources | "PrepareImages" >> PrepareImages(config.image, label_names)
+        fraction = config.validation_fraction
+        by_split = prepared.records | "AssignSplit" >> beam.Map(
+            lambda record: (assign_split(record.sha256, fraction), record)
+        )
+        # (split, PreparedRecord)
+        written = by_split | "WriteShards" >> WriteShards(
+            config.output,
+            num_shards=config.num_shards,
+            target_shard_bytes=config.target_shard_bytes,
+        )
+        return {
+            "sources": sources,
+            "label_names": label_names,
+            "shards": written.shards,
+            "rejected": prepared[REJECTED_TAG],
+            "duplicates": written[DUPLICATES_TAG],
+        }
