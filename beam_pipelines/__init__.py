@@ -1,6 +1,15 @@
-"""Images -> deterministic TFRecord shards + ``dataset.json``, as an Apache Beam pipeline."""
+"""Images -> deterministic TFRecord shards + ``dataset.json``, as an Apache Beam pipeline.
 
-from beam_pipelines.config import PipelineConfig, parse_background
+The command-line modules ``beam_pipelines.images_to_tfrecord`` (``run``, ``main``) and
+``beam_pipelines.samples`` are not imported here, so that ``python -m`` runs them once.
+"""
+
+from beam_pipelines.config import (
+    ImagesToTFRecordOptions,
+    PipelineConfig,
+    config_from_options,
+    parse_background,
+)
 from beam_pipelines.elements import Duplicate, PreparedRecord, Rejection, ShardResult, SourceFile
 from beam_pipelines.images import (
     REASONS,
@@ -14,13 +23,6 @@ from beam_pipelines.images import (
     prepare_image,
     resize_and_crop,
     sniff_format,
-)
-from beam_pipelines.images_to_tfrecord import (
-    ImagesToTFRecordOptions,
-    RunSummary,
-    config_from_options,
-    main,
-    run,
 )
 from beam_pipelines.publish import (
     DUPLICATES_NAME,
@@ -65,10 +67,7 @@ __all__ = [
     "resize_and_crop",
     "sniff_format",
     "ImagesToTFRecordOptions",
-    "RunSummary",
     "config_from_options",
-    "main",
-    "run",
     "DUPLICATES_NAME",
     "OutputExistsError",
     "StageResults",

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import Any
 
+from apache_beam.options.pipeline_options import PipelineOptions
+
 from beam_pipelines.images import ImageOptions
 
-__all__ = ["PipelineConfig", "parse_background"]
+__all__ = ["PipelineConfig", "ImagesToTFRecordOptions", "config_from_options", "parse_background"]
 
 _HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
 
@@ -101,3 +104,103 @@ class PipelineConfig:
             "target_shard_mb": self.target_shard_mb,
             "max_bad_fraction": self.max_bad_fraction,
         }
+
+
+class ImagesToTFRecordOptions(PipelineOptions):
+    """The pipeline's own flags; Beam's options are parsed by Beam from the same argv."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument(
+            "--input",
+            help="directory/prefix laid out as <class name>/<image file>, or a .csv/.jsonl "
+            "listing of uri,label (local, gs://, s3://)",
+        )
+        parser.add_argument("--output", help="dataset directory/prefix to write")
+        parser.add_argument(
+            "--image_size", type=int, default=256, help="shorter side after resizing (256)"
+        )
+        parser.add_argument(
+            "--crop", choices=("none", "center"), default="none", help="center: square crop"
+        )
+        parser.add_argument(
+            "--encoding",
+            choices=("jpeg", "png", "raw"),
+            default="jpeg",
+            help="stored encoding; raw (uint8 HWC) requires --crop center",
+        )
+        parser.add_argument("--jpeg_quality", type=int, default=90, help="JPEG quality (90)")
+        parser.add_argument(
+            "--max_pixels",
+            type=int,
+            default=ImageOptions.max_pixels,
+            help="reject images whose header declares more pixels (100000000)",
+        )
+        parser.add_argument(
+            "--background",
+            default="#ffffff",
+            help="colour transparent pixels are composited over (#ffffff)",
+        )
+        parser.add_argument(
+            "--validation_fraction",
+            type=float,
+            default=0.0,
+            help="share of examples, chosen by content hash, in the validation split (0)",
+        )
+        parser.add_argument(
+            "--num_shards",
+            type=int,
+            default=None,
+            help="train shard count (validation gets a proportional count); default: from "
+            "--target_shard_mb",
+        )
+        parser.add_argument(
+            "--target_shard_mb", type=float, default=128.0, help="wanted shard size in MiB (128)"
+        )
+        parser.add_argument(
+            "--max_bad_fraction",
+            type=float,
+            default=0.01,
+            help="largest rejected/input ratio that still publishes the dataset (0.01)",
+        )
+        parser.add_argument(
+            "--overwrite",
+            action="store_true",
+            default=False,
+            help="replace a dataset already published at --output",
+        )
+
+
+def _absolute(path: str) -> str:
+    # Local paths become absolute so that URIs in the shards and reports are unambiguous.
+    if "://" in path:
+        return path
+    return os.path.abspath(path)
+
+
+def config_from_options(options: PipelineOptions) -> PipelineConfig:
+    """Validates the parsed flags into a ``PipelineConfig``.
+
+    Raises:
+      ValueError: naming the bad flag and value.
+    """
+    own = options.view_as(ImagesToTFRecordOptions)
+    if not own.input or not own.output:
+        raise ValueError("both --input and --output are required")
+    return PipelineConfig(
+        input=_absolute(own.input),
+        output=_absolute(own.output),
+        image=ImageOptions(
+            image_size=own.image_size,
+            crop=own.crop,
+            encoding=own.encoding,
+            jpeg_quality=own.jpeg_quality,
+            max_pixels=own.max_pixels,
+            background=parse_background(own.background),
+        ),
+        validation_fraction=own.validation_fraction,
+        num_shards=own.num_shards,
+        target_shard_mb=own.target_shard_mb,
+        max_bad_fraction=own.max_bad_fraction,
+        overwrite=own.overwrite,
+    )
