@@ -1,0 +1,289 @@
+"""Beam transforms (TestPipeline + assert_that) and the pure placement/listing functions."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+import tensorflow as tf
+from apache_beam.testing import test_pipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from beam_pipelines.elements import Duplicate, PreparedRecord, Rejection, ShardResult, SourceFile
+from beam_pipelines.images import ImageOptions
+from beam_pipelines.shards import (
+    DUPLICATES_TAG,
+    TRAIN,
+    VALIDATION,
+    WriteShards,
+    assign_shard,
+    assign_split,
+    dedupe_sorted,
+    plan_shard_counts,
+)
+from beam_pipelines.sources import LabelNames, ListSources, parse_listing_line, source_from_path
+from beam_pipelines.transforms import REJECTED_TAG, PrepareImages
+from schemas.image_example import record_from_example
+from tests.fixtures.images import jpeg_bytes, make_bad_files, make_image_tree
+
+
+def _sha(i: int) -> str:
+    return hashlib.sha256(str(i).encode()).hexdigest()
+
+
+# --- pure functions ----------------------------------------------------------------------------
+
+
+def test_source_from_path_takes_the_top_directory_as_class():
+    assert source_from_path("/d/red fox/a.jpg", "/d") == SourceFile("/d/red fox/a.jpg", "red fox")
+    assert source_from_path("/d/cat/sub/a.jpg", "/d/") == SourceFile("/d/cat/sub/a.jpg", "cat")
+    assert source_from_path("/d/readme.txt", "/d") == SourceFile("/d/readme.txt", None)
+    with pytest.raises(ValueError, match="not under the input directory"):
+        source_from_path("/e/cat/a.jpg", "/d")
+
+
+def test_class_names_are_nfc_normalised():
+    decomposed = "do\u0308g"  # as macOS stores "dög"
+    assert source_from_path(f"/d/{decomposed}/a.jpg", "/d").label == "d\u00f6g"
+
+
+def test_parse_listing_lines():
+    assert parse_listing_line("uri,label", jsonl=False, base="/l") is None
+    assert parse_listing_line("  ", jsonl=False, base="/l") is None
+    assert parse_listing_line('"a, b.jpg",red fox', jsonl=False, base="/l") == SourceFile(
+        "/l/a, b.jpg", "red fox"
+    )
+    assert parse_listing_line("gs://b/x.jpg,cat", jsonl=False, base="/l") == SourceFile(
+        "gs://b/x.jpg", "cat"
+    )
+    line = json.dumps({"uri": "/abs/x.png", "label": "dög"})
+    assert parse_listing_line(line, jsonl=True, base="/l") == SourceFile("/abs/x.png", "dög")
+
+
+@pytest.mark.parametrize(
+    ("line", "jsonl", "message"),
+    [
+        ("a.jpg", False, "has 1 fields; expected 2: uri,label"),
+        ("a.jpg,cat,extra", False, "has 3 fields"),
+        (",cat", False, "empty uri"),
+        ("{not json", True, "not JSON"),
+        ('{"uri": "a.jpg"}', True, 'string "uri" and "label"'),
+    ],
+)
+def test_bad_listing_lines_are_named(line, jsonl, message):
+    with pytest.raises(ValueError, match=message):
+        parse_listing_line(line, jsonl=jsonl, base="/l")
+
+
+def test_split_assignment_is_deterministic_and_near_the_fraction():
+    shas = [_sha(i) for i in range(4000)]
+    splits = [assign_split(s, 0.2) for s in shas]
+    assert splits == [assign_split(s, 0.2) for s in shas]
+    assert 0.17 < splits.count(VALIDATION) / len(splits) < 0.23
+    assert all(assign_split(s, 0.0) == TRAIN for s in shas[:100])
+
+
+def test_shard_assignment_is_a_range_partition_of_the_hash():
+    assert assign_shard("0" * 64, 16) == 0
+    assert assign_shard("f" * 64, 16) == 15
+    assert assign_shard("8" + "0" * 63, 16) == 8
+    counts = [0] * 8
+    for i in range(4000):
+        counts[assign_shard(_sha(i), 8)] += 1
+    assert min(counts) > 400
+
+
+def test_plan_shard_counts():
+    mib = 1024 * 1024
+    stats = {TRAIN: (1000, 300 * mib), VALIDATION: (50, 15 * mib)}
+    assert plan_shard_counts(stats, num_shards=None, target_shard_bytes=128 * mib) == {
+        TRAIN: 3,
+        VALIDATION: 1,
+    }
+    assert plan_shard_counts(stats, num_shards=40, target_shard_bytes=128 * mib) == {
+        TRAIN: 40,
+        VALIDATION: 2,
+    }
+    # Never more shards than examples; an empty split gets none.
+    assert plan_shard_counts(
+        {TRAIN: (3, 10), VALIDATION: (0, 0)}, num_shards=16, target_shard_bytes=1
+    ) == {TRAIN: 3, VALIDATION: 0}
+
+
+def test_dedupe_keeps_the_first_uri_of_identical_bytes():
+    records = [
+        PreparedRecord(_sha(2), "/d/b/2.jpg", b"x"),
+        PreparedRecord(_sha(1), "/d/z/copy.jpg", b"y"),
+        PreparedRecord(_sha(1), "/d/a/orig.jpg", b"y"),
+    ]
+    kept, duplicates = dedupe_sorted(records)
+    by_hash = sorted([(_sha(2), "/d/b/2.jpg"), (_sha(1), "/d/a/orig.jpg")])
+    assert [r.uri for r in kept] == [uri for _, uri in by_hash]
+    assert duplicates == [Duplicate("/d/z/copy.jpg", "/d/a/orig.jpg", _sha(1))]
+
+
+# --- Beam transforms ---------------------------------------------------------------------------
+
+
+def test_list_sources_and_label_names_from_a_directory(tmp_path):
+    root = tmp_path / "images"
+    written = make_image_tree(root, {"cat": 2, "red fox": 1, "dög": 1}, size=(8, 8))
+    (root / "README.txt").write_text("not in a class directory")
+    expected = [SourceFile(str(p), name) for name, paths in written.items() for p in paths]
+    expected.append(SourceFile(str(root / "README.txt"), None))
+    with test_pipeline.TestPipeline() as p:
+        sources = p | ListSources(str(root))
+        assert_that(sources, equal_to(expected), label="Sources")
+        labels = sources | LabelNames()
+        assert_that(labels, equal_to([("cat", "dög", "red fox")]), label="Labels")
+
+
+def test_list_sources_from_csv_and_jsonl_listings(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    csv_listing = tmp_path / "list.csv"
+    csv_listing.write_text("uri,label\nimgs/a.jpg,cat\n/abs/b.jpg,red fox\n\n", encoding="utf-8")
+    jsonl_listing = tmp_path / "list.jsonl"
+    jsonl_listing.write_text(
+        json.dumps({"uri": "imgs/a.jpg", "label": "dög"}) + "\n", encoding="utf-8"
+    )
+    with test_pipeline.TestPipeline() as p:
+        from_csv = p | "Csv" >> ListSources(str(csv_listing))
+        assert_that(
+            from_csv,
+            equal_to(
+                [
+                    SourceFile(str(tmp_path / "imgs/a.jpg"), "cat"),
+                    SourceFile("/abs/b.jpg", "red fox"),
+                ]
+            ),
+            label="CsvSources",
+        )
+        from_jsonl = p | "Jsonl" >> ListSources(str(jsonl_listing))
+        assert_that(
+            from_jsonl,
+            equal_to([SourceFile(str(tmp_path / "imgs/a.jpg"), "dög")]),
+            label="JsonlSources",
+        )
+
+
+def test_prepare_images_routes_good_and_bad_inputs(tmp_path):
+    good = tmp_path / "cat" / "good.jpg"
+    good.parent.mkdir()
+    good.write_bytes(jpeg_bytes((40, 30), seed=5))
+    html = tmp_path / "cat" / "page.jpg"
+    html.write_bytes(make_bad_files()["not_an_image"])
+    sources = [
+        SourceFile(str(good), "cat"),
+        SourceFile(str(html), "cat"),
+        SourceFile(str(tmp_path / "cat" / "missing.jpg"), "cat"),
+        SourceFile(str(tmp_path / "stray.jpg"), None),
+    ]
+    sha = hashlib.sha256(good.read_bytes()).hexdigest()
+
+    def check_record(records):
+        assert len(records) == 1
+        record = records[0]
+        assert (record.sha256, record.uri) == (sha, str(good))
+        parsed = record_from_example(record.serialized)
+        assert (parsed.label, parsed.text, parsed.height, parsed.width) == (1, "cat", 24, 32)
+        assert parsed.sha256 == sha and parsed.filename == str(good)
+
+    with test_pipeline.TestPipeline() as p:
+        labels = p | "Labels" >> beam.Create([("ant", "cat")])
+        out = p | beam.Create(sources) | PrepareImages(ImageOptions(image_size=24), labels)
+        assert_that(out.records, check_record, label="Records")
+        assert_that(
+            out[REJECTED_TAG] | beam.Map(lambda r: (r.uri, r.reason)),
+            equal_to(
+                [
+                    (str(html), "not_an_image"),
+                    (str(tmp_path / "cat" / "missing.jpg"), "unreadable"),
+                    (str(tmp_path / "stray.jpg"), "no_label"),
+                ]
+            ),
+            label="Rejected",
+        )
+
+
+def test_rejection_details_name_the_problem(tmp_path):
+    missing = str(tmp_path / "cat" / "missing.jpg")
+    with test_pipeline.TestPipeline() as p:
+        labels = p | "Labels" >> beam.Create([("cat",)])
+        out = p | beam.Create([SourceFile(missing, "cat")]) | PrepareImages(ImageOptions(), labels)
+        assert_that(
+            out[REJECTED_TAG]
+            | beam.Map(lambda r: missing in r.detail and "cannot read" in r.detail),
+            equal_to([True]),
+        )
+
+
+def test_write_shards_writes_every_planned_shard_sorted_and_deduplicated(tmp_path):
+    out_dir = tmp_path / "out"
+    records = [
+        PreparedRecord(_sha(i), f"/d/c/{i:02d}.jpg", f"payload-{i}".encode()) for i in range(12)
+    ]
+    copy = PreparedRecord(_sha(3), "/d/z/copy-of-03.jpg", b"payload-3")
+    elements = [(TRAIN, r) for r in records + [copy]]
+
+    def check_shards(results):
+        assert sorted((r.split, r.index, r.count) for r in results) == [
+            (TRAIN, i, 4) for i in range(4)
+        ]
+        assert sum(r.num_examples for r in results) == 12
+        for r in results:
+            path = out_dir / r.file
+            assert r.file == f"train-{r.index:05d}-of-00004.tfrecord"
+            assert path.stat().st_size == r.num_bytes
+            assert hashlib.sha256(path.read_bytes()).hexdigest() == r.sha256
+            payloads = [bytes(x.numpy()) for x in tf.data.TFRecordDataset(str(path))]
+            expected = sorted(
+                (rec for rec in records if assign_shard(rec.sha256, 4) == r.index),
+                key=lambda rec: rec.sha256,
+            )
+            assert payloads == [rec.serialized for rec in expected]
+
+    with test_pipeline.TestPipeline() as p:
+        out = (
+            p
+            | beam.Create(elements)
+            | WriteShards(str(out_dir), num_shards=4, target_shard_bytes=1)
+        )
+        assert_that(out.shards, check_shards, label="Shards")
+        assert_that(
+            out[DUPLICATES_TAG],
+            equal_to([Duplicate("/d/z/copy-of-03.jpg", "/d/c/03.jpg", _sha(3))]),
+            label="Duplicates",
+        )
+    assert not [p for p in Path(out_dir).iterdir() if ".tmp-" in p.name]
+
+
+def test_write_shards_with_few_records_writes_empty_shards_too(tmp_path):
+    elements = [
+        (TRAIN, PreparedRecord("0" * 64, "/a.jpg", b"a")),
+        (TRAIN, PreparedRecord("1" + "0" * 63, "/b.jpg", b"b")),
+    ]
+    with test_pipeline.TestPipeline() as p:
+        out = (
+            p
+            | beam.Create(elements)
+            | WriteShards(str(tmp_path), num_shards=2, target_shard_bytes=1)
+        )
+        assert_that(
+            out.shards | beam.Map(lambda r: (r.file, r.num_examples)),
+            # Both hashes fall in the first half of the range: shard 1 is written empty.
+            equal_to([("train-00000-of-00002.tfrecord", 2), ("train-00001-of-00002.tfrecord", 0)]),
+        )
+    assert (tmp_path / "train-00001-of-00002.tfrecord").stat().st_size == 0
+
+
+def test_result_and_rejection_tuples_serialise():
+    assert json.loads(Rejection("/a b.jpg", "truncated", "cut").to_json()) == {
+        "uri": "/a b.jpg",
+        "reason": "truncated",
+        "detail": "cut",
+    }
+    result = ShardResult("train", 0, 1, "train-00000-of-00001.tfrecord", 1, 10, "0" * 64)
+    assert ShardResult(**result._asdict()) == result
