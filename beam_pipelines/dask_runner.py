@@ -52,6 +52,7 @@ _LOGGER = logging.getLogger(__name__)
 DEFAULT_PARTITIONS_PER_THREAD = 4
 
 _METRICS_TOPIC_PREFIX = "beam-metrics-"
+_READ_BUNDLE_BYTES = 64 << 20
 
 
 def _windowed(values: Iterable[Any], window_fn: Any) -> list[Any]:
@@ -158,12 +159,11 @@ def _impulse(_: Any) -> list[bytes]:
     return [b""]
 
 
-def _read_source(sources: Iterable[Any]) -> list[Any]:
+def _read_bundles(bundles: Iterable[Any]) -> list[Any]:
     out: list[Any] = []
-    for source in sources:
-        for bundle in source.split(desired_bundle_size=64 << 20):
-            tracker = bundle.source.get_range_tracker(bundle.start_position, bundle.stop_position)
-            out.extend(bundle.source.read(tracker))
+    for bundle in bundles:
+        tracker = bundle.source.get_range_tracker(bundle.start_position, bundle.stop_position)
+        out.extend(bundle.source.read(tracker))
     return out
 
 
@@ -210,7 +210,12 @@ class _BagTranslator(PipelineVisitor):
         if isinstance(transform, beam.Impulse):
             return db.from_sequence([None], npartitions=1).map_partitions(_impulse)
         if isinstance(transform, beam_overrides._Read):
-            return db.from_sequence([transform.source], npartitions=1).map_partitions(_read_source)
+            # Splitting on the client is how Beam's own runners start a bounded read; each
+            # bundle then becomes one partition, read on whichever worker takes it.
+            bundles = list(transform.source.split(desired_bundle_size=_READ_BUNDLE_BYTES))
+            return db.from_sequence(bundles, npartitions=max(1, len(bundles))).map_partitions(
+                _read_bundles
+            )
         if isinstance(transform, beam_overrides._Reshuffle):
             (bag,) = self._input_bags(node)
             return bag.repartition(npartitions=self._reshuffle_partitions)

@@ -86,8 +86,8 @@ def resolve_runner_aliases(argv: Sequence[str]) -> list[str]:
     ]
     if dask_flags and runner != DASK_RUNNER:
         raise ValueError(
-            f"{', '.join(dask_flags)} only apply to --runner DaskRunner, but the runner is "
-            f"{runner!r}"
+            f"{', '.join(dask_flags)} can only be used with --runner DaskRunner, but the "
+            f"runner is {runner!r}"
         )
     addresses = _flag_values(out, "--dask_client_address")
     for address in addresses:

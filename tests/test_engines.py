@@ -1,0 +1,306 @@
+"""The pipeline on distributed engines: a Dask cluster of worker processes, Beam's portable
+runner with LOOPBACK SDK workers, and the multi-process DirectRunner.
+
+Every engine must write byte-identical shards, reports and ``dataset.json`` to those of the
+in-process DirectRunner. The DaskRunner is also checked on small pipelines for the things
+Beam's own DaskRunner gets wrong (unrun branches, mixed tagged outputs, one-partition
+Reshuffle, lost ``finish_bundle`` output, missing metrics).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+from apache_beam.metrics import Metrics
+from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.testing.util import assert_that, equal_to
+from apache_beam.transforms import window
+
+from beam_pipelines.dask_runner import DaskRunner
+from beam_pipelines.images_to_tfrecord import run
+from beam_pipelines.runners import DASK_RUNNER, RUNNER_ALIASES, resolve_runner_aliases
+from schemas.manifest import MANIFEST_NAME, Manifest
+from tests.fixtures.images import make_bad_files, make_image_tree, png_bytes
+
+# Fewer shards than splits x workers would hide ordering bugs; more would only cost time.
+_PIPELINE_FLAGS = [
+    "--validation_fraction",
+    "0.25",
+    "--num_shards",
+    "3",
+    "--max_bad_fraction",
+    "0.5",
+]
+
+
+# ---------------------------------------------------------------------------------------------
+# Runner names and options
+
+
+def test_dask_short_name_and_beam_class_path_select_the_corrected_runner():
+    assert RUNNER_ALIASES["DaskRunner"] == DASK_RUNNER
+    assert resolve_runner_aliases(["--runner", "DaskRunner"]) == ["--runner", DASK_RUNNER]
+    assert resolve_runner_aliases(
+        ["--runner=apache_beam.runners.dask.dask_runner.DaskRunner", "--x"]
+    ) == [f"--runner={DASK_RUNNER}", "--x"]
+    assert resolve_runner_aliases(["--runner", "DataflowRunner", "--project", "p"]) == [
+        "--runner",
+        "DataflowRunner",
+        "--project",
+        "p",
+    ]
+
+
+@pytest.mark.parametrize(
+    "address", ["tcp://127.0.0.1:8786", "127.0.0.1:8786", "tls://scheduler.internal:8786"]
+)
+def test_dask_client_address_accepts_scheduler_addresses(address):
+    argv = ["--runner", "DaskRunner", "--dask_client_address", address]
+    assert resolve_runner_aliases(argv)[-1] == address
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--runner", "DaskRunner", "--dask_client_address", "localhost"], "'localhost'"),
+        (["--runner", "DaskRunner", "--dask_client_address=tcp://h:99999"], "'tcp://h:99999'"),
+        (["--runner", "DaskRunner", "--dask_client_address", "http://h:80"], "'http://h:80'"),
+        (["--dask_client_address", "127.0.0.1:8786"], "'DirectRunner'"),
+        (
+            ["--runner", "PortableRunner", "--dask_npartitions", "8"],
+            "--dask_npartitions can only be used with --runner DaskRunner",
+        ),
+        (
+            [
+                "--runner",
+                "DaskRunner",
+                "--dask_client_address",
+                "127.0.0.1:1",
+                "--dask_scheduler_file",
+                "s.json",
+            ],
+            "give one",
+        ),
+        (["--input", "x", "--runner"], "--runner needs a value"),
+    ],
+)
+def test_bad_runner_options_are_refused_naming_the_value(argv, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        resolve_runner_aliases(argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# The DaskRunner on small pipelines
+
+
+def _dask_options(cluster, *extra: str) -> PipelineOptions:
+    return PipelineOptions(resolve_runner_aliases([*cluster.runner_args(), *extra]))
+
+
+def _executed_tasks(cluster) -> dict[str, int]:
+    from distributed import Client
+
+    with Client(cluster.address) as client:
+        return client.run(lambda dask_worker: dask_worker.state.executed_count)
+
+
+@pytest.mark.slow
+def test_dask_runs_every_branch_with_tags_side_inputs_and_metrics(dask_cluster, tmp_path):
+    # Defined here, not at module level, so that it travels to the workers by value: neither
+    # the scheduler nor the workers can import this test module.
+    class _SplitEvenOdd(beam.DoFn):
+        def __init__(self):
+            self._seen = Metrics.counter("engines_test", "seen")
+            self._sizes = Metrics.distribution("engines_test", "value")
+
+        def start_bundle(self):
+            self._count = 0
+
+        def process(self, x):
+            self._seen.inc()
+            self._sizes.update(x)
+            self._count += 1
+            if x % 2:
+                yield beam.pvalue.TaggedOutput("odd", x)
+            else:
+                yield x
+
+        def finish_bundle(self):
+            # One summary per bundle, emitted where Beam's own DaskRunner dropped outputs.
+            yield window.GlobalWindows.windowed_value(("bundle", self._count))
+
+    numbers = list(range(40))
+    pipeline = beam.Pipeline(options=_dask_options(dask_cluster))
+    spread = pipeline | beam.Create(numbers) | "Spread" >> beam.Reshuffle()
+    split = spread | "Split" >> beam.ParDo(_SplitEvenOdd()).with_outputs("odd", main="even")
+    total = split.odd | "SumOdd" >> beam.CombineGlobally(sum)
+    evens = split.even | "OnlyNumbers" >> beam.Filter(lambda x: isinstance(x, int))
+    bundles = split.even | "OnlyBundles" >> beam.Filter(lambda x: isinstance(x, tuple))
+    assert_that(evens, equal_to([n for n in numbers if n % 2 == 0]), label="Evens")
+    assert_that(split.odd, equal_to([n for n in numbers if n % 2]), label="Odds")
+    assert_that(total, equal_to([sum(n for n in numbers if n % 2)]), label="OddTotal")
+    with_side = (
+        pipeline
+        | "One" >> beam.Create([None])
+        | "AddTotal" >> beam.Map(lambda _, t: t + 1, beam.pvalue.AsSingleton(total))
+    )
+    assert_that(with_side, equal_to([sum(n for n in numbers if n % 2) + 1]), label="SideInput")
+    lines = [f"line {i}" for i in range(25)]
+    text = tmp_path / "lines.txt"
+    text.write_text("\n".join(lines) + "\n")
+    # A bounded source (Read), which Beam's own DaskRunner cannot run at all.
+    assert_that(pipeline | beam.io.ReadFromText(str(text)), equal_to(lines), label="Text")
+    bundle_sizes = bundles | "BundleSizes" >> beam.combiners.ToList()
+    # After the Reshuffle the 40 elements are spread over several bundles (partitions), and
+    # every bundle's finish_bundle output arrives.
+    assert_that(
+        bundle_sizes | beam.Map(lambda bs: (len(bs) > 1, sum(n for _, n in bs))),
+        equal_to([(True, len(numbers))]),
+        label="Bundles",
+    )
+    before = _executed_tasks(dask_cluster)
+    result = pipeline.run()
+    assert result.wait_until_finish() == "DONE"
+    after = _executed_tasks(dask_cluster)
+    assert all(after[w] > before.get(w, 0) for w in after), (before, after)
+
+    query = result.metrics().query(MetricsFilter().with_namespace("engines_test"))
+    (seen,) = query["counters"]
+    assert seen.key.step.startswith("Split") and seen.committed == len(numbers)
+    (values,) = query["distributions"]
+    assert (values.committed.count, values.committed.sum) == (len(numbers), sum(numbers))
+
+
+@pytest.mark.slow
+def test_dask_failure_in_a_worker_fails_the_pipeline(dask_cluster):
+    def explode(x):
+        if x == 3:
+            raise ValueError(f"bad element {x}")
+        return x
+
+    pipeline = beam.Pipeline(options=_dask_options(dask_cluster))
+    _ = pipeline | beam.Create(range(5)) | beam.Map(explode)
+    result = pipeline.run()
+    with pytest.raises(ValueError, match="bad element 3"):
+        result.wait_until_finish()
+    assert result.state == "FAILED"
+
+
+@pytest.mark.slow
+def test_dask_refuses_non_global_windows_naming_the_step(dask_cluster):
+    pipeline = beam.Pipeline(options=_dask_options(dask_cluster))
+    _ = (
+        pipeline
+        | beam.Create([1, 2])
+        | "Hourly" >> beam.WindowInto(window.FixedWindows(3600))
+        | beam.GroupBy(lambda x: x)
+    )
+    with pytest.raises(NotImplementedError, match="'Hourly'.*FixedWindows"):
+        pipeline.run()
+
+
+def test_dask_runner_class_is_beams_dask_runner():
+    from apache_beam.runners.dask.dask_runner import DaskRunner as BeamDaskRunner
+
+    assert issubclass(DaskRunner, BeamDaskRunner)
+
+
+# ---------------------------------------------------------------------------------------------
+# The real pipeline on every engine
+
+
+def _dataset_files(output: Path) -> dict[str, bytes]:
+    # Hidden names are temporaries and staging files; none may be left behind either.
+    files = {p.name: p.read_bytes() for p in output.iterdir() if p.is_file()}
+    assert not [n for n in files if n.startswith(".")], sorted(files)
+    return files
+
+
+@pytest.fixture(scope="module")
+def engine_input(tmp_path_factory) -> Path:
+    """21 inputs: 17 JPEGs in 3 classes, a PNG named .JPEG, a duplicate, 2 bad files."""
+    root = tmp_path_factory.mktemp("engines") / "images"
+    paths = make_image_tree(root, {"cat": 6, "dög": 6, "red fox": 5})
+    bad = make_bad_files()
+    (root / "cat" / "empty.jpg").write_bytes(bad["empty_file"])
+    (root / "dög" / "error page.jpg").write_bytes(bad["not_an_image"])
+    (root / "red fox" / "copy.jpg").write_bytes(paths["cat"][0].read_bytes())
+    (root / "red fox" / "disguised.JPEG").write_bytes(png_bytes(seed=7))
+    return root
+
+
+@pytest.fixture(scope="module")
+def in_process_reference(engine_input, tmp_path_factory):
+    output = tmp_path_factory.mktemp("engines") / "in-process"
+    summary = run(["--input", str(engine_input), "--output", str(output), *_PIPELINE_FLAGS])
+    assert summary.published
+    counts = summary.manifest.counts
+    assert (counts.input, counts.written, counts.rejected, counts.duplicates) == (21, 18, 2, 1)
+    return summary, _dataset_files(output)
+
+
+def _engine_args(engine: str, request) -> list[str]:
+    if engine == "dask":
+        return request.getfixturevalue("dask_cluster").runner_args()
+    if engine == "portable_loopback":
+        return ["--runner", "PortableRunner", "--job_endpoint", "embed"] + [
+            "--environment_type",
+            "LOOPBACK",
+        ]
+    if engine == "multi_process":
+        return ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]
+    raise AssertionError(engine)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ["dask", "portable_loopback", "multi_process"])
+def test_engine_writes_byte_identical_dataset(
+    engine, engine_input, in_process_reference, tmp_path, request
+):
+    reference, reference_files = in_process_reference
+    output = tmp_path / engine
+    summary = run(
+        [
+            "--input",
+            str(engine_input),
+            "--output",
+            str(output),
+            *_PIPELINE_FLAGS,
+            *_engine_args(engine, request),
+        ]
+    )
+    assert summary.published
+    files = _dataset_files(output)
+    assert sorted(files) == sorted(reference_files)
+    for name, data in reference_files.items():
+        assert files[name] == data, f"{engine}: {name} differs from the in-process run"
+    manifest = Manifest.from_json(files[MANIFEST_NAME].decode("utf-8"))
+    assert manifest == reference.manifest
+    assert len(manifest.all_shards()) == 5
+    # Beam counters come back from every engine, the Dask workers included.
+    assert summary.metrics == reference.metrics
+    assert summary.metrics["images_written"] == 18
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_unreachable_dask_scheduler_fails_naming_it_and_publishes_nothing(engine_input, tmp_path):
+    address = f"tcp://127.0.0.1:{_closed_port()}"
+    output = tmp_path / "never"
+    with pytest.raises(OSError, match=address):
+        run(
+            ["--input", str(engine_input), "--output", str(output), *_PIPELINE_FLAGS]
+            + ["--runner", "DaskRunner", "--dask_client_address", address]
+            + ["--dask_connection_timeout", "1"]
+        )
+    assert not (output / MANIFEST_NAME).exists()
+    assert not list(output.glob("*.tfrecord")) if output.exists() else True
