@@ -1,3 +1,87 @@
-"""trainer package."""
+"""trainer: distributed training fed by ``tfrecord_io``, with exact resume and diagnosis.
 
-__all__: list[str] = []
+Command lines: ``python -m trainer.train`` and ``python -m trainer.diagnose MODEL_DIR``.
+
+The public names are loaded on first use, so that ``import trainer`` (and ``trainer.diagnose``)
+does not pay for importing TensorFlow and Keras.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    # config
+    "DataConfig",
+    "OptimConfig",
+    "RuntimeConfig",
+    "TrainConfig",
+    # strategy
+    "Distribution",
+    "create_distribution",
+    "resolve_strategy_name",
+    "configure_devices",
+    "precision_policy",
+    "slurm_cluster_resolver",
+    # model, optimiser, data
+    "build_model",
+    "build_optimizer",
+    "learning_rate_at",
+    "Inputs",
+    "ReaderInputs",
+    # loop
+    "Checkpointer",
+    "KeyAudit",
+    "TrainResult",
+    "plan_steps",
+    "run_training",
+    # observability
+    "TAGS",
+    "SummaryWriters",
+    "Thresholds",
+    "Verdict",
+    "diagnose_run",
+    "read_scalars",
+]
+
+_HOME = {
+    "DataConfig": "trainer.config",
+    "OptimConfig": "trainer.config",
+    "RuntimeConfig": "trainer.config",
+    "TrainConfig": "trainer.config",
+    "Distribution": "trainer.strategy",
+    "create_distribution": "trainer.strategy",
+    "resolve_strategy_name": "trainer.strategy",
+    "configure_devices": "trainer.strategy",
+    "precision_policy": "trainer.strategy",
+    "slurm_cluster_resolver": "trainer.strategy",
+    "build_model": "trainer.models",
+    "build_optimizer": "trainer.optim",
+    "learning_rate_at": "trainer.optim",
+    "Inputs": "trainer.inputs",
+    "ReaderInputs": "trainer.inputs",
+    "Checkpointer": "trainer.checkpoints",
+    "KeyAudit": "trainer.audit",
+    "TrainResult": "trainer.loop",
+    "plan_steps": "trainer.loop",
+    "run_training": "trainer.loop",
+    "TAGS": "trainer.metrics",
+    "SummaryWriters": "trainer.metrics",
+    "Thresholds": "trainer.diagnose",
+    "Verdict": "trainer.diagnose",
+    "diagnose_run": "trainer.diagnose",
+    "read_scalars": "trainer.diagnose",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

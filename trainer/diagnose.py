@@ -1,0 +1,454 @@
+"""``python -m trainer.diagnose MODEL_DIR``: the source article's monitoring table, applied.
+
+It reads the TensorBoard scalars a training run wrote and gives one verdict per row of the
+table, with the numbers behind it:
+
+| check | warns when (defaults, see ``Thresholds``) | reading |
+|---|---|---|
+| step time | ``(p90 - p10) / median`` of ``step_time`` > 0.5 | jitter: resource contention |
+| input pipeline | median ``input_wait`` > 20% of the step (chief or any worker) | input-bound: I/O bottleneck |
+| accelerator | median ``gpu_utilization`` < 70%, where logged | accelerator idle |
+| gradient norm | late median > 10x early median, or any > 10x the overall median, or not finite | exploding |
+| | late median < 1e-3x early median, or < 1e-7 | vanishing |
+| loss curve | last-quarter mean not >= 2% below first-quarter mean, or not finite | not decreasing |
+| | spread around a running median > 15% of the total decrease | not smooth: tune hyper-parameters |
+| validation | last validation loss > 1.1x its minimum while the training loss still falls | overfitting |
+
+The first 10% of timing points are left out (warm-up). A check with too few points, or whose
+scalar was not logged, says ``n/a``. The exit status is 0 whatever the verdicts, and non-zero
+only when the logs cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import glob
+import json
+import math
+import os
+import statistics
+import sys
+from collections.abc import Sequence
+
+__all__ = [
+    "OK",
+    "WARN",
+    "NA",
+    "Thresholds",
+    "Verdict",
+    "Series",
+    "LogsUnreadable",
+    "read_scalars",
+    "diagnose_run",
+    "format_table",
+    "main",
+]
+
+OK, WARN, NA = "OK", "WARN", "n/a"
+
+Series = list[tuple[int, float]]
+
+
+class LogsUnreadable(Exception):
+    """The run's event files are missing or hold no scalars."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Thresholds:
+    """Where each verdict turns from OK to WARN (see the module docstring)."""
+
+    jitter_spread: float = 0.5
+    input_wait: float = 0.2
+    gpu_utilization: float = 70.0
+    grad_explode_ratio: float = 10.0
+    grad_vanish_ratio: float = 1e-3
+    grad_vanish_abs: float = 1e-7
+    loss_min_decrease: float = 0.02
+    loss_roughness: float = 0.15
+    overfit_ratio: float = 1.1
+    warmup_fraction: float = 0.1
+    min_points: int = 5
+
+    def __post_init__(self) -> None:
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"threshold {field.name} must be a number >= 0, got {value!r}")
+        if not 0 <= self.warmup_fraction < 1:
+            raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
+        if self.min_points < 3:
+            raise ValueError(f"min_points must be >= 3, got {self.min_points}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """One row of the table.
+
+    Attributes:
+      check: which row of the monitoring table.
+      status: ``OK``, ``WARN`` or ``n/a``.
+      finding: what it means.
+      evidence: the numbers.
+    """
+
+    check: str
+    status: str
+    finding: str
+    evidence: str
+
+
+def _event_dirs(model_dir: str) -> dict[str, str]:
+    """Run name -> directory holding event files."""
+    runs: dict[str, str] = {}
+    if glob.glob(os.path.join(model_dir, "events.out.tfevents.*")):
+        runs["train"] = model_dir
+    for name in ("train", "validation"):
+        path = os.path.join(model_dir, name)
+        if glob.glob(os.path.join(path, "events.out.tfevents.*")):
+            runs[name] = path
+    for path in sorted(glob.glob(os.path.join(model_dir, "workers", "*", "train"))):
+        if glob.glob(os.path.join(path, "events.out.tfevents.*")):
+            runs[f"{os.path.basename(os.path.dirname(path))}/train"] = path
+    return runs
+
+
+def read_scalars(model_dir: str) -> dict[str, dict[str, Series]]:
+    """Reads every scalar of a run: ``{run: {tag: [(step, value), ...]}}``.
+
+    Runs are ``train``, ``validation`` and ``worker-<k>/train``. When a resumed run re-logged
+    steps, TensorBoard's loader keeps the latest values (it purges the orphaned ones).
+
+    Raises:
+      LogsUnreadable: if the directory does not exist, holds no event files, or they hold no
+        scalars.
+    """
+    from tensorboard.backend.event_processing import event_accumulator
+    from tensorboard.util import tensor_util
+
+    if not os.path.isdir(model_dir):
+        raise LogsUnreadable(f"{model_dir} is not a directory")
+    runs = _event_dirs(model_dir)
+    if not runs:
+        raise LogsUnreadable(
+            f"no TensorBoard event files in {model_dir} (expected {model_dir}/train/"
+            "events.out.tfevents.*)"
+        )
+    out: dict[str, dict[str, Series]] = {}
+    for run, path in runs.items():
+        accumulator = event_accumulator.EventAccumulator(
+            path,
+            size_guidance={event_accumulator.TENSORS: 0, event_accumulator.SCALARS: 0},
+        )
+        try:
+            accumulator.Reload()
+        except Exception as e:  # the loader raises assorted errors on damaged files
+            raise LogsUnreadable(f"cannot read the event files in {path}: {e}") from e
+        tags = accumulator.Tags()
+        series: dict[str, Series] = {}
+        for tag in tags.get("scalars", []):
+            series[tag] = [(e.step, float(e.value)) for e in accumulator.Scalars(tag)]
+        for tag in tags.get("tensors", []):
+            values: Series = []
+            for event in accumulator.Tensors(tag):
+                array = tensor_util.make_ndarray(event.tensor_proto)
+                if array.size == 1 and array.dtype.kind in "fiu":
+                    values.append((event.step, float(array.reshape(()))))
+            if values:
+                series[tag] = values
+        if series:
+            out[run] = {tag: sorted(points) for tag, points in series.items()}
+    if not out:
+        raise LogsUnreadable(f"the event files in {model_dir} hold no scalars")
+    return out
+
+
+def _values(series: Series | None) -> list[float]:
+    return [v for _, v in series] if series else []
+
+
+def _after_warmup(values: list[float], t: Thresholds) -> list[float]:
+    skip = max(1, math.ceil(len(values) * t.warmup_fraction)) if len(values) > 1 else 0
+    return values[skip:]
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def _quarters(values: list[float]) -> tuple[list[float], list[float]]:
+    n = max(1, len(values) // 4)
+    return values[:n], values[-n:]
+
+
+def _too_few(check: str, tag: str, count: int, t: Thresholds) -> Verdict:
+    return Verdict(check, NA, "too few points", f"{count} '{tag}' points < {t.min_points}")
+
+
+def _step_time(train: dict[str, Series], t: Thresholds) -> Verdict:
+    check = "step time"
+    if "step_time" not in train:
+        return Verdict(check, NA, "not logged", "no 'step_time' scalar")
+    values = _after_warmup(_values(train["step_time"]), t)
+    if len(values) < t.min_points:
+        return _too_few(check, "step_time", len(values), t)
+    median = statistics.median(values)
+    p10, p90 = _quantile(values, 0.1), _quantile(values, 0.9)
+    spread = (p90 - p10) / median if median > 0 else math.inf
+    evidence = (
+        f"median {median * 1000:.1f} ms, p10 {p10 * 1000:.1f} ms, p90 {p90 * 1000:.1f} ms, "
+        f"max {max(values) * 1000:.1f} ms over {len(values)} points: spread (p90-p10)/median "
+        f"{spread:.2f} {'>' if spread > t.jitter_spread else '<='} {t.jitter_spread}"
+    )
+    if spread > t.jitter_spread:
+        return Verdict(check, WARN, "jitter: resource contention", evidence)
+    return Verdict(check, OK, "steady", evidence)
+
+
+def _input_wait(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
+    check = "input pipeline"
+    medians: dict[str, float] = {}
+    for run, series in runs.items():
+        if run.endswith("train") and "input_wait" in series:
+            values = _after_warmup(_values(series["input_wait"]), t)
+            if len(values) >= t.min_points:
+                medians[run] = statistics.median(values)
+    if not medians:
+        logged = any("input_wait" in s for s in runs.values())
+        if logged:
+            count = max(len(_after_warmup(_values(s.get("input_wait")), t)) for s in runs.values())
+            return _too_few(check, "input_wait", count, t)
+        return Verdict(check, NA, "not logged", "no 'input_wait' scalar")
+    worst_run = max(medians, key=lambda r: medians[r])
+    worst = medians[worst_run]
+    parts = [f"median input_wait {medians[r]:.0%} of the step ({r})" for r in sorted(medians)]
+    speed = _values(runs.get("train", {}).get("examples_per_sec"))
+    if speed:
+        parts.append(f"median {statistics.median(_after_warmup(speed, t)):.0f} examples/s")
+    evidence = "; ".join(parts) + f"; threshold {t.input_wait:.0%}"
+    if worst > t.input_wait:
+        return Verdict(check, WARN, f"input-bound ({worst_run}): I/O bottleneck", evidence)
+    return Verdict(check, OK, "the input keeps up", evidence)
+
+
+def _accelerator(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
+    check = "accelerator"
+    train = runs.get("train", {})
+    if "gpu_utilization" not in train:
+        return Verdict(check, NA, "not logged", "no 'gpu_utilization' scalar (no GPU)")
+    values = _after_warmup(_values(train["gpu_utilization"]), t)
+    if len(values) < t.min_points:
+        return _too_few(check, "gpu_utilization", len(values), t)
+    median = statistics.median(values)
+    low = sum(v < t.gpu_utilization for v in values) / len(values)
+    evidence = (
+        f"median GPU utilisation {median:.0f}%, below {t.gpu_utilization:.0f}% in {low:.0%} of "
+        f"{len(values)} points"
+    )
+    if median >= t.gpu_utilization:
+        return Verdict(check, OK, "busy", evidence)
+    waits = _values(train.get("input_wait"))
+    if waits and statistics.median(_after_warmup(waits, t)) > t.input_wait:
+        return Verdict(check, WARN, "GPU idle while waiting for input: I/O bottleneck", evidence)
+    return Verdict(
+        check, WARN, "GPU under-used, input keeps up: batch or model too small for it", evidence
+    )
+
+
+def _grad_norm(train: dict[str, Series], t: Thresholds) -> Verdict:
+    check = "gradient norm"
+    if "grad_norm" not in train:
+        return Verdict(check, NA, "not logged", "no 'grad_norm' scalar")
+    values = _values(train["grad_norm"])
+    if len(values) < t.min_points:
+        return _too_few(check, "grad_norm", len(values), t)
+    bad = [v for v in values if not math.isfinite(v)]
+    if bad:
+        return Verdict(
+            check, WARN, "exploding (not finite)", f"{len(bad)} of {len(values)} points NaN/inf"
+        )
+    early, late = (statistics.median(q) for q in _quarters(values))
+    overall = statistics.median(values)
+    peak = max(values)
+    evidence = (
+        f"first-quarter median {early:.3g}, last-quarter median {late:.3g}, overall median "
+        f"{overall:.3g}, max {peak:.3g}"
+    )
+    if late > t.grad_explode_ratio * early or peak > t.grad_explode_ratio * overall:
+        return Verdict(
+            check, WARN, "exploding", evidence + f"; ratio limit {t.grad_explode_ratio:g}x"
+        )
+    if late < t.grad_vanish_ratio * early or late < t.grad_vanish_abs:
+        return Verdict(
+            check,
+            WARN,
+            "vanishing",
+            evidence
+            + f"; limit {t.grad_vanish_ratio:g}x the first quarter or {t.grad_vanish_abs:g}",
+        )
+    return Verdict(check, OK, "stable", evidence)
+
+
+def _running_median(values: list[float], half: int = 2) -> list[float]:
+    return [statistics.median(values[max(0, i - half) : i + half + 1]) for i in range(len(values))]
+
+
+def _loss(train: dict[str, Series], t: Thresholds) -> Verdict:
+    check = "loss curve"
+    if "loss" not in train:
+        return Verdict(check, NA, "not logged", "no 'loss' scalar")
+    values = _values(train["loss"])
+    if len(values) < t.min_points:
+        return _too_few(check, "loss", len(values), t)
+    if not all(math.isfinite(v) for v in values):
+        return Verdict(check, WARN, "diverged (NaN/inf loss)", f"{len(values)} points")
+    first, last = _quarters(values)
+    early, late = statistics.fmean(first), statistics.fmean(last)
+    decrease = early - late
+    relative = decrease / abs(early) if early else 0.0
+    residual = [v - m for v, m in zip(values, _running_median(values), strict=True)]
+    noise = statistics.pstdev(residual)
+    evidence = (
+        f"first-quarter mean {early:.4g} -> last-quarter mean {late:.4g} "
+        f"({-relative:+.1%}); spread around the running median {noise:.3g}"
+    )
+    if relative < t.loss_min_decrease:
+        return Verdict(
+            check,
+            WARN,
+            "not decreasing: tune the learning rate or check the labels",
+            evidence + f"; needs a drop >= {t.loss_min_decrease:.0%}",
+        )
+    roughness = noise / decrease
+    evidence += f" = {roughness:.0%} of the decrease (limit {t.loss_roughness:.0%})"
+    if roughness > t.loss_roughness:
+        return Verdict(check, WARN, "not smooth: tune the hyper-parameters", evidence)
+    return Verdict(check, OK, "decreasing smoothly", evidence)
+
+
+def _validation(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
+    check = "validation"
+    val = _values(runs.get("validation", {}).get("loss"))
+    if not val:
+        return Verdict(check, NA, "not logged", "no validation 'loss'")
+    if len(val) < 3:
+        return Verdict(check, NA, "too few points", f"{len(val)} validation points < 3")
+    best, latest = min(val), val[-1]
+    train_loss = _values(runs.get("train", {}).get("loss"))
+    first, last = _quarters(train_loss) if train_loss else ([0.0], [0.0])
+    falling = statistics.fmean(last) < statistics.fmean(first)
+    evidence = (
+        f"validation loss best {best:.4g}, latest {latest:.4g} over {len(val)} evaluations; "
+        f"training loss {'falling' if falling else 'not falling'}"
+    )
+    if latest > t.overfit_ratio * best and falling:
+        return Verdict(check, WARN, "overfitting: validation loss rising", evidence)
+    if all(math.isfinite(v) for v in val):
+        return Verdict(check, OK, "validation loss tracks training", evidence)
+    return Verdict(check, WARN, "validation loss not finite", evidence)
+
+
+def diagnose_run(
+    runs: dict[str, dict[str, Series]], thresholds: Thresholds | None = None
+) -> list[Verdict]:
+    """Applies the monitoring table to a run's scalars (as ``read_scalars`` returns them).
+
+    Returns:
+      One verdict per check, in the table's order.
+    """
+    t = thresholds or Thresholds()
+    train = runs.get("train", {})
+    return [
+        _step_time(train, t),
+        _input_wait(runs, t),
+        _accelerator(runs, t),
+        _grad_norm(train, t),
+        _loss(train, t),
+        _validation(runs, t),
+    ]
+
+
+def format_table(verdicts: Sequence[Verdict]) -> str:
+    """A plain-text table: check, status, finding, evidence."""
+    rows = [("check", "status", "finding", "evidence")]
+    rows += [(v.check, v.status, v.finding, v.evidence) for v in verdicts]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = []
+    for i, row in enumerate(rows):
+        lines.append(
+            "  ".join(cell.ljust(w) for cell, w in zip(row[:3], widths, strict=True))
+            + "  "
+            + row[3]
+        )
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 8)
+    return "\n".join(lines)
+
+
+def _parse_threshold(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    names = {f.name for f in dataclasses.fields(Thresholds)}
+    if not sep or name not in names:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=VALUE with NAME one of {sorted(names)}, got {text!r}"
+        )
+    try:
+        return name, float(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{name} needs a number, got {value!r}") from e
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Prints the verdict table; returns 0, or 2 when the logs cannot be read."""
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.diagnose",
+        description="Apply the monitoring table to a training run's TensorBoard logs.",
+    )
+    parser.add_argument("model_dir", help="the run's --model_dir (or a directory of event files)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable verdicts")
+    parser.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        type=_parse_threshold,
+        metavar="NAME=VALUE",
+        help="override a threshold, e.g. input_wait=0.1 (repeatable)",
+    )
+    args = parser.parse_args(argv)
+    overrides = dict(args.threshold)
+    if "min_points" in overrides:
+        overrides["min_points"] = int(overrides["min_points"])
+    try:
+        thresholds = Thresholds(**overrides)
+    except ValueError as e:
+        parser.error(str(e))
+    if "tensorflow" not in sys.modules:
+        # TensorBoard's own protobuf reader is enough and starts in a fraction of the time
+        # TensorFlow takes to import; this is the switch TensorBoard's no-TF build uses.
+        import types
+
+        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("notf"))
+    try:
+        runs = read_scalars(args.model_dir)
+    except LogsUnreadable as e:
+        print(f"diagnose: {e}", file=sys.stderr)
+        return 2
+    verdicts = diagnose_run(runs, thresholds)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(v) for v in verdicts], indent=2))
+        return 0
+    train = runs.get("train", {})
+    steps = sorted({s for series in train.values() for s, _ in series})
+    span = f"steps {steps[0]}-{steps[-1]}" if steps else "no training steps"
+    print(f"{args.model_dir}: {len(steps)} logged training points, {span}")
+    print(format_table(verdicts))
+    warnings = sum(v.status == WARN for v in verdicts)
+    print(f"{warnings} warning(s)" if warnings else "no warnings")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
