@@ -31,6 +31,7 @@ __all__ = [
     "create_distribution",
     "precision_policy",
     "slurm_cluster_resolver",
+    "split_batch",
     "worker_layout",
 ]
 
@@ -72,13 +73,7 @@ class Distribution:
         Raises:
           ValueError: if ``global_batch_size`` does not split evenly over the replicas.
         """
-        if global_batch_size % self.num_replicas:
-            raise ValueError(
-                f"global_batch_size {global_batch_size} must be divisible by the "
-                f"{self.num_replicas} replicas in sync ({self.num_workers} workers x "
-                f"{self.local_replicas} local replicas)"
-            )
-        return global_batch_size // self.num_workers
+        return split_batch(global_batch_size, self.num_workers, self.local_replicas)[0]
 
     def input_context(self) -> tf.distribute.InputContext:
         """An input context that shards by worker and batches at the per-worker size.
@@ -94,6 +89,32 @@ class Distribution:
             input_pipeline_id=self.worker_index,
             num_replicas_in_sync=self.num_workers,
         )
+
+
+def split_batch(global_batch_size: int, num_workers: int, local_replicas: int) -> tuple[int, int]:
+    """``(per_worker, per_replica)`` batch sizes for a global batch.
+
+    The source article's OOM trap was feeding every replica the global batch; here the global
+    batch is divided, once, by the number of workers and then by the replicas on each.
+
+    Raises:
+      ValueError: if the global batch does not split evenly over all replicas.
+    """
+    for name, value in (
+        ("global_batch_size", global_batch_size),
+        ("num_workers", num_workers),
+        ("local_replicas", local_replicas),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    replicas = num_workers * local_replicas
+    if global_batch_size % replicas:
+        raise ValueError(
+            f"global_batch_size {global_batch_size} must be divisible by the {replicas} "
+            f"replicas in sync ({num_workers} workers x {local_replicas} local replicas)"
+        )
+    per_worker = global_batch_size // num_workers
+    return per_worker, per_worker // local_replicas
 
 
 def _tf_config_tasks(environ: Mapping[str, str]) -> int:
@@ -313,6 +334,10 @@ def create_distribution(
       ValueError: ``Unrecognized Distribution Strategy: 'x'``, or an impossible combination.
       RuntimeError: if devices can no longer be configured in this process.
     """
+    if name not in STRATEGIES:
+        raise ValueError(
+            f"Unrecognized Distribution Strategy: {name!r} (expected one of {STRATEGIES})"
+        )
     import tensorflow as tf
 
     environ = os.environ if environ is None else environ
