@@ -24,7 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from tfrecord_io.decode import DCT_METHODS, OUTPUTS, DecodeConfig, decode_batch, parse_batch
-from tfrecord_io.source import ResolvedSource, ShardFile, resolve_source
+from tfrecord_io.source import ResolvedSource, ShardFile, is_remote, resolve_source
 
 __all__ = [
     "DEFAULT_READ_BUFFER_BYTES",
@@ -40,8 +40,8 @@ _log = logging.getLogger(__name__)
 # file is what the reference ImageNet input pipelines use for GCS.
 DEFAULT_READ_BUFFER_BYTES = 8 * 1024 * 1024
 # The record shuffle buffer is sized by bytes so RAW (150 KB/record) and JPEG (30 KB/record)
-# datasets hold a similar amount of memory.
-_SHUFFLE_BUFFER_BYTES = 256 * 1024 * 1024
+# datasets hold a similar amount of memory; an iterator checkpoint stores the whole buffer.
+_SHUFFLE_BUFFER_BYTES = 128 * 1024 * 1024
 _MAX_SHUFFLE_BUFFER = 10_000
 _FOREIGN_SHUFFLE_BUFFER = 2_048
 _DEFAULT_CYCLE_LENGTH = 16
@@ -149,15 +149,20 @@ def _derive_seeds(seed: int | None, *words: int) -> tuple[int | None, int | None
     return int(state[0]), int(state[1]), int(state[2])
 
 
-def _shuffle_buffer(config: ReaderConfig, resolved: ResolvedSource, batch_size: int) -> int:
+def _shuffle_buffer(
+    config: ReaderConfig, resolved: ResolvedSource, shards: tuple[ShardFile, ...], batch_size: int
+) -> int:
     if config.shuffle_buffer is not None:
         return config.shuffle_buffer
     if resolved.manifest is None:
         return _FOREIGN_SHUFFLE_BUFFER
-    total_bytes = sum(s.num_bytes for s in resolved.shards)
-    total_records = max(1, sum(max(s.num_examples, 0) for s in resolved.shards))
+    total_bytes = sum(s.num_bytes for s in shards)
+    total_records = max(1, sum(max(s.num_examples, 0) for s in shards))
     per_record = max(1, total_bytes // total_records)
-    return int(min(_MAX_SHUFFLE_BUFFER, max(batch_size, _SHUFFLE_BUFFER_BYTES // per_record)))
+    by_bytes = max(batch_size, _SHUFFLE_BUFFER_BYTES // per_record)
+    # A buffer larger than the pipeline's share of the split would only mix epochs (and bloat
+    # iterator checkpoints, which hold the buffer).
+    return int(min(_MAX_SHUFFLE_BUFFER, by_bytes, total_records))
 
 
 def _read_shard(
@@ -168,6 +173,7 @@ def _read_shard(
     read_buffer_bytes: int,
     skip_corrupt: bool,
     counter: CorruptionCounter | None,
+    guard_missing: bool,
 ) -> tf.data.Dataset:
     """Reads one shard and checks it was read whole.
 
@@ -177,7 +183,12 @@ def _read_shard(
     file the count is compared with the committed size: a short read fails with an error that
     names the shard, or with ``skip_corrupt`` is logged and counted.
     """
-    records = tf.data.TFRecordDataset(path, buffer_size=read_buffer_bytes).ignore_errors()
+    names = tf.data.Dataset.from_tensors(path)
+    if guard_missing:
+        # ignore_errors retries a file that cannot be opened forever, so a missing file must never
+        # reach the reader: it then reads as 0 bytes and fails (or is skipped) like any damage.
+        names = names.filter(lambda name: tf.size(tf.io.matching_files(name)) > 0)
+    records = tf.data.TFRecordDataset(names, buffer_size=read_buffer_bytes).ignore_errors()
     tagged = records.map(lambda r: (r, tf.constant(False)))
     end = tf.data.Dataset.from_tensors((tf.constant(b"", tf.string), tf.constant(True)))
     tagged = tagged.concatenate(end)
@@ -284,6 +295,35 @@ def _pipeline_shards(
     return shards, True
 
 
+def _present_shards(
+    shards: tuple[ShardFile, ...], skip_corrupt: bool, counter: CorruptionCounter | None
+) -> tuple[tuple[ShardFile, ...], bool]:
+    """Checks local shards exist before reading; returns the shards and whether to guard in-graph.
+
+    Local files are checked here so a missing shard fails at once, naming it. Remote shards are
+    not (one request per shard would slow start-up); the pipeline guards them as it opens them,
+    which needs paths free of glob characters.
+    """
+    kept = []
+    for shard in shards:
+        if is_remote(shard.path) or (os.path.isfile(shard.path) and os.access(shard.path, os.R_OK)):
+            kept.append(shard)
+            continue
+        if not skip_corrupt:
+            raise FileNotFoundError(
+                f"shard {shard.path} is missing or unreadable (pass skip_corrupt=True to skip it)"
+            )
+        _log.warning("skipping missing or unreadable shard %s", shard.path)
+        if counter is not None:
+            counter.damaged_shards.assign_add(1)
+            counter.bytes_skipped.assign_add(shard.num_bytes)
+            counter.records_skipped.assign_add(max(shard.num_examples, 0))
+    if not kept:
+        raise FileNotFoundError("every shard of the split is missing or unreadable")
+    guard = not any(c in s.path for s in kept for c in "*?[\\")
+    return tuple(kept), guard
+
+
 def _cache_path(cache: str, input_context: tf.distribute.InputContext | None) -> str:
     if cache == "memory":
         return ""
@@ -377,7 +417,8 @@ def make_dataset(
       label_offset: subtracted from stored labels. TensorFlow's ImageNet converters write
         1-based labels (0 = background): pass 1 for their shards.
       num_epochs: training passes; None repeats forever (training) or means 1 (eval).
-      shuffle_buffer: records in the shuffle buffer; default ~256 MiB worth, at most 10,000.
+      shuffle_buffer: records in the shuffle buffer; default ~128 MiB worth, at most 10,000
+        and at most the pipeline's share of the split. Iterator checkpoints hold the buffer.
       cycle_length: files read concurrently; default min(16, files).
       read_buffer_bytes: read buffer per open file (8 MiB suits object storage).
       sharding: ``"files"`` (error if fewer files than input pipelines), ``"records"`` (every
@@ -448,6 +489,7 @@ def make_dataset(
     if by_record:
         deterministic_order = True
 
+    shards, guard_missing = _present_shards(shards, config.skip_corrupt, corruption_counter)
     files = tf.data.Dataset.from_tensor_slices(
         (
             tf.constant([s.path for s in shards], tf.string),
@@ -471,6 +513,7 @@ def make_dataset(
             read_buffer_bytes=config.read_buffer_bytes,
             skip_corrupt=config.skip_corrupt,
             counter=corruption_counter,
+            guard_missing=guard_missing,
         )
 
     records = files.interleave(
@@ -486,7 +529,7 @@ def make_dataset(
         records = records.cache(_cache_path(config.cache, input_context)).repeat(epochs)
     if training:
         records = records.shuffle(
-            _shuffle_buffer(config, resolved, batch_size),
+            _shuffle_buffer(config, resolved, shards, batch_size),
             seed=record_seed,
             reshuffle_each_iteration=True,
         )

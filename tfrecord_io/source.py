@@ -13,17 +13,21 @@ import dataclasses
 import glob
 import os
 import posixpath
+from typing import BinaryIO
 
 from schemas import MANIFEST_NAME, Manifest
 
 __all__ = [
     "ResolvedSource",
     "ShardFile",
+    "exists",
+    "file_size",
     "is_remote",
     "join",
     "load_manifest",
     "label_names",
     "num_classes",
+    "open_binary",
     "read_bytes",
     "resolve_source",
 ]
@@ -104,12 +108,22 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
-def _exists(path: str) -> bool:
+def exists(path: str) -> bool:
+    """True if a file or directory exists at a local path or URI."""
     if is_remote(path):
         import tensorflow as tf
 
         return tf.io.gfile.exists(path)
     return os.path.exists(_local(path))
+
+
+def open_binary(path: str) -> BinaryIO:
+    """Opens a local path or URI for reading bytes (a context manager)."""
+    if is_remote(path):
+        import tensorflow as tf
+
+        return tf.io.gfile.GFile(path, "rb")
+    return open(_local(path), "rb")
 
 
 def _isdir(path: str) -> bool:
@@ -120,7 +134,8 @@ def _isdir(path: str) -> bool:
     return os.path.isdir(_local(path))
 
 
-def _size(path: str) -> int:
+def file_size(path: str) -> int:
+    """Size in bytes of the file at a local path or URI."""
     if is_remote(path):
         import tensorflow as tf
 
@@ -145,7 +160,7 @@ def _manifest_path(source: str) -> str | None:
         return stripped
     if _isdir(stripped):
         candidate = join(stripped, MANIFEST_NAME)
-        if _exists(candidate):
+        if exists(candidate):
             return candidate
     return None
 
@@ -234,12 +249,12 @@ def resolve_source(source: str | os.PathLike[str], split: str = "train") -> Reso
             f"beam_pipelines.images_to_tfrecord, or a glob of TFRecord files such as "
             f"'{join(text, '*')}'"
         )
-    elif _exists(text):
+    elif exists(text):
         paths = [text]
     else:
         raise FileNotFoundError(
             f"source {text!r} does not exist; expected a dataset directory with "
             f"{MANIFEST_NAME}, or a glob of TFRecord files"
         )
-    shards = tuple(ShardFile(path=p, num_bytes=_size(p)) for p in paths)
+    shards = tuple(ShardFile(path=p, num_bytes=file_size(p)) for p in paths)
     return ResolvedSource(text, split, None, shards, None)
