@@ -8,10 +8,10 @@ table, with the numbers behind it:
 | step time | ``(p90 - p10) / median`` of ``step_time`` > 0.5 | jitter: resource contention |
 | input pipeline | median ``input_wait`` > 20% of the step (chief or any worker) | input-bound: I/O bottleneck |
 | accelerator | median ``gpu_utilization`` < 70%, where logged | accelerator idle |
-| gradient norm | late median > 10x early median, or any > 10x the overall median, or not finite | exploding |
+| gradient norm | late median > 10x early median, or a point > 10x the median before it, or not finite | exploding |
 | | late median < 1e-3x early median, or < 1e-7 | vanishing |
 | loss curve | last-quarter mean not >= 2% below first-quarter mean, or not finite | not decreasing |
-| | spread around a running median > 15% of the total decrease | not smooth: tune hyper-parameters |
+| | point-to-point noise > 15% of the total decrease | not smooth: tune hyper-parameters |
 | validation | last validation loss > 1.1x its minimum while the training loss still falls | overfitting |
 
 The first 10% of timing points are left out (warm-up). A check with too few points, or whose
@@ -113,11 +113,27 @@ def _event_dirs(model_dir: str) -> dict[str, str]:
     return runs
 
 
+def _drop_orphans(events: list[tuple[float, int, float]]) -> Series:
+    """Keeps what a resumed run really trained: ``(wall_time, step, value)`` -> ``(step, value)``.
+
+    A run that restarts from the checkpoint at step N logs steps after N again; the values
+    logged before the restart for those steps belong to a timeline that was thrown away.
+    TensorBoard only purges them for old-style logs, so they are dropped here: in write
+    order, a step at or below the last kept one discards every kept point from that step on.
+    """
+    kept: Series = []
+    for _, step, value in sorted(events, key=lambda e: e[0]):
+        while kept and kept[-1][0] >= step:
+            kept.pop()
+        kept.append((step, value))
+    return kept
+
+
 def read_scalars(model_dir: str) -> dict[str, dict[str, Series]]:
     """Reads every scalar of a run: ``{run: {tag: [(step, value), ...]}}``.
 
     Runs are ``train``, ``validation`` and ``worker-<k>/train``. When a resumed run re-logged
-    steps, TensorBoard's loader keeps the latest values (it purges the orphaned ones).
+    steps, only the values of the resumed timeline are kept.
 
     Raises:
       LogsUnreadable: if the directory does not exist, holds no event files, or they hold no
@@ -147,17 +163,19 @@ def read_scalars(model_dir: str) -> dict[str, dict[str, Series]]:
         tags = accumulator.Tags()
         series: dict[str, Series] = {}
         for tag in tags.get("scalars", []):
-            series[tag] = [(e.step, float(e.value)) for e in accumulator.Scalars(tag)]
+            series[tag] = _drop_orphans(
+                [(e.wall_time, e.step, float(e.value)) for e in accumulator.Scalars(tag)]
+            )
         for tag in tags.get("tensors", []):
-            values: Series = []
+            timed: list[tuple[float, int, float]] = []
             for event in accumulator.Tensors(tag):
                 array = tensor_util.make_ndarray(event.tensor_proto)
                 if array.size == 1 and array.dtype.kind in "fiu":
-                    values.append((event.step, float(array.reshape(()))))
-            if values:
-                series[tag] = values
+                    timed.append((event.wall_time, event.step, float(array.reshape(()))))
+            if timed:
+                series[tag] = _drop_orphans(timed)
         if series:
-            out[run] = {tag: sorted(points) for tag, points in series.items()}
+            out[run] = series
     if not out:
         raise LogsUnreadable(f"the event files in {model_dir} hold no scalars")
     return out
@@ -271,13 +289,16 @@ def _grad_norm(train: dict[str, Series], t: Thresholds) -> Verdict:
             check, WARN, "exploding (not finite)", f"{len(bad)} of {len(values)} points NaN/inf"
         )
     early, late = (statistics.median(q) for q in _quarters(values))
-    overall = statistics.median(values)
-    peak = max(values)
-    evidence = (
-        f"first-quarter median {early:.3g}, last-quarter median {late:.3g}, overall median "
-        f"{overall:.3g}, max {peak:.3g}"
+    # A spike is a point far above the median of everything before it.
+    spike, spike_at = max(
+        ((values[i] / statistics.median(values[:i]), i) for i in range(3, len(values))),
+        default=(0.0, 0),
     )
-    if late > t.grad_explode_ratio * early or peak > t.grad_explode_ratio * overall:
+    evidence = (
+        f"first-quarter median {early:.3g}, last-quarter median {late:.3g}, largest jump "
+        f"{spike:.3g}x the median before it (point {spike_at})"
+    )
+    if late > t.grad_explode_ratio * early or spike > t.grad_explode_ratio:
         return Verdict(
             check, WARN, "exploding", evidence + f"; ratio limit {t.grad_explode_ratio:g}x"
         )
@@ -309,11 +330,13 @@ def _loss(train: dict[str, Series], t: Thresholds) -> Verdict:
     early, late = statistics.fmean(first), statistics.fmean(last)
     decrease = early - late
     relative = decrease / abs(early) if early else 0.0
-    residual = [v - m for v, m in zip(values, _running_median(values), strict=True)]
-    noise = statistics.pstdev(residual)
+    # Point-to-point noise: for white noise on a trend, the differences have the trend's
+    # slope as mean and twice the noise variance as variance.
+    steps = [b - a for a, b in zip(values, values[1:], strict=False)]
+    noise = statistics.pstdev(steps) / math.sqrt(2)
     evidence = (
         f"first-quarter mean {early:.4g} -> last-quarter mean {late:.4g} "
-        f"({-relative:+.1%}); spread around the running median {noise:.3g}"
+        f"({-relative:+.1%}); point-to-point noise {noise:.3g}"
     )
     if relative < t.loss_min_decrease:
         return Verdict(

@@ -1,0 +1,236 @@
+"""``trainer.diagnose`` on event logs written here with known problems: each verdict fires when
+it should, and only then."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer.diagnose import NA, OK, WARN, Thresholds, diagnose_run, main, read_scalars
+
+POINTS = 40
+CHECKS = ("step time", "input pipeline", "accelerator", "gradient norm", "loss curve", "validation")
+
+
+def _healthy(seed: int = 0) -> dict[str, list[float]]:
+    """A run with nothing wrong: steady steps, fed input, stable gradients, smooth loss."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(POINTS)
+    return {
+        "step_time": list(0.1 * (1 + 0.03 * rng.standard_normal(POINTS))),
+        "input_wait": list(0.04 + 0.01 * rng.random(POINTS)),
+        "examples_per_sec": list(2560 * (1 + 0.03 * rng.standard_normal(POINTS))),
+        "grad_norm": list(3 * np.exp(-t / 60) + 1 + 0.05 * rng.standard_normal(POINTS)),
+        "loss": list(2 * np.exp(-t / 10) + 0.3 + 0.01 * rng.standard_normal(POINTS)),
+        "accuracy": list(1 - np.exp(-t / 10) * 0.7),
+        "learning_rate": [0.1] * POINTS,
+    }
+
+
+def _write(directory: Path, series: dict[str, list[float]], *, first_step: int = 10) -> None:
+    import tensorflow as tf
+
+    writer = tf.summary.create_file_writer(str(directory))
+    with writer.as_default():
+        for tag, values in series.items():
+            for i, value in enumerate(values):
+                tf.summary.scalar(tag, float(value), step=first_step + 10 * i)
+    writer.close()
+
+
+def _run(
+    tmp_path: Path,
+    train: dict[str, list[float]],
+    validation: list[float] | None = (1.5, 1.0, 0.8, 0.7),
+    workers: dict[str, dict[str, list[float]]] | None = None,
+) -> Path:
+    _write(tmp_path / "train", train)
+    if validation is not None:
+        _write(tmp_path / "validation", {"loss": list(validation)}, first_step=100)
+    for name, series in (workers or {}).items():
+        _write(tmp_path / "workers" / name / "train", series)
+    return tmp_path
+
+
+def _statuses(model_dir: Path) -> dict[str, str]:
+    verdicts = diagnose_run(read_scalars(str(model_dir)))
+    assert [v.check for v in verdicts] == list(CHECKS)
+    return {v.check: v.status for v in verdicts}
+
+
+def _warnings(model_dir: Path) -> set[str]:
+    return {check for check, status in _statuses(model_dir).items() if status == WARN}
+
+
+def _finding(model_dir: Path, check: str) -> tuple[str, str]:
+    verdict = next(v for v in diagnose_run(read_scalars(str(model_dir))) if v.check == check)
+    return verdict.finding, verdict.evidence
+
+
+def test_healthy_run_gives_no_warning(tmp_path):
+    statuses = _statuses(_run(tmp_path, _healthy()))
+    assert statuses == {
+        "step time": OK,
+        "input pipeline": OK,
+        "accelerator": NA,
+        "gradient norm": OK,
+        "loss curve": OK,
+        "validation": OK,
+    }
+
+
+def test_step_time_jitter(tmp_path):
+    series = _healthy()
+    series["step_time"] = [
+        v * (3.0 if i % 3 == 0 else 1.0) for i, v in enumerate(series["step_time"])
+    ]
+    model_dir = _run(tmp_path, series)
+    assert _warnings(model_dir) == {"step time"}
+    finding, evidence = _finding(model_dir, "step time")
+    assert "contention" in finding and "spread (p90-p10)/median" in evidence
+
+
+def test_input_bound_without_gpu(tmp_path):
+    series = _healthy()
+    series["input_wait"] = [0.55 + 0.02 * (i % 2) for i in range(POINTS)]
+    model_dir = _run(tmp_path, series)
+    assert _warnings(model_dir) == {"input pipeline"}
+    finding, evidence = _finding(model_dir, "input pipeline")
+    assert "I/O bottleneck" in finding and "56%" in evidence
+
+
+def test_input_bound_with_idle_gpu(tmp_path):
+    series = _healthy()
+    series["input_wait"] = [0.5] * POINTS
+    series["gpu_utilization"] = [40.0 + (i % 5) for i in range(POINTS)]
+    model_dir = _run(tmp_path, series)
+    assert _warnings(model_dir) == {"input pipeline", "accelerator"}
+    finding, evidence = _finding(model_dir, "accelerator")
+    assert "waiting for input" in finding and "median GPU utilisation 42%" in evidence
+
+
+def test_idle_gpu_with_fed_input(tmp_path):
+    series = _healthy()
+    series["gpu_utilization"] = [55.0] * POINTS
+    model_dir = _run(tmp_path, series)
+    assert _warnings(model_dir) == {"accelerator"}
+    assert "input keeps up" in _finding(model_dir, "accelerator")[0]
+
+
+def test_busy_gpu_is_ok(tmp_path):
+    series = _healthy()
+    series["gpu_utilization"] = [92.0] * POINTS
+    statuses = _statuses(_run(tmp_path, series))
+    assert statuses["accelerator"] == OK
+    assert WARN not in statuses.values()
+
+
+def test_slow_worker_input_is_found(tmp_path):
+    worker = _healthy(seed=1)
+    worker["input_wait"] = [0.7] * POINTS
+    model_dir = _run(tmp_path, _healthy(), workers={"worker-00001": worker})
+    assert _warnings(model_dir) == {"input pipeline"}
+    finding, evidence = _finding(model_dir, "input pipeline")
+    assert "worker-00001" in finding and "70%" in evidence
+
+
+@pytest.mark.parametrize(
+    ("grad_norm", "finding"),
+    [
+        ([1.0 * math.exp(i / 6) for i in range(POINTS)], "exploding"),
+        ([1.0] * 20 + [50.0] + [1.0] * 19, "exploding"),
+        ([1.0] * 30 + [math.nan] + [1.0] * 9, "exploding (not finite)"),
+        ([1.0] * 10 + [1e-9] * 30, "vanishing"),
+        ([2.0 * 10 ** (-i / 8) for i in range(POINTS)], "vanishing"),
+    ],
+)
+def test_gradient_norm_problems(tmp_path, grad_norm, finding):
+    series = _healthy()
+    series["grad_norm"] = grad_norm
+    model_dir = _run(tmp_path, series)
+    assert _warnings(model_dir) == {"gradient norm"}
+    assert _finding(model_dir, "gradient norm")[0] == finding
+
+
+@pytest.mark.parametrize(
+    ("loss", "finding"),
+    [
+        ([1.1 + 0.01 * ((-1) ** i) for i in range(POINTS)], "not decreasing"),
+        ([0.5 + i * 0.05 for i in range(POINTS)], "not decreasing"),
+        ([2 * math.exp(-i / 10) + 0.3 + 0.35 * ((-1) ** i) for i in range(POINTS)], "not smooth"),
+        (
+            [2 * math.exp(-i / 10) + 0.3 + (1.5 if i % 7 == 3 else 0) for i in range(POINTS)],
+            "not smooth",
+        ),
+        ([1.0] * 25 + [math.inf] * 15, "diverged"),
+    ],
+)
+def test_loss_curve_problems(tmp_path, loss, finding):
+    series = _healthy()
+    series["loss"] = loss
+    model_dir = _run(tmp_path, series)
+    # A rising training loss also stops the validation check from calling it overfitting.
+    assert _warnings(model_dir) == {"loss curve"}
+    assert _finding(model_dir, "loss curve")[0].startswith(finding)
+
+
+def test_overfitting(tmp_path):
+    model_dir = _run(tmp_path, _healthy(), validation=[1.0, 0.8, 0.85, 1.0, 1.2])
+    assert _warnings(model_dir) == {"validation"}
+    assert "overfitting" in _finding(model_dir, "validation")[0]
+
+
+def test_too_few_points_are_not_judged(tmp_path):
+    short = {tag: values[:3] for tag, values in _healthy().items()}
+    statuses = _statuses(_run(tmp_path, short, validation=[1.0, 0.9]))
+    assert set(statuses.values()) == {NA}
+
+
+def test_thresholds_can_be_tightened(tmp_path):
+    model_dir = _run(tmp_path, _healthy())
+    verdicts = diagnose_run(read_scalars(str(model_dir)), Thresholds(input_wait=0.01))
+    assert {v.check for v in verdicts if v.status == WARN} == {"input pipeline"}
+
+
+def test_resumed_run_keeps_the_latest_values(tmp_path):
+    # A first process logged steps 10..400, crashed, and a restart from step 200 re-logged
+    # 210..600: TensorBoard's loader drops the orphaned 210..400 of the first process.
+    _write(tmp_path / "train", {"loss": [5.0] * POINTS})
+    _write(tmp_path / "train", {"loss": [1.0] * 40}, first_step=210)
+    steps = [s for s, _ in read_scalars(str(tmp_path))["train"]["loss"]]
+    assert steps == sorted(set(steps))
+    assert steps[0] == 10 and steps[-1] == 600 and len(steps) == 20 + 40
+
+
+def test_cli_prints_the_table_and_exits_zero_with_warnings(tmp_path, capsys):
+    series = _healthy()
+    series["input_wait"] = [0.6] * POINTS
+    model_dir = _run(tmp_path, series)
+    assert main([str(model_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "input pipeline  WARN" in out and "1 warning(s)" in out
+    assert main([str(model_dir), "--json"]) == 0
+    verdicts = json.loads(capsys.readouterr().out)
+    assert {v["check"]: v["status"] for v in verdicts}["input pipeline"] == WARN
+
+
+@pytest.mark.parametrize("layout", ["missing", "empty", "garbage"])
+def test_cli_exits_non_zero_when_logs_cannot_be_read(tmp_path, capsys, layout):
+    model_dir = tmp_path / "run"
+    if layout != "missing":
+        (model_dir / "train").mkdir(parents=True)
+    if layout == "garbage":
+        (model_dir / "train" / "events.out.tfevents.1.host").write_bytes(b"\x00not an event" * 9)
+    assert main([str(model_dir)]) == 2
+    assert "diagnose:" in capsys.readouterr().err
+
+
+def test_cli_rejects_an_unknown_threshold(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([str(tmp_path), "--threshold", "speed=3"])
+    assert info.value.code == 2
+    assert "expected NAME=VALUE" in capsys.readouterr().err
