@@ -6,6 +6,8 @@ job graph built and serialised offline (no cloud is reachable from the tests).
 from __future__ import annotations
 
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import apache_beam as beam
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.dataflow.internal import apiclient
@@ -24,6 +26,7 @@ from apache_beam.runners.portability.stager import Stager
 from apache_beam.transforms import environments
 
 from beam_pipelines import ImagesToShards, StageResults, config_from_options
+from beam_pipelines.dask_runner import DaskRunner  # noqa: F401  (registers --dask_* options)
 from beam_pipelines.runners import resolve_runner_aliases
 from schemas.manifest import MANIFEST_NAME, Manifest
 from tests.fixtures.images import make_image_tree
@@ -191,38 +194,54 @@ def test_built_package_imports_and_runs_the_pipeline_from_a_clean_venv(clean_pyt
 # Dataflow, offline
 
 
-def _dataflow_argv(project_copy: Path, *extra: str) -> list[str]:
+DEPLOY_DOC = REPO / "docs" / "deploy.md"
+
+
+def _documented_commands() -> dict[str, list[str]]:
+    """Runner name -> the pipeline arguments of each command documented in docs/deploy.md."""
+    commands: dict[str, list[str]] = {}
+    for block in re.findall(r"```bash\n(.*?)```", DEPLOY_DOC.read_text(), flags=re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            if "beam_pipelines.images_to_tfrecord" not in line:
+                continue
+            argv = shlex.split(line, comments=True)
+            argv = argv[argv.index("beam_pipelines.images_to_tfrecord") + 1 :]
+            commands[argv[argv.index("--runner") + 1]] = argv
+    return commands
+
+
+def _flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_documented_commands_use_only_options_beam_or_the_pipeline_know():
+    commands = _documented_commands()
+    assert set(commands) == {"DataflowRunner", "FlinkRunner", "DaskRunner"}
+    # The parser Beam itself builds from every options class (PipelineOptions.get_all_options).
+    parser = _BeamArgumentParser(allow_abbrev=False)
+    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
+        cls._add_argparse_args(parser)
+    for runner, argv in commands.items():
+        _, unknown = parser.parse_known_args(resolve_runner_aliases(argv))
+        assert unknown == [], (runner, unknown)
+
+
+def _dataflow_argv(project_copy: Path, *replace: tuple[str, str]) -> list[str]:
+    """The documented Dataflow command, with its setup file pointed at the copied project."""
+    argv = _documented_commands()["DataflowRunner"]
+    argv[argv.index("--setup_file") + 1] = str(project_copy / "setup.py")
+    for flag, value in replace:
+        i = argv.index(flag)
+        argv[i : i + 2] = [flag, value] if value else []
     return resolve_runner_aliases(
         [
-            "--runner",
-            "DataflowRunner",
-            "--project",
-            "demo-project",
-            "--region",
-            "europe-west4",
-            "--temp_location",
-            "gs://demo-bucket/tmp",
-            "--machine_type",
-            "n2-standard-8",
-            "--autoscaling_algorithm",
-            "THROUGHPUT_BASED",
-            "--num_workers",
-            "4",
-            "--max_num_workers",
-            "64",
-            "--input",
-            "gs://demo-bucket/imagenet/train",
-            "--output",
-            "gs://demo-bucket/imagenet-tfrecord",
-            "--num_shards",
-            "1024",
+            *argv,
             "--requirements_cache",
             "skip",
             # Only so that building the Pipeline skips Beam's bucket soft-delete check, which
             # calls GCS; the pipeline is never run.
             "--dry_run",
             "true",
-            *extra,
         ]
     )
 
@@ -259,7 +278,7 @@ def _leaf_inputs(proto, prefix: str) -> list[str]:
 
 
 def test_dataflow_graph_serialises_with_its_steps_options_and_package(project_copy):
-    argv = _dataflow_argv(project_copy, "--setup_file", str(project_copy / "setup.py"))
+    argv = _dataflow_argv(project_copy)
     options, pipeline, proto = _dataflow_graph(argv)
 
     names = {t.unique_name for t in proto.components.transforms.values()}
@@ -298,14 +317,17 @@ def test_dataflow_graph_serialises_with_its_steps_options_and_package(project_co
 
     # The job request Dataflow would receive: worker pool and locations from the options.
     job = apiclient.Job(options, proto)
-    request = apiclient.Environment([], options, "8", "gs://demo-bucket/tmp/pipeline.pb", proto)
+    request = apiclient.Environment([], options, "8", "gs://my-bucket/pipeline.pb", proto)
     (pool,) = request.proto.worker_pools
-    assert pool.machine_type == "n2-standard-8"
-    assert pool.num_workers == 4
-    assert pool.autoscaling_settings.max_num_workers == 64
+    assert pool.machine_type == _flag(argv, "--machine_type")
+    assert pool.num_workers == int(_flag(argv, "--num_workers"))
+    assert pool.autoscaling_settings.max_num_workers == int(_flag(argv, "--max_num_workers"))
+    # THROUGHPUT_BASED is called BASIC in the Dataflow API.
     assert pool.autoscaling_settings.algorithm.name == "AUTOSCALING_ALGORITHM_BASIC"
-    assert request.proto.temp_storage_prefix.startswith("storage.googleapis.com/demo-bucket/tmp")
-    assert job.google_cloud_options.region == "europe-west4"
+    assert pool.disk_size_gb == int(_flag(argv, "--disk_size_gb"))
+    temp = _flag(argv, "--temp_location").replace("gs://", "storage.googleapis.com/")
+    assert request.proto.temp_storage_prefix.startswith(temp)
+    assert job.google_cloud_options.region == _flag(argv, "--region")
 
     # Every DoFn and combiner pickles and unpickles: rebuild the pipeline from the proto.
     rebuilt = beam.Pipeline.from_runner_api(proto, pipeline.runner, options)
@@ -315,8 +337,9 @@ def test_dataflow_graph_serialises_with_its_steps_options_and_package(project_co
 
 
 def test_dataflow_graph_with_a_custom_container_image_stages_no_package(project_copy):
-    image = "europe-docker.pkg.dev/demo-project/images/tfrecord-service:0.1.0"
-    argv = _dataflow_argv(project_copy, "--sdk_container_image", image)
+    image = "europe-docker.pkg.dev/my-project/images/tfrecord-service:0.1.0"
+    argv = _dataflow_argv(project_copy, ("--setup_file", ""))
+    argv += ["--sdk_container_image", image]
     _, _, proto = _dataflow_graph(argv)
     (environment,) = proto.components.environments.values()
     assert (

@@ -1,0 +1,150 @@
+"""Benchmark: the pipeline on each engine, at steady state, against a plain Pillow loop.
+
+Inputs are ImageNet-like JPEGs (500x375, about 100 KB, quality 90). Each row runs the real
+pipeline (``beam_pipelines.images_to_tfrecord.run``) once untimed to warm imports and worker
+processes, then on N and on 3N images; its steady-state rate is ``2N / (t(3N) - t(N))``, so
+start-up, graph submission and the one-time TensorFlow import in every worker cancel out.
+
+Rows:
+  * pillow loop, 1 core: the per-image work with no Beam (the per-element cost floor);
+  * in-process DirectRunner;
+  * multi-process DirectRunner, 2 worker processes;
+  * DaskRunner, 1 worker process (1 thread), scheduler and worker started as processes;
+  * DaskRunner, 2 worker processes (1 thread each).
+
+Per-element overhead is what each engine adds to the Pillow loop's time per image, counted per
+worker: ``workers / rate - 1 / pillow_rate``. Target: 2 Dask workers >= 1.5x one Dask worker.
+
+Usage::
+
+  python -m benchmarks.bench_engines [--n 200] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from beam_pipelines.samples import write_imagenet_like_jpegs
+from benchmarks.bench_pipeline import pillow_loop, pipeline_run, steady_rate
+from tests.fixtures.dask_cluster import local_dask_cluster
+
+__all__ = ["Row", "measure_engine", "main"]
+
+# Fixed across rows so every engine writes the same shards; several shards let the writing
+# step spread over workers too.
+_SHARDS = ["--num_shards", "4"]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One engine's measurement."""
+
+    label: str
+    workers: int
+    rate: float
+    t_n: float
+    t_3n: float
+
+
+def measure_engine(
+    label: str, workers: int, small: Path, large: Path, work: Path, extra: Sequence[str]
+) -> Row:
+    """Warms the engine with one untimed run, then measures its steady-state rate."""
+    args = [*_SHARDS, *extra]
+    pipeline_run(small, work / f"{label}-warm", args)
+    rate, t_n, t_3n = steady_rate(
+        lambda: pipeline_run(small, work / f"{label}-n", args),
+        lambda: pipeline_run(large, work / f"{label}-3n", args),
+    )
+    return Row(label, workers, rate, t_n, t_3n)
+
+
+def _table(rows: list[Row], n: int, pillow_rate: float) -> str:
+    by_label = {r.label: r for r in rows}
+    in_process = by_label["in-process DirectRunner"].rate
+    dask_one = by_label.get("Dask, 1 worker")
+    lines = [
+        f"| engine | workers | t(N={n}) s | t(3N={3 * n}) s | steady images/s | "
+        "vs in-process | vs Dask 1 worker | overhead ms/image/worker |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        overhead = (r.workers / r.rate - 1 / pillow_rate) * 1000 if r.workers else 0.0
+        vs_dask = f"{r.rate / dask_one.rate:.2f}x" if dask_one and "Dask" in r.label else "-"
+        vs_in = f"{r.rate / in_process:.2f}x" if r.workers else "-"
+        lines.append(
+            f"| {r.label} | {r.workers or 1} | {r.t_n:.2f} | {r.t_3n:.2f} | {r.rate:.0f} | "
+            f"{vs_in} | {vs_dask} | {overhead:+.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs every row and prints the table; returns 0 (targets are reported, not enforced)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=200, help="N; runs use N and 3N images (200)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: N=12")
+    parser.add_argument("--workdir", default=None, help="where to put images and outputs")
+    args = parser.parse_args(argv)
+    n = 12 if args.quick else args.n
+    if n < 1:
+        parser.error(f"--n must be >= 1, got {n}")
+
+    with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        work = Path(tmp)
+        small, large = work / "n", work / "3n"
+        # Disjoint seeds: the 3N set shares no bytes with the N set (no duplicates).
+        paths_n = write_imagenet_like_jpegs(small, n, seed=1)
+        paths_3n = write_imagenet_like_jpegs(large, 3 * n, seed=2)
+        mean_kb = sum(p.stat().st_size for p in paths_3n) / len(paths_3n) / 1024
+        print(
+            f"{n} + {3 * n} ImageNet-like JPEGs, 500x375, mean {mean_kb:.0f} KB, q90; "
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start",
+            flush=True,
+        )
+        pillow_loop(paths_n + paths_3n)  # page cache and Pillow plugins
+        pillow_rate, t_n, t_3n = steady_rate(
+            lambda: pillow_loop(paths_n), lambda: pillow_loop(paths_3n)
+        )
+        rows = [Row("pillow loop, 1 core", 0, pillow_rate, t_n, t_3n)]
+        rows.append(measure_engine("in-process DirectRunner", 1, small, large, work, []))
+        print(f"  {rows[-1]}", flush=True)
+        rows.append(
+            measure_engine(
+                "multi-process DirectRunner",
+                2,
+                small,
+                large,
+                work,
+                ["--direct_num_workers=2", "--direct_running_mode=multi_processing"],
+            )
+        )
+        print(f"  {rows[-1]}", flush=True)
+        for workers in (1, 2):
+            with local_dask_cluster(workers, work_dir=work / f"dask-{workers}") as cluster:
+                label = f"Dask, {workers} worker{'s' if workers > 1 else ''}"
+                rows.append(
+                    measure_engine(label, workers, small, large, work, cluster.runner_args())
+                )
+            print(f"  {rows[-1]}", flush=True)
+
+    print()
+    print(_table(rows, n, pillow_rate))
+    dask_one, dask_two = rows[-2].rate, rows[-1].rate
+    print()
+    print(
+        f"2 Dask workers = {dask_two / dask_one:.2f}x one Dask worker (target >= 1.5x: "
+        f"{'met' if dask_two >= 1.5 * dask_one else 'NOT met'}); "
+        f"load average {os.getloadavg()[0]:.2f} at end"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
