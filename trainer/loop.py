@@ -55,7 +55,7 @@ class TrainResult:
       exit_code: 0 when the target was reached, 128 + signal number when stopped by a signal.
       input_restored: whether the data position was restored on resume.
       train_metrics: the last logged training scalars.
-      eval_metrics: the last validation scalars, or None.
+      eval_metrics: the last validation ``loss``, ``accuracy`` and ``examples``, or None.
       checkpoint: the last checkpoint written by the chief, or None.
     """
 
@@ -404,12 +404,13 @@ def run_training(config: TrainConfig, dist: Distribution, inputs: Inputs) -> Tra
         started = time.perf_counter()
         result = evaluate(steps, inputs.eval_dataset(dist.input_context()))
         last_evaluated = step
-        last_eval = {"loss": result["loss"], "accuracy": result["accuracy"]}
-        writers.write_eval(step, last_eval)
+        last_eval = result
+        writers.write_eval(step, {"loss": result["loss"], "accuracy": result["accuracy"]})
         _log.info(
-            "step %d validation: %s over %d examples (%.1fs)",
+            "step %d validation: loss %.4g accuracy %.4g over %d examples (%.1fs)",
             step,
-            _format(last_eval),
+            result["loss"],
+            result["accuracy"],
             int(result["examples"]),
             time.perf_counter() - started,
         )

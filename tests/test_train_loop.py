@@ -1,0 +1,172 @@
+"""The training loop in-process, on in-memory ``tf.data`` inputs of the reader's element
+structure, with ``OneDeviceStrategy``: metrics, evaluation, resume, and its failure modes.
+
+Multi-replica and multi-worker runs need devices configured before TensorFlow starts, so they
+run as real processes in ``test_train_cli.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from trainer.config import DataConfig, OptimConfig, TrainConfig
+from trainer.diagnose import read_scalars
+from trainer.metrics import TAGS
+from trainer.optim import learning_rate_at
+
+IMAGE = 16
+CLASSES = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryInputs:
+    """``trainer.inputs.Inputs`` over arrays: class k is an image whose channel k is bright."""
+
+    global_batch_size: int
+    train_examples: int = 48
+    eval_examples: int = 10
+    repeat: bool = True
+    seed: int = 0
+    checkpointable: bool = True
+    num_classes: int = CLASSES
+    has_eval: bool = True
+
+    @staticmethod
+    def _arrays(count: int, offset: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        rng = np.random.default_rng(offset)
+        labels = (np.arange(count) % CLASSES).astype(np.int32)
+        images = rng.integers(0, 60, size=(count, IMAGE, IMAGE, 3)).astype(np.uint8)
+        images[np.arange(count), :, :, labels] += 150
+        keys = np.array([f"key-{offset + i:05d}".encode() for i in range(count)])
+        return images, labels, keys
+
+    def train_dataset(self, input_context: Any, *, with_keys: bool) -> Any:
+        import tensorflow as tf
+
+        images, labels, keys = self._arrays(self.train_examples, 0)
+        ds = tf.data.Dataset.from_tensor_slices((images, labels, keys))
+        ds = ds.shuffle(self.train_examples, seed=self.seed, reshuffle_each_iteration=True)
+        if self.repeat:
+            ds = ds.repeat()
+        ds = ds.batch(
+            input_context.get_per_replica_batch_size(self.global_batch_size), drop_remainder=True
+        )
+        return ds if with_keys else ds.map(lambda x, y, k: (x, y))
+
+    def eval_dataset(self, input_context: Any) -> Any:
+        import tensorflow as tf
+
+        images, labels, _ = self._arrays(self.eval_examples, 10_000)
+        ds = tf.data.Dataset.from_tensor_slices((images, labels))
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        return ds.batch(input_context.get_per_replica_batch_size(self.global_batch_size))
+
+    def layout(self) -> dict[str, Any]:
+        return {"seed": self.seed, "global_batch_size": self.global_batch_size}
+
+
+@pytest.fixture(scope="module")
+def one_device():
+    from trainer.strategy import create_distribution
+
+    return create_distribution("one_device", environ={})
+
+
+def _config(model_dir: Path, **overrides: Any) -> TrainConfig:
+    values: dict[str, Any] = {
+        "model_dir": str(model_dir),
+        "data": DataConfig(source="memory", image_size=IMAGE),
+        "global_batch_size": 12,
+        "steps": 20,
+        "log_every": 5,
+        "eval_every": 10,
+        "checkpoint_every": 10,
+        # peak LR 0.1 = base_lr * 12 / 256
+        "optim": OptimConfig(base_lr=0.1 * 256 / 12, warmup_steps=4),
+    }
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def _run(config: TrainConfig, dist: Any, inputs: MemoryInputs | None = None) -> Any:
+    from trainer.loop import run_training
+
+    return run_training(config, dist, inputs or MemoryInputs(config.global_batch_size))
+
+
+def test_trains_logs_every_scalar_and_evaluates_every_example(tmp_path, one_device):
+    result = _run(_config(tmp_path, steps=30), one_device)
+    assert (result.start_step, result.step, result.exit_code) == (0, 30, 0)
+    assert result.train_metrics["accuracy"] > 0.6, result.train_metrics
+    # 10 eval examples in per-worker batches of 12: one partial batch, counted exactly once.
+    assert result.eval_metrics["examples"] == 10
+    assert result.eval_metrics["accuracy"] > 0.6, result.eval_metrics
+    assert result.checkpoint.endswith("ckpt-30")
+
+    runs = read_scalars(str(tmp_path))
+    train = runs["train"]
+    assert set(train) == set(TAGS) - {"gpu_utilization"}  # no GPU here
+    assert [s for s, _ in train["loss"]] == [5, 10, 15, 20, 25, 30]
+    peak = 0.1
+    for step, lr in train["learning_rate"]:
+        expected = learning_rate_at(
+            step - 1, peak_lr=peak, warmup_steps=4, schedule="constant", total_steps=30
+        )
+        assert lr == pytest.approx(expected, rel=1e-6)
+    assert all(0.0 <= v <= 1.0 for _, v in train["input_wait"])
+    assert all(v > 0 for _, v in train["grad_norm"] + train["step_time"])
+    assert [s for s, _ in runs["validation"]["accuracy"]] == [10, 20, 30]
+
+
+def test_resume_trains_on_the_same_examples_to_the_same_weights(tmp_path, one_device):
+    audit_a, audit_b = tmp_path / "a.keys", tmp_path / "b.keys"
+    first = _run(_config(tmp_path / "a", steps=10, audit_keys=str(audit_a)), one_device)
+    resumed = _run(_config(tmp_path / "a", steps=20, audit_keys=str(audit_a)), one_device)
+    straight = _run(_config(tmp_path / "b", steps=20, audit_keys=str(audit_b)), one_device)
+    assert first.step == 10 and resumed.start_step == 10 and resumed.input_restored
+    keys_a, keys_b = audit_a.read_text().split(), audit_b.read_text().split()
+    assert len(keys_a) == 20 * 12 and keys_a == keys_b
+    # 48 examples per epoch, batches of 12: the resumed run crossed epoch boundaries too.
+    assert len(set(keys_a)) == 48
+    for tag in ("loss", "grad_norm", "accuracy"):
+        assert resumed.train_metrics[tag] == pytest.approx(straight.train_metrics[tag], rel=1e-5)
+    assert resumed.eval_metrics["loss"] == pytest.approx(straight.eval_metrics["loss"], rel=1e-5)
+
+
+def test_rerun_layout_change_uncheckpointable_input_and_wrong_model(tmp_path, one_device):
+    quiet = {"eval_every": None, "log_every": 100}
+    plain = MemoryInputs(12, has_eval=False)
+    _run(_config(tmp_path, steps=2, **quiet), one_device, plain)
+    # The same command again: already at the target, nothing to do.
+    again = _run(_config(tmp_path, steps=2, **quiet), one_device, plain)
+    assert (again.start_step, again.step, again.exit_code, again.input_restored) == (2, 2, 0, True)
+    # Another data order (seed): the model resumes, the data position starts afresh.
+    reseeded = dataclasses.replace(plain, seed=7)
+    result = _run(_config(tmp_path, steps=3, **quiet), one_device, reseeded)
+    assert (result.start_step, result.step, result.input_restored) == (2, 3, False)
+    # An input that cannot be saved (tf.data service): model and step only.
+    service_like = dataclasses.replace(reseeded, checkpointable=False)
+    result = _run(_config(tmp_path, steps=4, **quiet), one_device, service_like)
+    assert (result.start_step, result.step, result.input_restored) == (3, 4, False)
+    input_dir = tmp_path / "checkpoints" / "input" / "worker-00000"
+    assert (input_dir / "ckpt-3.index").exists() and not (input_dir / "ckpt-4.index").exists()
+    # A checkpoint of another model (5 classes instead of 3) is refused, naming it.
+    with pytest.raises(ValueError, match=r"ckpt-4 does not fit this model"):
+        _run(_config(tmp_path, steps=6), one_device, dataclasses.replace(plain, num_classes=5))
+
+
+def test_finite_training_data_is_an_error(tmp_path, one_device):
+    inputs = MemoryInputs(12, repeat=False)
+    with pytest.raises(RuntimeError, match="training data ended after step 4"):
+        _run(_config(tmp_path, steps=10), one_device, inputs)
+
+
+def test_divergence_stops_training(tmp_path, one_device):
+    config = _config(tmp_path, steps=30, optim=OptimConfig(base_lr=1e12, warmup_steps=0))
+    with pytest.raises(FloatingPointError, match=r"training diverged.*Lower --base_lr"):
+        _run(config, one_device)
