@@ -1,0 +1,236 @@
+"""``python -m trainer.train`` as real processes over shards written by the test fixtures:
+
+* MirroredStrategy over 2 logical CPU devices, stopped by SIGTERM, resumed by rerunning: the
+  same examples in the same order, and the same weights, as an uninterrupted run;
+* MultiWorkerMirroredStrategy with two worker processes on loopback (TF_CONFIG), stopped and
+  resumed: each worker trains on exactly its reader shard, in order, across the restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer.train import main
+
+COMMON = [
+    "--image_size=32",
+    "--global_batch_size=8",
+    "--warmup_steps=5",
+    "--base_lr=3.2",
+    "--eval_every=1000",
+    "--checkpoint_every=1000",
+    "--seed=3",
+]
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
+    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+def _train(args: list[str], **env: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer.train", *COMMON, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(**env),
+    )
+
+
+def _finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[str]:
+    """Waits for all; on timeout kills them all (a lost worker hangs the others)."""
+    deadline = time.monotonic() + timeout
+    outputs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            outputs.append(out)
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        logs = [proc.communicate()[0] for proc in procs]
+        pytest.fail("training processes timed out:\n" + "\n-----\n".join(logs))
+    return outputs
+
+
+def _latest_step(model_dir: Path) -> int:
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
+    assert latest, f"no checkpoint in {model_dir}"
+    return int(latest.rsplit("-", 1)[1])
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    import tensorflow as tf
+
+    ckpt_a = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(a / "checkpoints")))
+    ckpt_b = tf.train.load_checkpoint(tf.train.latest_checkpoint(str(b / "checkpoints")))
+    names = sorted(ckpt_b.get_variable_to_shape_map())
+    assert names == sorted(ckpt_a.get_variable_to_shape_map())
+    compared = 0
+    for name in names:
+        if name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH") or "save_counter" in name:
+            continue
+        np.testing.assert_allclose(
+            ckpt_a.get_tensor(name), ckpt_b.get_tensor(name), rtol=1e-5, atol=1e-6, err_msg=name
+        )
+        compared += 1
+    assert compared > 20  # model weights, BN statistics, optimizer slots and step
+
+
+@pytest.mark.slow
+def test_mirrored_sigterm_then_rerun_matches_an_uninterrupted_run(jpeg_dataset, tmp_path):
+    data = f"--data={jpeg_dataset.root}"
+    a, b = tmp_path / "a", tmp_path / "b"
+    mirrored = ["--cpu_replicas=2", "--log_every=1"]
+
+    # Run A until it has logged step 3, then preempt it.
+    proc = _train([data, *mirrored, f"--model_dir={a}", "--steps=100000", f"--audit_keys={a}/keys"])
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
+    seen: list[str] = []
+    deadline = time.monotonic() + 240
+    while not any(" step 3/100000 " in line for line in seen):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            pytest.fail("run A never reached step 3:\n" + "".join(seen))
+        try:
+            seen.append(lines.get(timeout=1))
+        except queue.Empty:
+            pass
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    time.sleep(0.2)
+    while not lines.empty():
+        seen.append(lines.get())
+    log_a = "".join(seen)
+    assert "received SIGTERM: saving a checkpoint" in log_a, log_a
+    assert "global batch 8 = 8 per worker = 4 per replica" in log_a, log_a
+    stopped = _latest_step(a)
+    assert stopped >= 3
+    assert len((a / "keys").read_text().split()) == 8 * stopped
+
+    # Rerun A (resumes) and run B uninterrupted to the same target, side by side.
+    target = f"--steps={stopped + 5}"
+    resumed, straight = _finish(
+        [
+            _train([data, *mirrored, f"--model_dir={a}", target, f"--audit_keys={a}/keys"]),
+            _train([data, *mirrored, f"--model_dir={b}", target, f"--audit_keys={b}/keys"]),
+        ]
+    )
+    assert f"input position {a}/checkpoints/input/worker-00000/ckpt-{stopped}" in resumed, resumed
+    assert "done at step" in straight, straight
+    keys_a, keys_b = (a / "keys").read_text().split(), (b / "keys").read_text().split()
+    assert len(keys_a) == 8 * (stopped + 5)
+    assert keys_a == keys_b
+    assert set(keys_a) <= set(jpeg_dataset.keys("train"))
+    _assert_same_weights(a, b)
+
+    # The learning rate written to TensorBoard follows base_lr x 8 / 256 with a 5-step warm-up.
+    from trainer.diagnose import read_scalars
+
+    lrs = dict(read_scalars(str(b))["train"]["learning_rate"])
+    assert lrs[1] == pytest.approx(0.1 / 5) and lrs[5] == pytest.approx(0.1)
+    diagnosis = subprocess.run(
+        [sys.executable, "-m", "trainer.diagnose", str(b)],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=120,
+    )
+    assert diagnosis.returncode == 0, diagnosis.stderr
+    assert "gradient norm" in diagnosis.stdout and "input pipeline" in diagnosis.stdout
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _two_workers(args: list[str]) -> list[str]:
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
+    procs = [
+        _train(
+            args,
+            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
+        )
+        for i in range(2)
+    ]
+    return _finish(procs)
+
+
+@pytest.mark.slow
+def test_two_workers_resume_each_at_its_own_data_position(jpeg_dataset, tmp_path):
+    import tensorflow as tf
+
+    import tfrecord_io
+
+    run = tmp_path / "run"
+    args = [f"--data={jpeg_dataset.root}", f"--model_dir={run}", f"--audit_keys={run}/keys"]
+    first = _two_workers([*args, "--steps=4", "--log_every=2"])
+    second = _two_workers([*args, "--steps=8", "--log_every=2"])
+    for log in first + second:
+        assert "done at step" in log, log
+    for i, log in enumerate(second):
+        assert f"this is worker {i} of 2" in log, log
+        assert f"input position {run}/checkpoints/input/worker-{i:05d}/ckpt-4" in log, log
+    assert "global batch 8 = 4 per worker = 4 per replica" in second[0]
+    # Evaluation ran in lockstep over both workers' uneven shards: all 10 examples, once.
+    assert "over 10 examples" in second[0], second[0]
+
+    # Each worker trained on its own reader shard, in the reader's order, across the restart.
+    tf.random.set_seed(None)  # the reference order is the reader's own, with no global seed
+    for i in range(2):
+        context = tf.distribute.InputContext(
+            num_input_pipelines=2, input_pipeline_id=i, num_replicas_in_sync=2
+        )
+        reference = tfrecord_io.make_dataset(
+            jpeg_dataset.root,
+            global_batch_size=8,
+            input_context=context,
+            image_size=32,
+            seed=3,
+            with_keys=True,
+            sharding="auto",
+        )
+        expected = [k.decode() for _, _, keys in reference.take(8) for k in keys.numpy()]
+        trained = (run / f"keys.worker-{i:05d}").read_text().split()
+        assert trained == expected, f"worker {i}"
+
+    # The chief keeps the model; every worker keeps its own input position; no temp dirs.
+    checkpoints = run / "checkpoints"
+    assert (checkpoints / "ckpt-8.index").exists()
+    for i in range(2):
+        assert (checkpoints / "input" / f"worker-{i:05d}" / "ckpt-8.index").exists()
+    assert not [p for p in checkpoints.iterdir() if p.name.startswith(".tmp-worker")]
+    assert list((run / "train").glob("events.out.tfevents.*"))
+    assert list((run / "workers" / "worker-00001" / "train").glob("events.out.tfevents.*"))
+
+
+def test_missing_data_is_reported_without_training(tmp_path, caplog):
+    code = main(
+        ["--data", str(tmp_path / "nothing"), "--model_dir", str(tmp_path / "m"), "--steps=2"]
+    )
+    assert code == 2
+    assert str(tmp_path / "nothing") in caplog.text
+    assert not (tmp_path / "m").exists()
