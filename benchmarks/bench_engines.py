@@ -23,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 import tempfile
@@ -34,11 +35,23 @@ from beam_pipelines.samples import write_imagenet_like_jpegs
 from benchmarks.bench_pipeline import pillow_loop, pipeline_run, steady_rate
 from tests.fixtures.dask_cluster import local_dask_cluster
 
-__all__ = ["Row", "measure_engine", "main"]
+__all__ = ["ENGINES", "Row", "measure_engine", "main"]
 
 # Fixed across rows so every engine writes the same shards; several shards let the writing
 # step spread over workers too.
 _SHARDS = ["--num_shards", "4"]
+
+# name -> (row label, worker processes, extra pipeline arguments)
+ENGINES: dict[str, tuple[str, int, list[str]]] = {
+    "in_process": ("in-process DirectRunner", 1, []),
+    "multi_process": (
+        "multi-process DirectRunner",
+        2,
+        ["--direct_num_workers=2", "--direct_running_mode=multi_processing"],
+    ),
+    "dask1": ("Dask, 1 worker", 1, []),
+    "dask2": ("Dask, 2 workers", 2, []),
+}
 
 
 @dataclass(frozen=True)
@@ -67,8 +80,8 @@ def measure_engine(
 
 def _table(rows: list[Row], n: int, pillow_rate: float) -> str:
     by_label = {r.label: r for r in rows}
-    in_process = by_label["in-process DirectRunner"].rate
-    dask_one = by_label.get("Dask, 1 worker")
+    in_process = by_label.get(ENGINES["in_process"][0])
+    dask_one = by_label.get(ENGINES["dask1"][0])
     lines = [
         f"| engine | workers | t(N={n}) s | t(3N={3 * n}) s | steady images/s | "
         "vs in-process | vs Dask 1 worker | overhead ms/image/worker |",
@@ -77,7 +90,7 @@ def _table(rows: list[Row], n: int, pillow_rate: float) -> str:
     for r in rows:
         overhead = (r.workers / r.rate - 1 / pillow_rate) * 1000 if r.workers else 0.0
         vs_dask = f"{r.rate / dask_one.rate:.2f}x" if dask_one and "Dask" in r.label else "-"
-        vs_in = f"{r.rate / in_process:.2f}x" if r.workers else "-"
+        vs_in = f"{r.rate / in_process.rate:.2f}x" if r.workers and in_process else "-"
         lines.append(
             f"| {r.label} | {r.workers or 1} | {r.t_n:.2f} | {r.t_3n:.2f} | {r.rate:.0f} | "
             f"{vs_in} | {vs_dask} | {overhead:+.2f} |"
@@ -91,7 +104,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=200, help="N; runs use N and 3N images (200)")
     parser.add_argument("--quick", action="store_true", help="smoke run: N=12")
     parser.add_argument("--workdir", default=None, help="where to put images and outputs")
+    parser.add_argument(
+        "--engines",
+        default=",".join(ENGINES),
+        help=f"comma-separated subset of {','.join(ENGINES)} (all)",
+    )
     args = parser.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown:
+        parser.error(f"--engines: unknown {unknown}; expected names from {list(ENGINES)}")
+    # Worker processes log every discarded pipeline flag; the table is what matters here.
+    logging.getLogger("apache_beam").setLevel(logging.ERROR)
     n = 12 if args.quick else args.n
     if n < 1:
         parser.error(f"--n must be >= 1, got {n}")
@@ -113,36 +137,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             lambda: pillow_loop(paths_n), lambda: pillow_loop(paths_3n)
         )
         rows = [Row("pillow loop, 1 core", 0, pillow_rate, t_n, t_3n)]
-        rows.append(measure_engine("in-process DirectRunner", 1, small, large, work, []))
-        print(f"  {rows[-1]}", flush=True)
-        rows.append(
-            measure_engine(
-                "multi-process DirectRunner",
-                2,
-                small,
-                large,
-                work,
-                ["--direct_num_workers=2", "--direct_running_mode=multi_processing"],
-            )
-        )
-        print(f"  {rows[-1]}", flush=True)
-        for workers in (1, 2):
-            with local_dask_cluster(workers, work_dir=work / f"dask-{workers}") as cluster:
-                label = f"Dask, {workers} worker{'s' if workers > 1 else ''}"
-                rows.append(
-                    measure_engine(label, workers, small, large, work, cluster.runner_args())
-                )
-            print(f"  {rows[-1]}", flush=True)
+        for engine in engines:
+            label, workers, extra = ENGINES[engine]
+            if engine.startswith("dask"):
+                with local_dask_cluster(workers, work_dir=work / engine) as cluster:
+                    row = measure_engine(label, workers, small, large, work, cluster.runner_args())
+            else:
+                row = measure_engine(label, workers, small, large, work, extra)
+            rows.append(row)
+            print(f"  {row.label}: {row.rate:.1f} images/s", flush=True)
 
     print()
     print(_table(rows, n, pillow_rate))
-    dask_one, dask_two = rows[-2].rate, rows[-1].rate
+    by_label = {r.label: r.rate for r in rows}
     print()
-    print(
-        f"2 Dask workers = {dask_two / dask_one:.2f}x one Dask worker (target >= 1.5x: "
-        f"{'met' if dask_two >= 1.5 * dask_one else 'NOT met'}); "
-        f"load average {os.getloadavg()[0]:.2f} at end"
-    )
+    if {"dask1", "dask2"} <= set(engines):
+        ratio = by_label[ENGINES["dask2"][0]] / by_label[ENGINES["dask1"][0]]
+        print(
+            f"2 Dask workers = {ratio:.2f}x one Dask worker "
+            f"(target >= 1.5x: {'met' if ratio >= 1.5 else 'NOT met'})"
+        )
+    print(f"load average {os.getloadavg()[0]:.2f} at end")
     return 0
 
 

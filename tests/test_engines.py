@@ -1,5 +1,5 @@
-"""The pipeline on distributed engines: a Dask cluster of worker processes, Beam's portable
-runner with LOOPBACK SDK workers, and the multi-process DirectRunner.
+"""The pipeline on distributed engines: a Dask cluster of worker processes and Beam's portable
+runner with LOOPBACK SDK workers (the multi-process DirectRunner is in test_pipeline.py).
 
 Every engine must write byte-identical shards, reports and ``dataset.json`` to those of the
 in-process DirectRunner. The DaskRunner is also checked on small pipelines for the things
@@ -251,13 +251,13 @@ def _engine_args(engine: str, request) -> list[str]:
             "--environment_type",
             "LOOPBACK",
         ]
-    if engine == "multi_process":
-        return ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]
     raise AssertionError(engine)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", ["dask", "portable_loopback", "multi_process"])
+# The multi-process DirectRunner is held to the same standard by
+# tests/test_pipeline.py::test_multi_process_runner_is_byte_identical.
+@pytest.mark.parametrize("engine", ["dask", "portable_loopback"])
 def test_engine_writes_byte_identical_dataset(
     engine, engine_input, in_process_reference, tmp_path, request
 ):
