@@ -250,6 +250,12 @@ class _BagTranslator(PipelineVisitor):
         import dask.bag as db
 
         transform = node.transform
+        signature = DoFnSignature(transform.fn)
+        if signature.is_stateful_dofn() or signature.is_splittable_dofn():
+            raise NotImplementedError(
+                f"DaskRunner cannot run step {node.full_label!r}: "
+                f"{type(transform.fn).__qualname__} uses state, timers or splitting"
+            )
         (bag,) = self._input_bags(node)
         main_input = next(iter(node.main_inputs.values()), None)
         window_fn = main_input.windowing.windowfn if hasattr(main_input, "windowing") else None

@@ -203,6 +203,24 @@ def test_dask_refuses_non_global_windows_naming_the_step(dask_cluster):
         pipeline.run()
 
 
+@pytest.mark.slow
+def test_dask_refuses_stateful_dofns_naming_the_step(dask_cluster):
+    from apache_beam.coders import VarIntCoder
+    from apache_beam.transforms.userstate import ReadModifyWriteStateSpec
+
+    class _Running(beam.DoFn):
+        TOTAL = ReadModifyWriteStateSpec("total", VarIntCoder())
+
+        def process(self, kv, total=beam.DoFn.StateParam(TOTAL)):  # noqa: B008  (Beam API)
+            total.write((total.read() or 0) + kv[1])
+            yield total.read()
+
+    pipeline = beam.Pipeline(options=_dask_options(dask_cluster))
+    _ = pipeline | beam.Create([("a", 1), ("a", 2)]) | "Running" >> beam.ParDo(_Running())
+    with pytest.raises(NotImplementedError, match="'Running'.*state"):
+        pipeline.run()
+
+
 def test_dask_runner_class_is_beams_dask_runner():
     from apache_beam.runners.dask.dask_runner import DaskRunner as BeamDaskRunner
 
