@@ -1,0 +1,386 @@
+"""tf.data service: argument checks, and real dispatcher/worker processes on loopback.
+
+The process tests share one module-scoped cluster (a fault-tolerant dispatcher and 2 workers)
+because each process start costs seconds of TensorFlow import. They run in file order: the
+later tests break the cluster on purpose (kill a worker, crash the dispatcher, SIGTERM all) and
+each one first checks the cluster is whole again.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.fixtures.data_service import DataServiceCluster, ServiceProcess
+from tests.fixtures.shards import WrittenDataset, write_dataset
+from tfrecord_io import service_cli
+from tfrecord_io.service import (
+    DistributeOptions,
+    ServiceAddress,
+    distribute_dataset,
+    training_job_name,
+)
+
+BATCH = 4
+IMAGE_SIZE = 32
+TRAIN_EXAMPLES = 48
+EVAL_EXAMPLES = 22
+
+
+# --- argument checks (no processes) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "host", "port"),
+    [
+        ("grpc://localhost:5050", "localhost", 5050),
+        ("localhost:5050", "localhost", 5050),
+        ("grpc://10.0.0.7:1", "10.0.0.7", 1),
+        ("grpc://[::1]:65535", "[::1]", 65535),
+        ("grpc://data-svc.example.com:5050", "data-svc.example.com", 5050),
+    ],
+)
+def test_service_address_parses(text: str, host: str, port: int) -> None:
+    address = ServiceAddress.parse(text)
+    assert (address.host, address.port) == (host, port)
+    assert address.target == f"grpc://{host}:{port}"
+    assert address.host_port == f"{host}:{port}"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("http://localhost:5050", "protocol 'http'"),
+        ("grpc://localhost", "not of the form"),
+        ("grpc://:5050", "not of the form"),
+        ("grpc://localhost:0", "1..65535"),
+        ("grpc://localhost:70000", "1..65535"),
+        ("grpc://local host:5050", "host name"),
+        ("grpc://localhost:50x", "not of the form"),
+        (5050, "must be a str"),
+    ],
+)
+def test_service_address_rejects(text: object, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as info:
+        ServiceAddress.parse(text)  # type: ignore[arg-type]
+    assert repr(text) in str(info.value)
+
+
+def test_distribute_options_normalise() -> None:
+    options = DistributeOptions(service="localhost:5050", training=True, compression="snappy")
+    assert options.service == "grpc://localhost:5050"
+    assert options.compression == "SNAPPY"
+    assert (
+        DistributeOptions(service="localhost:1", training=False, compression=None).compression
+        == "NONE"
+    )
+    assert DistributeOptions(service="localhost:1", training=False).compression == "AUTO"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"training": 1}, "training must be a bool, got 1"),
+        ({"job_name": ""}, "job_name must be None or .*got ''"),
+        ({"job_name": "has space"}, "got 'has space'"),
+        ({"job_name": 7}, "got 7"),
+        (
+            {"compression": "gzip"},
+            r"compression must be one of \('AUTO', 'SNAPPY', 'NONE'\), got 'gzip'",
+        ),
+        ({"max_outstanding_requests": 0}, "max_outstanding_requests .* got 0"),
+        ({"service": "ftp://x:1"}, "protocol 'ftp'"),
+    ],
+)
+def test_distribute_options_reject(kwargs: dict[str, object], message: str) -> None:
+    arguments: dict[str, object] = {"service": "grpc://localhost:5050", "training": True, **kwargs}
+    with pytest.raises(ValueError, match=message):
+        DistributeOptions(**arguments)  # type: ignore[arg-type]
+
+
+def test_distribute_dataset_rejects_non_dataset() -> None:
+    with pytest.raises(TypeError, match="must be a tf.data.Dataset, got list"):
+        distribute_dataset([1, 2], service="grpc://localhost:5050", training=True)
+
+
+def test_training_job_name_follows_the_pipeline() -> None:
+    import tensorflow as tf
+
+    def pipeline(files: list[str], batch: int, seed: int = 1) -> tf.data.Dataset:
+        return (
+            tf.data.Dataset.from_tensor_slices(files)
+            .shuffle(2, seed=seed)
+            .interleave(tf.data.TFRecordDataset, num_parallel_calls=2)
+            .map(lambda record: tf.strings.length(record))
+            .batch(batch)
+        )
+
+    first = training_job_name(pipeline(["/d/a", "/d/b"], 4))
+    # Tracing other functions first moves the process-wide name counters: no effect.
+    for i in range(3):
+        tf.data.Dataset.range(3).map(lambda x, i=i: x + i)
+    assert first == training_job_name(pipeline(["/d/a", "/d/b"], 4))
+    assert first.startswith("train-")
+    assert first != training_job_name(pipeline(["/d/a", "/d/c"], 4))
+    assert first != training_job_name(pipeline(["/d/a", "/d/b"], 8))
+    assert first != training_job_name(pipeline(["/d/a", "/d/b"], 4, seed=2))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["dispatcher", "--port", "-1"], "port must be an int in 0..65535"),
+        (["dispatcher", "--port", "1", "--job_gc_timeout_ms", "0"], "job_gc_timeout_ms must be"),
+        (["worker", "--dispatcher", "http://h:1"], "protocol 'http'"),
+        (["worker", "--dispatcher", "h:1", "--worker_address", "nohost"], "worker_address must"),
+        (["worker", "--dispatcher", "h:1", "--port", "99999"], "port must be an int"),
+    ],
+)
+def test_cli_rejects_bad_flags(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        service_cli.main(argv)
+    assert info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+# --- real processes ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> WrittenDataset:
+    return write_dataset(
+        tmp_path_factory.mktemp("service_data") / "ds",
+        encoding="jpeg",
+        examples={"train": TRAIN_EXAMPLES, "validation": EVAL_EXAMPLES},
+        num_shards={"train": 6, "validation": 4},
+        image_size=IMAGE_SIZE + 8,
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster(data_service_module: DataServiceCluster) -> DataServiceCluster:
+    return data_service_module
+
+
+def _make(dataset: WrittenDataset, split: str, *, training: bool, service: str | None, **kwargs):
+    import tfrecord_io
+
+    return tfrecord_io.make_dataset(
+        str(dataset.root),
+        split,
+        global_batch_size=BATCH,
+        training=training,
+        image_size=IMAGE_SIZE,
+        with_keys=True,
+        service=service,
+        **kwargs,
+    )
+
+
+def _eval_pass(dataset: WrittenDataset, service: str | None) -> dict[str, tuple[int, np.ndarray]]:
+    """key -> (label, image) over one eval pass; fails on a repeated key."""
+    seen: dict[str, tuple[int, np.ndarray]] = {}
+    for images, labels, keys in _make(
+        dataset, "validation", training=False, service=service
+    ).as_numpy_iterator():
+        for image, label, key in zip(images, labels, keys, strict=True):
+            assert key.decode() not in seen, f"example {key.decode()} read twice"
+            seen[key.decode()] = (int(label), image)
+    return seen
+
+
+def _assert_whole(cluster: DataServiceCluster) -> None:
+    assert cluster.dispatcher is not None and cluster.dispatcher.alive
+    live = [w for w in cluster.workers if w.alive]
+    assert len(live) == 2, "an earlier test left the cluster broken"
+
+
+def _read_with_deadline(iterator, count: int, seconds: float) -> list:
+    """Reads ``count`` elements, failing (not hanging) if they do not come in ``seconds``."""
+    got: list = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for _ in range(count):
+                got.append(next(iterator))
+        except BaseException as e:  # reported to the test thread below
+            failure.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if failure:
+        raise failure[0]
+    assert len(got) == count, f"only {len(got)} of {count} batches arrived in {seconds:.0f} s"
+    return got
+
+
+def _keys(batches: list) -> list[str]:
+    return [k.decode() for batch in batches for k in batch[2]]
+
+
+@pytest.mark.slow
+def test_eval_epoch_through_two_workers_yields_every_example_once(
+    cluster: DataServiceCluster, dataset: WrittenDataset
+) -> None:
+    local = _eval_pass(dataset, service=None)
+    first = _eval_pass(dataset, service=cluster.address)
+    # A second pass is a new anonymous job: again every example exactly once.
+    second = _eval_pass(dataset, service=cluster.address)
+    expected = set(dataset.keys("validation"))
+    assert set(first) == expected and set(second) == expected
+    labels = dataset.labels("validation")
+    for key, (label, image) in first.items():
+        assert label == labels[key]
+        # The workers run the very same pipeline: eval decoding is deterministic.
+        np.testing.assert_array_equal(image, local[key][1])
+    for worker in cluster.workers:
+        assert re.search(r"[1-9]\d* task\(s\) running", worker.log_since_start()), (
+            "a worker never got a task"
+        )
+
+
+_CONSUMER = textwrap.dedent(
+    """
+    import json, sys, time
+    import tfrecord_io
+    root, service, out = sys.argv[1:4]
+    ds = tfrecord_io.make_dataset(root, "train", global_batch_size={batch}, training=True,
+        image_size={size}, with_keys=True, num_epochs=1, service=service)
+    keys = []
+    it = iter(ds)
+    for images, labels, batch_keys in it:
+        keys.extend(k.decode() for k in batch_keys.numpy())
+        if len(keys) == {batch}:
+            open(out + ".started", "w").close()
+        time.sleep(0.05)
+    json.dump(keys, open(out, "w"))
+    """
+)
+
+
+@pytest.mark.slow
+def test_training_consumers_share_one_job(
+    cluster: DataServiceCluster, dataset: WrittenDataset, tmp_path: Path
+) -> None:
+    """Two trainer processes building the same pipeline split one job instead of each
+    reading everything."""
+    out = tmp_path / "other_consumer.json"
+    other = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            _CONSUMER.format(batch=BATCH, size=IMAGE_SIZE),
+            str(dataset.root),
+            cluster.address,
+            str(out),
+        ],
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not Path(f"{out}.started").exists():
+            assert other.poll() is None, "the other consumer failed before its first batch"
+            assert time.monotonic() < deadline, "the other consumer never got a batch"
+            time.sleep(0.05)
+        mine = []
+        for images, labels, keys in _make(
+            dataset, "train", training=True, service=cluster.address, num_epochs=1
+        ).as_numpy_iterator():
+            assert images.shape == (BATCH, IMAGE_SIZE, IMAGE_SIZE, 3) and images.dtype == np.uint8
+            assert set(labels) <= {0, 1, 2}
+            mine.extend(k.decode() for k in keys)
+            time.sleep(0.05)
+        assert other.wait(90) == 0
+    finally:
+        other.kill()
+    theirs = json.loads(out.read_text())
+    assert mine and theirs, f"one consumer got nothing: {len(mine)} vs {len(theirs)}"
+    both = mine + theirs
+    assert len(both) == len(set(both)), "an example reached both trainers in one epoch"
+    assert set(both) <= set(dataset.keys("train"))
+    # Each worker batches its own shards and drops its last partial batch.
+    assert len(both) >= TRAIN_EXAMPLES - len(cluster.workers) * (BATCH - 1)
+
+
+@pytest.mark.slow
+def test_killing_a_worker_does_not_stop_training(
+    cluster: DataServiceCluster, dataset: WrittenDataset
+) -> None:
+    _assert_whole(cluster)
+    iterator = iter(
+        _make(dataset, "train", training=True, service=cluster.address, service_job_name="kill")
+    )
+    _read_with_deadline(iterator, 4, 60)
+    victim = cluster.workers[1]
+    port = victim.port
+    victim.kill()
+    # Many epochs' worth after the loss: far more than any buffer holds, so the surviving
+    # worker must be reading every shard, including those the dead one would have taken.
+    after = _keys(_read_with_deadline(iterator, 5 * TRAIN_EXAMPLES // BATCH, 60))
+    assert set(after) == set(dataset.keys("train"))
+
+    # tf.data 2.21 keeps a lost worker's tasks: a new finite job waits for it. A replacement
+    # on the same address takes them over, and the eval pass completes, exactly once.
+    replacement = ServiceProcess(
+        "worker",
+        [*victim.args, "--port", str(port)],
+        victim.log_path,
+    )
+    cluster.workers[1] = replacement
+    assert replacement.wait_until_serving() == port
+    passes = []
+    thread = threading.Thread(
+        target=lambda: passes.append(_eval_pass(dataset, cluster.address)), daemon=True
+    )
+    thread.start()
+    thread.join(90)
+    assert passes, "the eval pass did not finish after the worker was replaced"
+    assert set(passes[0]) == set(dataset.keys("validation"))
+
+
+@pytest.mark.slow
+def test_dispatcher_restarted_with_work_dir_keeps_serving(
+    cluster: DataServiceCluster, dataset: WrittenDataset
+) -> None:
+    _assert_whole(cluster)
+    iterator = iter(
+        _make(dataset, "train", training=True, service=cluster.address, service_job_name="crash")
+    )
+    _read_with_deadline(iterator, 4, 60)
+    old = cluster.dispatcher
+    assert old is not None
+    old.kill()  # a crash: no chance to write anything more to the work_dir
+    restarted = cluster.start_dispatcher()
+    assert restarted.port == old.port
+    # The journal brings back the workers and the job: the in-flight training iterator
+    # goes on through several whole epochs.
+    after = _keys(_read_with_deadline(iterator, 3 * TRAIN_EXAMPLES // BATCH, 90))
+    assert set(after) == set(dataset.keys("train"))
+    # New jobs work too.
+    assert set(_eval_pass(dataset, cluster.address)) == set(dataset.keys("validation"))
+
+
+@pytest.mark.slow
+def test_sigterm_stops_dispatcher_and_workers_cleanly(cluster: DataServiceCluster) -> None:
+    _assert_whole(cluster)
+    statuses = cluster.stop()
+    assert statuses == {"worker0": 0, "worker1": 0, "dispatcher": 0}
+    for process in [*cluster.workers, cluster.dispatcher]:
+        assert process is not None
+        log = process.log_since_start()
+        assert "received SIGTERM" in log
+        assert f"tf.data service {process.role} stopped cleanly" in log
+    dispatcher_log = cluster.dispatcher.log_since_start()
+    assert "mode fault-tolerant" in dispatcher_log and str(cluster.work_dir) in dispatcher_log

@@ -1,0 +1,304 @@
+"""The tf.data service processes: ``python -m tfrecord_io.service dispatcher|worker``.
+
+``dispatcher --port P [--work_dir DIR]`` runs the dispatcher, which registers datasets,
+creates jobs and hands out shards. Given a ``work_dir`` it runs in fault-tolerant mode: it
+journals its state there, so a dispatcher restarted with the same ``work_dir`` and port
+recovers its datasets, jobs and workers, and trainers reconnect without restarting.
+
+``worker --dispatcher HOST:P [--port Q]`` runs a worker, which runs the input pipelines the
+dispatcher assigns it and streams their elements to the trainers.
+
+Both log what they serve when they start and when it changes (workers registered, tasks
+running), and stop cleanly on SIGTERM or SIGINT: the server is stopped and the process exits 0
+after logging that it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from tfrecord_io.service import ServiceAddress
+
+__all__ = ["DispatcherSettings", "WorkerSettings", "serve_dispatcher", "serve_worker", "main"]
+
+_LOG = logging.getLogger("tfrecord_io.service")
+_POLL_SECONDS = 1.0
+
+
+def _check_optional_ms(name: str, value: int | None) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"{name} must be None or an int >= 1 (milliseconds), got {value!r}")
+
+
+def _check_port(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 65536:
+        raise ValueError(f"{name} must be an int in 0..65535 (0 picks a free port), got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatcherSettings:
+    """How to run a dispatcher.
+
+    Attributes:
+      port: port to listen on; 0 picks a free one (logged).
+      work_dir: directory or URI for the dispatcher's journal. Given one, the dispatcher runs
+        in fault-tolerant mode and recovers its state from it on restart.
+      worker_timeout_ms: how long a silent worker is kept before its tasks are dropped and
+        its shards handed to others. None keeps tf.data's default.
+      job_gc_timeout_ms: how long a job with no consumer is kept, which is how long a
+        restarted trainer has to rejoin its job. None keeps tf.data's default.
+
+    Raises:
+      ValueError: naming the bad value, if any attribute is invalid.
+    """
+
+    port: int
+    work_dir: str | None = None
+    worker_timeout_ms: int | None = None
+    job_gc_timeout_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_port("port", self.port)
+        if self.work_dir is not None and (not isinstance(self.work_dir, str) or not self.work_dir):
+            raise ValueError(f"work_dir must be None or a non-empty path, got {self.work_dir!r}")
+        _check_optional_ms("worker_timeout_ms", self.worker_timeout_ms)
+        _check_optional_ms("job_gc_timeout_ms", self.job_gc_timeout_ms)
+
+    @property
+    def fault_tolerant(self) -> bool:
+        return self.work_dir is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    """How to run a worker.
+
+    Attributes:
+      dispatcher: the dispatcher, ``"host:port"`` or ``"grpc://host:port"``.
+      port: port to listen on; 0 picks a free one (logged).
+      worker_address: the address trainers and the dispatcher use to reach this worker, with
+        ``%port%`` standing for the bound port. The default, ``localhost:%port%``, only works
+        when trainers run on the same host; give a routable name otherwise.
+      heartbeat_interval_ms: how often the worker reports to the dispatcher. None keeps
+        tf.data's default.
+      dispatcher_timeout_ms: how long the worker retries an unreachable dispatcher before
+        failing a request. None keeps tf.data's default.
+
+    Raises:
+      ValueError: naming the bad value, if any attribute is invalid.
+    """
+
+    dispatcher: str
+    port: int = 0
+    worker_address: str = "localhost:%port%"
+    heartbeat_interval_ms: int | None = None
+    dispatcher_timeout_ms: int | None = None
+
+    def __post_init__(self) -> None:
+        address = ServiceAddress.parse(self.dispatcher)
+        object.__setattr__(self, "dispatcher", address.host_port)
+        _check_port("port", self.port)
+        if not isinstance(self.worker_address, str) or ":" not in self.worker_address:
+            raise ValueError(
+                f"worker_address must be 'host:port' or 'host:%port%', got {self.worker_address!r}"
+            )
+        _check_optional_ms("heartbeat_interval_ms", self.heartbeat_interval_ms)
+        _check_optional_ms("dispatcher_timeout_ms", self.dispatcher_timeout_ms)
+
+
+class _Server(Protocol):
+    def stop(self) -> None: ...
+
+
+def _serve(
+    role: str,
+    server: _Server,
+    describe_state: Callable[[], str],
+    stop_event: threading.Event,
+) -> int:
+    """Keeps ``server`` up until ``stop_event`` is set, logging changes of its state."""
+    last_state = None
+    while not stop_event.wait(_POLL_SECONDS):
+        state = describe_state()
+        if state != last_state:
+            _LOG.info("tf.data service %s: %s", role, state)
+            last_state = state
+    _LOG.info("tf.data service %s stopping", role)
+    server.stop()
+    _LOG.info("tf.data service %s stopped cleanly", role)
+    return 0
+
+
+def _install_stop_handlers() -> threading.Event:
+    """Turns SIGTERM and SIGINT into a stop request the serving loop sees within a second."""
+    stop_event = threading.Event()
+
+    def _request_stop(signum: int, _frame: Any) -> None:
+        _LOG.info("received %s", signal.Signals(signum).name)
+        stop_event.set()
+
+    signal.signal(signal.SIGTERM, _request_stop)
+    signal.signal(signal.SIGINT, _request_stop)
+    return stop_event
+
+
+def _bound_port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def serve_dispatcher(settings: DispatcherSettings, stop_event: threading.Event) -> int:
+    """Runs a dispatcher until ``stop_event`` is set.
+
+    Returns:
+      The process exit status, 0 on a clean stop.
+    """
+    import tensorflow as tf
+
+    service = tf.data.experimental.service
+    if settings.work_dir is not None:
+        tf.io.gfile.makedirs(settings.work_dir)
+    server = service.DispatchServer(
+        service.DispatcherConfig(
+            port=settings.port,
+            protocol="grpc",
+            work_dir=settings.work_dir,
+            fault_tolerant_mode=settings.fault_tolerant,
+            worker_timeout_ms=settings.worker_timeout_ms,
+            job_gc_timeout_ms=settings.job_gc_timeout_ms,
+        )
+    )
+    port = _bound_port(server.target)
+    _LOG.info(
+        "tf.data service dispatcher serving at grpc://%s:%d (pid %d, port %d, mode %s, "
+        "work_dir %s, worker_timeout_ms %s, job_gc_timeout_ms %s)",
+        _host_name(),
+        port,
+        os.getpid(),
+        port,
+        "fault-tolerant" if settings.fault_tolerant else "in-memory (state lost on restart)",
+        settings.work_dir or "-",
+        settings.worker_timeout_ms or "default",
+        settings.job_gc_timeout_ms or "default",
+    )
+
+    def describe_state() -> str:
+        # A private accessor, but the only way to see registrations from Python.
+        return f"{server._num_workers()} worker(s) registered"
+
+    return _serve("dispatcher", server, describe_state, stop_event)
+
+
+def serve_worker(settings: WorkerSettings, stop_event: threading.Event) -> int:
+    """Runs a worker until ``stop_event`` is set.
+
+    Returns:
+      The process exit status, 0 on a clean stop.
+    """
+    import tensorflow as tf
+
+    service = tf.data.experimental.service
+    server = service.WorkerServer(
+        service.WorkerConfig(
+            dispatcher_address=settings.dispatcher,
+            worker_address=settings.worker_address,
+            port=settings.port,
+            protocol="grpc",
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            dispatcher_timeout_ms=settings.dispatcher_timeout_ms,
+        )
+    )
+    port = _bound_port(server._address)
+    _LOG.info(
+        "tf.data service worker serving at %s (pid %d, port %d) for dispatcher grpc://%s",
+        settings.worker_address.replace("%port%", str(port)),
+        os.getpid(),
+        port,
+        settings.dispatcher,
+    )
+
+    def describe_state() -> str:
+        return f"{server._num_tasks()} task(s) running"
+
+    return _serve("worker", server, describe_state, stop_event)
+
+
+def _host_name() -> str:
+    import socket
+
+    return socket.gethostname() or "localhost"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m tfrecord_io.service",
+        description="Run a tf.data service dispatcher or worker.",
+    )
+    roles = parser.add_subparsers(dest="role", required=True, metavar="{dispatcher,worker}")
+
+    dispatcher = roles.add_parser("dispatcher", help="run the dispatcher")
+    dispatcher.add_argument("--port", type=int, required=True, help="port; 0 picks a free one")
+    dispatcher.add_argument(
+        "--work_dir",
+        default=None,
+        help="journal directory; enables fault-tolerant mode so a restart recovers state",
+    )
+    dispatcher.add_argument("--worker_timeout_ms", type=int, default=None)
+    dispatcher.add_argument("--job_gc_timeout_ms", type=int, default=None)
+
+    worker = roles.add_parser("worker", help="run a worker")
+    worker.add_argument("--dispatcher", required=True, help="dispatcher HOST:PORT")
+    worker.add_argument("--port", type=int, default=0, help="port; 0 (default) picks a free one")
+    worker.add_argument(
+        "--worker_address",
+        default="localhost:%port%",
+        help="address trainers use to reach this worker; %%port%% is the bound port",
+    )
+    worker.add_argument("--heartbeat_interval_ms", type=int, default=None)
+    worker.add_argument("--dispatcher_timeout_ms", type=int, default=None)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m tfrecord_io.service``.
+
+    Returns:
+      The process exit status.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        if args.role == "dispatcher":
+            settings: DispatcherSettings | WorkerSettings = DispatcherSettings(
+                port=args.port,
+                work_dir=args.work_dir,
+                worker_timeout_ms=args.worker_timeout_ms,
+                job_gc_timeout_ms=args.job_gc_timeout_ms,
+            )
+        else:
+            settings = WorkerSettings(
+                dispatcher=args.dispatcher,
+                port=args.port,
+                worker_address=args.worker_address,
+                heartbeat_interval_ms=args.heartbeat_interval_ms,
+                dispatcher_timeout_ms=args.dispatcher_timeout_ms,
+            )
+    except ValueError as e:
+        parser.error(str(e))
+    # Handlers go in before the server starts, so a SIGTERM during start-up is a clean stop.
+    stop_event = _install_stop_handlers()
+    if isinstance(settings, DispatcherSettings):
+        return serve_dispatcher(settings, stop_event)
+    return serve_worker(settings, stop_event)
