@@ -692,7 +692,8 @@ class S3Store(ObjectStore):
     def _raw_size(self, bucket: str, key: str) -> int:
         if not key:
             raise ValueError(f"s3://{bucket}/ is a bucket, not an object")
-        return int(self._fs.info(f"{bucket}/{key}", refresh=True)["size"])
+        # head_object, not fs.info: on a 404 info also lists the key as a "directory".
+        return int(self._fs.call_s3("head_object", Bucket=bucket, Key=key)["ContentLength"])
 
     def _raw_read(self, bucket: str, key: str, start: int | None, end: int | None) -> bytes:
         return self._fs.cat_file(f"{bucket}/{key}", start=start, end=end)
@@ -746,6 +747,9 @@ class GCSStore(ObjectStore):
         super().__init__(retry, seed=seed)
         self._local = threading.local()
         self._register_adc_secrets()
+        # The client otherwise fetches bucket metadata in background threads, with its own
+        # retries, only to label trace spans: extra requests this layer cannot bound.
+        os.environ.setdefault("DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA", "true")
 
     @staticmethod
     def _register_adc_secrets() -> None:
