@@ -8,11 +8,11 @@ table, with the numbers behind it:
 | step time | ``(p90 - p10) / median`` of ``step_time`` > 0.5 | jitter: resource contention |
 | input pipeline | median ``input_wait`` > 20% of the step (chief or any worker) | input-bound: I/O bottleneck |
 | accelerator | median ``gpu_utilization`` < 70%, where logged | accelerator idle |
-| gradient norm | late median > 10x early median, or a point > 10x the median before it, or not finite | exploding |
+| gradient norm | late median > 10x early median, a point > 10x the largest early norm, or not finite | exploding |
 | | late median < 1e-3x early median, or < 1e-7 | vanishing |
 | loss curve | last-quarter mean not >= 2% below first-quarter mean, or not finite | not decreasing |
-| | point-to-point noise > 15% of the total decrease | not smooth: tune hyper-parameters |
-| validation | last validation loss > 1.1x its minimum while the training loss still falls | overfitting |
+| | robust point-to-point noise > 15% of the total decrease, or a spike above half of it | not smooth: tune hyper-parameters |
+| validation | last validation loss > 1.1x its minimum (and up by > 5% of the first) while the training loss falls | overfitting |
 
 The first 10% of timing points are left out (warm-up). A check with too few points, or whose
 scalar was not logged, says ``n/a``. The exit status is 0 whatever the verdicts, and non-zero
@@ -288,15 +288,22 @@ def _grad_norm(train: dict[str, Series], t: Thresholds) -> Verdict:
         return Verdict(
             check, WARN, "exploding (not finite)", f"{len(bad)} of {len(values)} points NaN/inf"
         )
-    early, late = (statistics.median(q) for q in _quarters(values))
-    # A spike is a point far above the median of everything before it.
+    first, last = _quarters(values)
+    early, late = statistics.median(first), statistics.median(last)
+    # A spike is measured against the largest norm of the first quarter seen before it:
+    # gradients are largest early in a healthy run, and once the loss is near zero one hard
+    # batch is a big jump from a tiny median without being an explosion.
     spike, spike_at = max(
-        ((values[i] / statistics.median(values[:i]), i) for i in range(3, len(values))),
+        (
+            (values[i] / max(values[: min(i, len(first))]), i)
+            for i in range(1, len(values))
+            if max(values[: min(i, len(first))]) > 0
+        ),
         default=(0.0, 0),
     )
     evidence = (
-        f"first-quarter median {early:.3g}, last-quarter median {late:.3g}, largest jump "
-        f"{spike:.3g}x the median before it (point {spike_at})"
+        f"first-quarter median {early:.3g}, last-quarter median {late:.3g}, max {max(values):.3g}"
+        f" ({spike:.3g}x the largest early norm)"
     )
     if late > t.grad_explode_ratio * early or spike > t.grad_explode_ratio:
         return Verdict(
@@ -330,10 +337,17 @@ def _loss(train: dict[str, Series], t: Thresholds) -> Verdict:
     early, late = statistics.fmean(first), statistics.fmean(last)
     decrease = early - late
     relative = decrease / abs(early) if early else 0.0
-    # Point-to-point noise: for white noise on a trend, the differences have the trend's
-    # slope as mean and twice the noise variance as variance.
-    steps = [b - a for a, b in zip(values, values[1:], strict=False)]
-    noise = statistics.pstdev(steps) / math.sqrt(2)
+    # Point-to-point noise, robustly: for white noise on a trend the differences have twice the
+    # noise variance; the median absolute deviation ignores the few large drops of a fast start.
+    diffs = [b - a for a, b in zip(values, values[1:], strict=False)]
+    centre = statistics.median(diffs)
+    noise = 1.4826 * statistics.median([abs(d - centre) for d in diffs]) / math.sqrt(2)
+    # Spikes: a point above the median of the 5 before it by more than half the total decrease.
+    spikes = [
+        i
+        for i in range(len(first), len(values))
+        if values[i] - statistics.median(values[max(0, i - 5) : i]) > 0.5 * (early - late)
+    ]
     evidence = (
         f"first-quarter mean {early:.4g} -> last-quarter mean {late:.4g} "
         f"({-relative:+.1%}); point-to-point noise {noise:.3g}"
@@ -346,8 +360,11 @@ def _loss(train: dict[str, Series], t: Thresholds) -> Verdict:
             evidence + f"; needs a drop >= {t.loss_min_decrease:.0%}",
         )
     roughness = noise / decrease
-    evidence += f" = {roughness:.0%} of the decrease (limit {t.loss_roughness:.0%})"
-    if roughness > t.loss_roughness:
+    evidence += (
+        f" = {roughness:.0%} of the decrease (limit {t.loss_roughness:.0%}); {len(spikes)} "
+        "spike(s) above half the decrease"
+    )
+    if roughness > t.loss_roughness or spikes:
         return Verdict(check, WARN, "not smooth: tune the hyper-parameters", evidence)
     return Verdict(check, OK, "decreasing smoothly", evidence)
 
@@ -367,7 +384,9 @@ def _validation(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
         f"validation loss best {best:.4g}, latest {latest:.4g} over {len(val)} evaluations; "
         f"training loss {'falling' if falling else 'not falling'}"
     )
-    if latest > t.overfit_ratio * best and falling:
+    # The rise must also matter on the run's own scale (5% of the first validation loss), so
+    # that wobbles of a loss already near zero are not called overfitting.
+    if latest > t.overfit_ratio * best and latest - best > 0.05 * abs(val[0]) and falling:
         return Verdict(check, WARN, "overfitting: validation loss rising", evidence)
     if all(math.isfinite(v) for v in val):
         return Verdict(check, OK, "validation loss tracks training", evidence)
