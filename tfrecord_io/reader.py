@@ -189,14 +189,15 @@ def _read_shard(
         # reach the reader: it then reads as 0 bytes and fails (or is skipped) like any damage.
         names = names.filter(lambda name: tf.size(tf.io.matching_files(name)) > 0)
     records = tf.data.TFRecordDataset(names, buffer_size=read_buffer_bytes).ignore_errors()
-    tagged = records.map(lambda r: (r, tf.constant(False)))
-    end = tf.data.Dataset.from_tensors((tf.constant(b"", tf.string), tf.constant(True)))
-    tagged = tagged.concatenate(end)
+    # An empty record marks the end of the file. A real empty record cannot be an image example
+    # (it has no image/encoded), so meeting one early correctly reports the shard as damaged.
+    marked = records.concatenate(tf.data.Dataset.from_tensors(tf.constant(b"", tf.string)))
 
-    def step(state: tuple[tf.Tensor, tf.Tensor], element: tuple[tf.Tensor, tf.Tensor]) -> Any:
+    def step(state: tuple[tf.Tensor, tf.Tensor], record: tf.Tensor) -> Any:
         read_bytes, read_records = state
-        record, is_end = element
-        size = tf.cast(tf.strings.length(record), tf.int64) + _RECORD_OVERHEAD
+        length = tf.strings.length(record)
+        is_end = tf.equal(length, 0)
+        size = tf.cast(length, tf.int64) + _RECORD_OVERHEAD
         read_bytes += tf.where(is_end, tf.constant(0, tf.int64), size)
         read_records += tf.where(is_end, tf.constant(0, tf.int64), tf.constant(1, tf.int64))
         whole = tf.logical_and(
@@ -253,13 +254,11 @@ def _read_shard(
             )
             with tf.control_dependencies([check]):
                 record = tf.identity(record)
-        return (read_bytes, read_records), (record, is_end)
+        return (read_bytes, read_records), record
 
     zero = tf.constant(0, tf.int64)
-    checked = tagged.scan((zero, zero), step)
-    return checked.filter(lambda record, is_end: tf.logical_not(is_end)).map(
-        lambda record, is_end: record
-    )
+    checked = marked.scan((zero, zero), step)
+    return checked.filter(lambda record: tf.strings.length(record) > 0)
 
 
 def _pipeline_shards(

@@ -1,0 +1,296 @@
+"""Benchmark: the project's tf.data reader against the source article's tuned JPEG pipeline.
+
+Inputs are ImageNet-like photos (500x375, about 100 KB, quality 90, texture and noise). The
+pipeline (``python -m beam_pipelines.images_to_tfrecord``) writes them once as JPEG shards at
+``--image_size 256`` and once as RAW shards at ``--image_size 224 --crop center --encoding raw``.
+
+Rows, all training-mode pipelines producing 224x224x3 batches, measured in the same process and
+interleaved round by round (the machine is shared, so rows see the same noise):
+  * baseline: the article's pipeline over the original files: list files -> shuffle ->
+    parallel map(read_file, decode_jpeg, resize 224, normalise) -> batch -> prefetch.
+  * reader, JPEG-256 shards: ``make_dataset`` (random resized crop with decode_and_crop_jpeg,
+    flip, uint8 output).
+  * reader, RAW shards: ``make_dataset`` (decode_raw, flip, uint8 output).
+  * bytes only, RAW shards: parallel interleave of ``TFRecordDataset`` over the same RAW files,
+    batch, prefetch; no parsing. The ceiling for reading those files.
+  * (--extra) the reader with float32 output, normalised on the host like the baseline.
+
+Each measurement builds a fresh iterator, discards warm-up batches (graph building, autotune
+ramp-up), then times a fixed number of batches: examples/s from wall time, and host CPU-ms per
+example from the process CPU time (all threads). The median over rounds is reported.
+
+Targets: JPEG reader >= 2x baseline; RAW reader >= 4x baseline and >= 50% of bytes only.
+
+Usage::
+
+  python -m benchmarks.bench_reader [--n 1000] [--rounds 3] [--quick] [--extra]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+__all__ = ["baseline_dataset", "bytes_only_dataset", "main", "measure"]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+IMAGE_SIZE = 224
+MEAN_RGB = (123.675, 116.28, 103.53)
+STDDEV_RGB = (58.395, 57.12, 57.375)
+
+
+def baseline_dataset(image_dir: Path, batch_size: int, seed: int = 0):  # -> tf.data.Dataset
+    """The article's tuned pipeline over the original JPEG files (label from the class folder)."""
+    import tensorflow as tf
+
+    paths = sorted(str(p) for p in image_dir.glob("*/*") if p.is_file())
+    classes = sorted({Path(p).parent.name for p in paths})
+    table = tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(
+            tf.constant(classes), tf.range(len(classes), dtype=tf.int32)
+        ),
+        default_value=-1,
+    )
+    mean = tf.constant(MEAN_RGB, tf.float32)
+    std = tf.constant(STDDEV_RGB, tf.float32)
+
+    def load(path: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        image = tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
+        image = tf.image.resize(image, [IMAGE_SIZE, IMAGE_SIZE])
+        label = table.lookup(tf.strings.split(path, os.sep)[-2])
+        return (image - mean) / std, label
+
+    ds = tf.data.Dataset.from_tensor_slices(paths)
+    ds = ds.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True).repeat()
+    ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
+    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def bytes_only_dataset(dataset_dir: Path, batch_size: int):  # -> tf.data.Dataset
+    """Reads the shard files' records and nothing else: the I/O ceiling for those files."""
+    import tensorflow as tf
+
+    from tfrecord_io import resolve_source
+    from tfrecord_io.reader import DEFAULT_READ_BUFFER_BYTES
+
+    paths = resolve_source(str(dataset_dir)).paths
+    files = tf.data.Dataset.from_tensor_slices(paths).repeat()
+    records = files.interleave(
+        lambda p: tf.data.TFRecordDataset(p, buffer_size=DEFAULT_READ_BUFFER_BYTES),
+        cycle_length=min(16, len(paths)),
+        num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=False,
+    )
+    return records.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def measure(
+    build: Callable[[], object], batch_size: int, warmup: int, batches: int
+) -> tuple[float, float]:
+    """Times ``batches`` batches of a fresh iterator after ``warmup``; returns (ex/s, CPU-ms/ex)."""
+    iterator = iter(build())
+    for _ in range(warmup):
+        next(iterator)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(batches):
+        next(iterator)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    del iterator
+    gc.collect()
+    examples = batches * batch_size
+    return examples / wall, 1000.0 * cpu / examples
+
+
+def _run_pipeline(images: Path, output: Path, extra: Sequence[str], num_shards: int) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "beam_pipelines.images_to_tfrecord",
+        "--input",
+        str(images),
+        "--output",
+        str(output),
+        "--num_shards",
+        str(num_shards),
+        "--max_bad_fraction",
+        "0",
+        "--direct_num_workers=2",
+        "--direct_running_mode=multi_processing",
+        *extra,
+    ]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode != 0 or not (output / "dataset.json").exists():
+        raise RuntimeError(f"pipeline failed ({' '.join(command)}):\n{result.stderr[-3000:]}")
+
+
+def _chart(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["row"] for r in rows]
+    rates = [r["examples_per_s"] for r in rows]
+    cpu = [r["cpu_ms_per_example"] for r in rows]
+    colours = ["#999999"] + ["#1f77b4"] * (len(rows) - 1)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    left.barh(names, rates, color=colours)
+    left.set_xlabel("examples / s (higher is better)")
+    left.invert_yaxis()
+    base = rates[0]
+    for multiple, style in ((2, "--"), (4, ":")):
+        left.axvline(base * multiple, color="#d62728", linestyle=style, linewidth=1)
+        left.text(base * multiple, len(rows) - 0.4, f" {multiple}x baseline", color="#d62728")
+    for i, value in enumerate(rates):
+        left.text(value, i, f" {value:,.0f}", va="center")
+    right.barh(names, cpu, color=colours)
+    right.set_xlabel("host CPU-ms per example (lower is better)")
+    right.invert_yaxis()
+    right.set_yticklabels([])
+    for i, value in enumerate(cpu):
+        right.text(value, i, f" {value:.2f}", va="center")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=1000, help="photos to generate (1000)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
+    parser.add_argument("--batch_size", type=int, default=128, help="batch size (128)")
+    parser.add_argument("--batches", type=int, default=24, help="timed batches per row (24)")
+    parser.add_argument("--warmup", type=int, default=6, help="untimed batches per row (6)")
+    parser.add_argument("--extra", action="store_true", help="also time float32 reader output")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 64 photos, tiny runs")
+    parser.add_argument("--workdir", default=None, help="where to put photos and shards")
+    parser.add_argument(
+        "--chart",
+        default=None,
+        help=f"PNG chart path, '' for none (default {RESULTS_DIR / 'reader.png'}; "
+        "with --quick, a temporary file)",
+    )
+    args = parser.parse_args(argv)
+    if args.chart is None:
+        args.chart = str(
+            Path(tempfile.gettempdir()) / "bench_reader_quick.png"
+            if args.quick
+            else RESULTS_DIR / "reader.png"
+        )
+    if args.quick:
+        args.n, args.rounds, args.batch_size, args.batches, args.warmup = 64, 1, 16, 4, 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    from beam_pipelines.samples import write_imagenet_like_jpegs
+
+    with tempfile.TemporaryDirectory(dir=args.workdir) as work:
+        root = Path(work)
+        photos = write_imagenet_like_jpegs(root / "photos", args.n, seed=0)
+        mean_kb = sum(p.stat().st_size for p in photos) / len(photos) / 1024
+        shards = max(2, args.n // 125)
+        start = time.perf_counter()
+        _run_pipeline(root / "photos", root / "jpeg256", ["--image_size", "256"], shards)
+        _run_pipeline(
+            root / "photos",
+            root / "raw224",
+            ["--image_size", "224", "--crop", "center", "--encoding", "raw"],
+            shards,
+        )
+        prepare = time.perf_counter() - start
+
+        import tensorflow as tf
+
+        from tfrecord_io import make_dataset
+
+        b = args.batch_size
+        builders: dict[str, Callable[[], tf.data.Dataset]] = {
+            "baseline: article pipeline, original JPEGs": lambda: baseline_dataset(
+                root / "photos", b
+            ),
+            "reader, JPEG-256 shards": lambda: make_dataset(
+                root / "jpeg256", global_batch_size=b, image_size=IMAGE_SIZE, seed=0
+            ),
+            "reader, RAW-224 shards": lambda: make_dataset(
+                root / "raw224", global_batch_size=b, image_size=IMAGE_SIZE, seed=0
+            ),
+            "bytes only, RAW-224 shards": lambda: bytes_only_dataset(root / "raw224", b),
+        }
+        if args.extra:
+            builders["reader, JPEG-256, float32 out"] = lambda: make_dataset(
+                root / "jpeg256", global_batch_size=b, seed=0, output="float32"
+            )
+            builders["reader, RAW-224, float32 out"] = lambda: make_dataset(
+                root / "raw224", global_batch_size=b, seed=0, output="float32"
+            )
+        load_start = os.getloadavg()[0]
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in builders}
+        for _ in range(args.rounds):
+            for name, build in builders.items():
+                samples[name].append(measure(build, b, args.warmup, args.batches))
+        load_end = os.getloadavg()[0]
+
+    rows = []
+    for name, values in samples.items():
+        rows.append(
+            {
+                "row": name,
+                "examples_per_s": statistics.median(v[0] for v in values),
+                "cpu_ms_per_example": statistics.median(v[1] for v in values),
+                "rounds": [list(v) for v in values],
+            }
+        )
+    by_name = {r["row"]: r for r in rows}
+    base = rows[0]["examples_per_s"]
+    jpeg = by_name["reader, JPEG-256 shards"]["examples_per_s"]
+    raw = by_name["reader, RAW-224 shards"]["examples_per_s"]
+    ceiling = by_name["bytes only, RAW-224 shards"]["examples_per_s"]
+    conditions = (
+        f"{args.n} ImageNet-like JPEGs, 500x375, mean {mean_kb:.0f} KB, q90; {shards} shards per "
+        f"dataset; batch {b}; {args.rounds} interleaved rounds x {args.batches} batches; "
+        f"{os.cpu_count()} CPUs, load average {load_start:.1f} -> {load_end:.1f}; "
+        f"TensorFlow {tf.__version__}"
+    )
+    print(conditions)
+    print(f"(pipeline wrote both datasets in {prepare:.0f} s)")
+    print()
+    print("| row | examples/s | host CPU-ms/example | vs baseline | target |")
+    print("|---|---:|---:|---:|---|")
+    targets = {
+        "reader, JPEG-256 shards": ">= 2x baseline",
+        "reader, RAW-224 shards": f">= 4x baseline, >= 50% of bytes only ({raw / ceiling:.0%})",
+    }
+    for r in rows:
+        print(
+            f"| {r['row']} | {r['examples_per_s']:,.0f} | {r['cpu_ms_per_example']:.2f} | "
+            f"{r['examples_per_s'] / base:.2f}x | {targets.get(r['row'], '-')} |"
+        )
+    print()
+    verdicts = [
+        ("JPEG >= 2x baseline", jpeg >= 2 * base),
+        ("RAW >= 4x baseline", raw >= 4 * base),
+        ("RAW >= 50% of bytes only", raw >= 0.5 * ceiling),
+    ]
+    print("; ".join(f"{name}: {'met' if ok else 'NOT met'}" for name, ok in verdicts))
+    if args.chart:
+        _chart(rows, Path(args.chart), "tf.data reader benchmark: " + conditions)
+        Path(args.chart).with_suffix(".json").write_text(
+            json.dumps({"conditions": conditions, "rows": rows}, indent=2) + "\n"
+        )
+        print(f"chart: {args.chart}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
