@@ -69,12 +69,15 @@ if TYPE_CHECKING:  # TensorFlow is imported lazily: importing it costs seconds.
 __all__ = [
     "DEFAULT_CACHE_BYTES",
     "CacheConfig",
+    "CacheDirInUseError",
     "CacheStats",
     "RemoteShard",
     "ShardCache",
     "ShardIntegrityError",
+    "default_cache_bytes",
     "default_cache_dir",
     "open_cache",
+    "open_default_cache",
 ]
 
 _log = logging.getLogger(__name__)
@@ -83,6 +86,10 @@ DEFAULT_CACHE_BYTES = 10 << 30
 _GLOB_CHARS = frozenset("*?[]\\")
 _HASH_KEY = (0x7466726563, 0x6F72645F696F)  # fixed: local names must be stable across processes
 _HASH_BUCKETS = (1 << 62) - 1
+
+
+class CacheDirInUseError(RuntimeError):
+    """Another process holds the cache directory."""
 
 
 class ShardIntegrityError(ValueError):
@@ -176,18 +183,35 @@ class CacheStats:
         return dataclasses.asdict(self)
 
 
-def default_cache_dir(source: str, input_pipeline_id: int = 0) -> str:
-    """The cache directory used when none is given.
+def default_cache_dir(source: str) -> str:
+    """The cache directory used for ``source`` when none is given.
 
-    ``$TFRECORD_IO_CACHE_DIR`` (or ``~/.cache/tfrecord_io``) / a hash of the source URI, plus the
-    input pipeline id, so that a restarted process finds the same directory (exact resume needs
-    it) while two pipelines on one host do not share one.
+    ``$TFRECORD_IO_CACHE_DIR`` (or ``~/.cache/tfrecord_io``) / a hash of the source URI, so that a
+    restarted process finds the same directory: an exact resume reopens the same local paths.
     """
     base = os.environ.get("TFRECORD_IO_CACHE_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "tfrecord_io"
     )
     digest = hashlib.sha256(source.rstrip("/").encode()).hexdigest()[:16]
-    return os.path.join(base, f"{digest}-p{input_pipeline_id}")
+    return os.path.join(base, digest)
+
+
+def default_cache_bytes() -> int:
+    """``$TFRECORD_IO_CACHE_BYTES`` if set, else ``DEFAULT_CACHE_BYTES`` (10 GiB).
+
+    Raises:
+      ValueError: if the variable is not a positive integer.
+    """
+    text = os.environ.get("TFRECORD_IO_CACHE_BYTES")
+    if not text:
+        return DEFAULT_CACHE_BYTES
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"TFRECORD_IO_CACHE_BYTES must be a positive integer, got {text!r}")
+    return value
 
 
 # States of a shard in the cache.
@@ -247,7 +271,7 @@ class ShardCache:
 
     Raises:
       ValueError: if ``cache_bytes`` is smaller than the largest shard.
-      RuntimeError: if another process holds ``cache_dir``.
+      CacheDirInUseError: if another process holds ``cache_dir``.
     """
 
     def __init__(self, config: CacheConfig, shards: Iterable[RemoteShard] = ()) -> None:
@@ -289,7 +313,7 @@ class ShardCache:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock_file.close()
-            raise RuntimeError(
+            raise CacheDirInUseError(
                 f"cache_dir {self._dir} is in use by another process; give each process its own "
                 f"cache_dir"
             ) from None
@@ -810,7 +834,7 @@ def open_cache(config: CacheConfig, shards: Iterable[RemoteShard] = ()) -> Shard
     Raises:
       ValueError: if the directory is already open with a different configuration, or a shard
         is larger than ``cache_bytes``.
-      RuntimeError: if another process holds the directory.
+      CacheDirInUseError: if another process holds the directory.
     """
     key = os.path.abspath(config.cache_dir)
     with _caches_lock:
@@ -826,3 +850,32 @@ def open_cache(config: CacheConfig, shards: Iterable[RemoteShard] = ()) -> Shard
         )
     cache.register(shards)
     return cache
+
+
+_MAX_SLOTS = 16
+
+
+def open_default_cache(source: str, shards: Iterable[RemoteShard] = ()) -> ShardCache:
+    """The cache of ``source`` in its default directory (``default_cache_dir``).
+
+    When another process holds that directory (two input pipelines on one host), the first free
+    of ``<dir>-1``, ``<dir>-2``… is used. ``cache_bytes`` comes from ``default_cache_bytes``.
+
+    Raises:
+      ValueError: if a shard is larger than the cache.
+      CacheDirInUseError: if every slot is held by another process.
+    """
+    base = default_cache_dir(source)
+    cache_bytes = default_cache_bytes()
+    for slot in range(_MAX_SLOTS):
+        config = CacheConfig(
+            cache_dir=base if slot == 0 else f"{base}-{slot}", cache_bytes=cache_bytes
+        )
+        try:
+            return open_cache(config, shards)
+        except CacheDirInUseError:
+            continue
+    raise CacheDirInUseError(
+        f"all {_MAX_SLOTS} default cache directories {base}[-N] of {redact(source)} are in use; "
+        f"pass a cache directory explicitly"
+    )

@@ -3,8 +3,10 @@
 This is the one place where a ``source`` argument becomes files TensorFlow can open. A source is
 either a dataset root (or its ``dataset.json``) written by the pipeline, or a glob of TFRecord
 files in TensorFlow's ImageNet key convention with no manifest ("foreign" shards). Local paths
-and globs are handled directly; any other URI goes through ``tf.io.gfile``, so a remote-storage
-layer only has to change how paths are listed, opened and localised here.
+and globs are handled directly. ``s3://`` (and ``gs://`` when ``STORAGE_EMULATOR_HOST`` is set),
+which TensorFlow cannot open, go through ``tfrecord_io.storage`` and their shards are streamed
+through the bounded local shard cache (``tfrecord_io.cache``); any other URI goes through
+``tf.io.gfile``.
 """
 
 from __future__ import annotations
@@ -13,9 +15,16 @@ import dataclasses
 import glob
 import os
 import posixpath
-from typing import BinaryIO
+import tempfile
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from schemas import MANIFEST_NAME, Manifest
+from tfrecord_io import storage
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from tfrecord_io.cache import CacheConfig, ShardCache
 
 __all__ = [
     "ResolvedSource",
@@ -44,11 +53,13 @@ class ShardFile:
       num_bytes: the committed size from ``dataset.json``, or the size found on storage for
         foreign shards. The reader checks that it read exactly this many bytes.
       num_examples: the committed record count, or -1 when unknown (foreign shards).
+      sha256: the committed SHA-256, or None when unknown (foreign shards).
     """
 
     path: str
     num_bytes: int
     num_examples: int = -1
+    sha256: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +72,9 @@ class ResolvedSource:
       manifest: the parsed ``dataset.json``, or None for foreign shards.
       shards: the split's shard files, in committed order (sorted by name for a glob).
       label_names: class names indexed by label, or None when no manifest names them.
+      streamed: True when the shards live where TensorFlow cannot open them, so that they are
+        read through the shard cache (``prepare_files`` / ``open_records``).
+      cache_config: the shard cache to use; None for the default (``open_default_cache``).
     """
 
     source: str
@@ -68,6 +82,8 @@ class ResolvedSource:
     manifest: Manifest | None
     shards: tuple[ShardFile, ...]
     label_names: tuple[str, ...] | None
+    streamed: bool = False
+    cache_config: CacheConfig | None = None
 
     @property
     def paths(self) -> list[str]:
@@ -80,10 +96,49 @@ class ResolvedSource:
             return None
         return sum(s.num_examples for s in self.shards)
 
+    def shard_cache(self) -> ShardCache | None:
+        """The process's shard cache for these shards (None when they are read directly).
+
+        Raises:
+          ValueError: if the cache is smaller than the largest shard.
+        """
+        if not self.streamed:
+            return None
+        from tfrecord_io.cache import RemoteShard, open_cache, open_default_cache
+
+        shards = [RemoteShard(s.path, s.num_bytes, s.sha256) for s in self.shards]
+        if self.cache_config is None:
+            return open_default_cache(self.source, shards)
+        return open_cache(self.cache_config, shards)
+
+    def prepare_files(self, files: tf.data.Dataset, path_index: int | None = None) -> Any:
+        """Puts download-ahead on a dataset of shard paths (unchanged when read directly).
+
+        Apply it after the file order is fixed (shuffle, repeat) and before the interleave.
+        """
+        cache = self.shard_cache()
+        return files if cache is None else cache.read_ahead(files, path_index)
+
+    def open_records(self, path: tf.Tensor, buffer_size: int | None = None) -> Any:
+        """``tf.data.TFRecordDataset`` of one shard path, through the shard cache if streamed."""
+        cache = self.shard_cache()
+        if cache is None:
+            import tensorflow as tf
+
+            return tf.data.TFRecordDataset(path, buffer_size=buffer_size)
+        return cache.records(path, buffer_size)
+
 
 def is_remote(path: str) -> bool:
     """True for URIs with a scheme (``gs://…``, ``s3://…``), False for local paths."""
     return "://" in path and not path.startswith("file://")
+
+
+def _object_store(path: str) -> storage.ObjectStore | None:
+    """The store for URIs TensorFlow cannot open itself, else None."""
+    if storage.is_object_store_uri(path) and not storage.reads_natively(path):
+        return storage.get_store(path)
+    return None
 
 
 def _local(path: str) -> str:
@@ -99,6 +154,9 @@ def join(root: str, relative: str) -> str:
 
 def read_bytes(path: str) -> bytes:
     """Reads a whole (small) file such as ``dataset.json``."""
+    store = _object_store(path)
+    if store is not None:
+        return store.read_bytes(path)
     if is_remote(path):
         import tensorflow as tf
 
@@ -110,6 +168,9 @@ def read_bytes(path: str) -> bytes:
 
 def exists(path: str) -> bool:
     """True if a file or directory exists at a local path or URI."""
+    store = _object_store(path)
+    if store is not None:
+        return store.exists(path) or store.isdir(path)
     if is_remote(path):
         import tensorflow as tf
 
@@ -118,7 +179,20 @@ def exists(path: str) -> bool:
 
 
 def open_binary(path: str) -> BinaryIO:
-    """Opens a local path or URI for reading bytes (a context manager)."""
+    """Opens a local path or URI for reading bytes (a context manager).
+
+    An object-store URI is first downloaded to an anonymous temporary file.
+    """
+    store = _object_store(path)
+    if store is not None:
+        local = tempfile.NamedTemporaryFile(prefix="tfrecord_io-")  # noqa: SIM115 - returned
+        try:
+            store.download(path, local.name)
+        except BaseException:
+            local.close()
+            raise
+        local.seek(0)
+        return local  # type: ignore[return-value]
     if is_remote(path):
         import tensorflow as tf
 
@@ -127,6 +201,9 @@ def open_binary(path: str) -> BinaryIO:
 
 
 def _isdir(path: str) -> bool:
+    store = _object_store(path)
+    if store is not None:
+        return store.isdir(path)
     if is_remote(path):
         import tensorflow as tf
 
@@ -136,6 +213,9 @@ def _isdir(path: str) -> bool:
 
 def file_size(path: str) -> int:
     """Size in bytes of the file at a local path or URI."""
+    store = _object_store(path)
+    if store is not None:
+        return store.size(path)
     if is_remote(path):
         import tensorflow as tf
 
@@ -144,6 +224,9 @@ def file_size(path: str) -> int:
 
 
 def _glob(pattern: str) -> list[str]:
+    store = _object_store(pattern)
+    if store is not None:
+        return store.glob(pattern)
     if is_remote(pattern):
         import tensorflow as tf
 
@@ -209,7 +292,9 @@ def num_classes(source: str | os.PathLike[str]) -> int | None:
     return None if names is None else len(names)
 
 
-def resolve_source(source: str | os.PathLike[str], split: str = "train") -> ResolvedSource:
+def resolve_source(
+    source: str | os.PathLike[str], split: str = "train", *, cache: CacheConfig | None = None
+) -> ResolvedSource:
     """Resolves ``source`` to the shard files of ``split``.
 
     Args:
@@ -217,6 +302,8 @@ def resolve_source(source: str | os.PathLike[str], split: str = "train") -> Reso
         manifest), or a glob / single path of foreign TFRecord files (``split`` is then only a
         name: every matched file is read).
       split: the split to read from a manifest.
+      cache: the shard cache for sources TensorFlow cannot open (``s3://``, emulated ``gs://``);
+        None for the default directory and size (``tfrecord_io.cache.open_default_cache``).
 
     Returns:
       The resolved source.
@@ -234,10 +321,23 @@ def resolve_source(source: str | os.PathLike[str], split: str = "train") -> Reso
         if not info.shards:
             raise ValueError(f"split {split!r} of {text} has no shards")
         shards = tuple(
-            ShardFile(path=join(root, s.file), num_bytes=s.num_bytes, num_examples=s.num_examples)
+            ShardFile(
+                path=join(root, s.file),
+                num_bytes=s.num_bytes,
+                num_examples=s.num_examples,
+                sha256=s.sha256,
+            )
             for s in info.shards
         )
-        return ResolvedSource(text, split, manifest, shards, manifest.label_names)
+        return ResolvedSource(
+            text,
+            split,
+            manifest,
+            shards,
+            manifest.label_names,
+            streamed=_object_store(root) is not None,
+            cache_config=cache,
+        )
 
     if any(c in text for c in _GLOB_CHARS):
         paths = _glob(text)
@@ -257,4 +357,12 @@ def resolve_source(source: str | os.PathLike[str], split: str = "train") -> Reso
             f"{MANIFEST_NAME}, or a glob of TFRecord files"
         )
     shards = tuple(ShardFile(path=p, num_bytes=file_size(p)) for p in paths)
-    return ResolvedSource(text, split, None, shards, None)
+    return ResolvedSource(
+        text,
+        split,
+        None,
+        shards,
+        None,
+        streamed=_object_store(text) is not None,
+        cache_config=cache,
+    )
