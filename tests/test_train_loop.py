@@ -32,6 +32,7 @@ class MemoryInputs:
     eval_examples: int = 10
     repeat: bool = True
     seed: int = 0
+    normalised: bool = False
     checkpointable: bool = True
     num_classes: int = CLASSES
     has_eval: bool = True
@@ -45,10 +46,15 @@ class MemoryInputs:
         keys = np.array([f"key-{offset + i:05d}".encode() for i in range(count)])
         return images, labels, keys
 
+    def _pixels(self, images: np.ndarray) -> np.ndarray:
+        # Like the reader's output="float32": normalised on the host.
+        return (images.astype(np.float32) / 127.5 - 1.0) if self.normalised else images
+
     def train_dataset(self, input_context: Any, *, with_keys: bool) -> Any:
         import tensorflow as tf
 
         images, labels, keys = self._arrays(self.train_examples, 0)
+        images = self._pixels(images)
         ds = tf.data.Dataset.from_tensor_slices((images, labels, keys))
         ds = ds.shuffle(self.train_examples, seed=self.seed, reshuffle_each_iteration=True)
         if self.repeat:
@@ -62,6 +68,7 @@ class MemoryInputs:
         import tensorflow as tf
 
         images, labels, _ = self._arrays(self.eval_examples, 10_000)
+        images = self._pixels(images)
         ds = tf.data.Dataset.from_tensor_slices((images, labels))
         ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
         return ds.batch(input_context.get_per_replica_batch_size(self.global_batch_size))
@@ -169,4 +176,19 @@ def test_finite_training_data_is_an_error(tmp_path, one_device):
 def test_divergence_stops_training(tmp_path, one_device):
     config = _config(tmp_path, steps=30, optim=OptimConfig(base_lr=1e12, warmup_steps=0))
     with pytest.raises(FloatingPointError, match=r"training diverged.*Lower --base_lr"):
+        _run(config, one_device)
+
+
+def test_host_normalised_float_images_are_accepted(tmp_path, one_device):
+    inputs = MemoryInputs(12, normalised=True)
+    result = _run(_config(tmp_path, steps=12, eval_every=None), one_device, inputs)
+    assert result.step == 12 and result.eval_metrics["examples"] == 10
+    assert result.train_metrics["accuracy"] > 0.5
+
+
+def test_images_of_the_wrong_size_are_refused(tmp_path, one_device):
+    config = _config(tmp_path, data=DataConfig(source="memory", image_size=24))
+    with pytest.raises(
+        ValueError, match=r"expected uint8 or float32 of shape \[batch, 24, 24, 3\]"
+    ):
         _run(config, one_device)

@@ -101,6 +101,8 @@ class _Steps:
         global_batch_size: int,
         image_size: int,
         loss_scaling: bool,
+        image_dtype: tf.DType,
+        label_dtype: tf.DType,
     ) -> None:
         import keras
         import tensorflow as tf
@@ -120,8 +122,8 @@ class _Steps:
         self.train_plain = tf.function(lambda x, y, s: self._train(x, y, s, with_norm=False))
         self.train_with_norm = tf.function(lambda x, y, s: self._train(x, y, s, with_norm=True))
         spec = (
-            tf.TensorSpec([None, image_size, image_size, 3], tf.uint8),
-            tf.TensorSpec([None], tf.int32),
+            tf.TensorSpec([None, image_size, image_size, 3], image_dtype),
+            tf.TensorSpec([None], label_dtype),
         )
         self.eval = tf.function(self._eval, input_signature=spec)
 
@@ -304,6 +306,18 @@ def run_training(config: TrainConfig, dist: Distribution, inputs: Inputs) -> Tra
     # ``tfrecord_io.make_dataset(seed=...)`` gives on its own.
     dataset = inputs.train_dataset(dist.input_context(), with_keys=with_keys)
     keras.utils.set_random_seed(config.seed)
+    image_spec, label_spec = dataset.element_spec[0], dataset.element_spec[1]
+    image_dtype = image_spec.dtype.name
+    expected_shape = [config.data.image_size, config.data.image_size, 3]
+    if (
+        image_spec.shape.rank != 4
+        or image_spec.shape[1:].as_list() != expected_shape
+        or image_dtype not in ("uint8", "float32")
+    ):
+        raise ValueError(
+            f"the training data yields images {image_spec}, expected uint8 or float32 of shape "
+            f"[batch, {config.data.image_size}, {config.data.image_size}, 3]"
+        )
     loss_scaling = policy == "mixed_float16"
     eval_every = config.eval_every or steps_per_epoch
     _log.info(
@@ -327,7 +341,10 @@ def run_training(config: TrainConfig, dist: Distribution, inputs: Inputs) -> Tra
 
     with dist.strategy.scope():
         model = build_model(
-            config.model, num_classes=inputs.num_classes, image_size=config.data.image_size
+            config.model,
+            num_classes=inputs.num_classes,
+            image_size=config.data.image_size,
+            input_dtype=image_dtype,
         )
         optimizer = build_optimizer(
             config.optim,
@@ -380,6 +397,8 @@ def run_training(config: TrainConfig, dist: Distribution, inputs: Inputs) -> Tra
         global_batch_size=config.global_batch_size,
         image_size=config.data.image_size,
         loss_scaling=loss_scaling,
+        image_dtype=image_spec.dtype,
+        label_dtype=label_spec.dtype,
     )
     window = StepWindow(config.global_batch_size)
     traced: set[str] = set()
