@@ -234,6 +234,9 @@ class _Entry:
     size: int = 0
 
 
+_NO_ENTRY = _Entry(shard=None, name="")  # type: ignore[arg-type]
+
+
 def _local_name_graph(uri: tf.Tensor) -> tf.Tensor:
     """The cache file name of a shard URI, in graph ops (Python uses the same ops, eagerly)."""
     import tensorflow as tf
@@ -357,7 +360,8 @@ class ShardCache:
           ValueError: if a shard is larger than ``cache_bytes`` (naming it), or a URI is
             registered twice with different contents.
         """
-        shards = list(shards)
+        with self._lock:
+            shards = [s for s in shards if self._by_uri.get(s.uri, _NO_ENTRY).shard != s]
         if not shards:
             return
         self._check_fits(shards)
@@ -395,7 +399,8 @@ class ShardCache:
 
         if not uris:
             return []
-        return [n.decode() for n in _local_name_graph(tf.constant(list(uris))).numpy()]
+        with tf.init_scope():  # eager even when called while a tf.data function is traced
+            return [n.decode() for n in _local_name_graph(tf.constant(list(uris))).numpy()]
 
     # -- tf.data side -------------------------------------------------------------------------------
 
@@ -429,16 +434,8 @@ class ShardCache:
             files = files.prefetch(self.config.download_ahead)
         return files
 
-    def local_path(self, uri: tf.Tensor) -> tf.Tensor:
-        """Graph op: the local path of shard ``uri`` once it is downloaded, verified and pinned.
-
-        The pin lasts until a ``.done`` marker for the shard arrives (``records`` writes it), the
-        process is seen holding the file open, or ``pin_s`` passes. Prefer ``records``.
-
-        Raises (when run):
-          tf.errors.InvalidArgumentError: with the cache's message naming the URI if the
-            download failed, or after ``wait_timeout_s``.
-        """
+    def _wait(self, uri: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Graph ops: request ``uri``, wait; return (local path, failed?, failure message)."""
         import tensorflow as tf
 
         name = _local_name_graph(uri)
@@ -461,10 +458,10 @@ class ShardCache:
             )
         with tf.control_dependencies([polls]):
             # Errors are never withdrawn, acks may be (a lapsed pin), so test the error.
-            failed = present(error)
-            timed_out = tf.greater_equal(polls, max_polls)
+            has_error = present(error)
+            failed = tf.logical_or(has_error, tf.greater_equal(polls, max_polls))
             message = tf.cond(
-                failed,
+                has_error,
                 lambda: tf.io.read_file(error),
                 lambda: tf.strings.join(
                     [
@@ -474,23 +471,47 @@ class ShardCache:
                     ]
                 ),
             )
-            check = tf.debugging.Assert(
-                tf.logical_not(tf.logical_or(failed, timed_out)),
-                ["shard cache:", message],
-                summarize=1,
-            )
+        return local, failed, message
+
+    def local_path(self, uri: tf.Tensor) -> tf.Tensor:
+        """Graph op: the local path of shard ``uri`` once it is downloaded, verified and pinned.
+
+        The pin lasts until a ``.done`` marker for the shard arrives (``records`` writes it), the
+        process is seen holding the file open, or ``pin_s`` passes. Prefer ``records``.
+
+        Raises (when run):
+          tf.errors.InvalidArgumentError: with the cache's message naming the URI if the
+            download failed, or after ``wait_timeout_s``.
+        """
+        import tensorflow as tf
+
+        local, failed, message = self._wait(uri)
+        check = tf.debugging.Assert(tf.logical_not(failed), ["shard cache:", message], summarize=1)
         with tf.control_dependencies([check]):
             return tf.identity(local)
 
-    def records(self, uri: tf.Tensor, buffer_size: int | None = None) -> tf.data.Dataset:
+    def records(
+        self, uri: tf.Tensor, buffer_size: int | None = None, *, skip_failed: bool = False
+    ) -> tf.data.Dataset:
         """Graph: the records of shard ``uri``, read from the cache (for interleave functions).
 
         Drop-in for ``tf.data.TFRecordDataset(uri, buffer_size=...)``: it waits for the cache
         (see ``local_path``), reads the local copy, and tells the cache when the last record was
         read so the shard can be evicted.
+
+        Args:
+          uri: scalar string tensor, a registered shard URI.
+          buffer_size: the read buffer of ``TFRecordDataset``.
+          skip_failed: a shard that could not be downloaded or verified reads as empty (the cache
+            logs why) instead of failing; for callers that detect and count short shards.
         """
         import tensorflow as tf
 
+        if skip_failed:
+            local, failed, _ = self._wait(uri)
+            names = tf.data.Dataset.from_tensors(local).filter(lambda _: tf.logical_not(failed))
+        else:
+            names = tf.data.Dataset.from_tensors(self.local_path(uri))
         done = tf.strings.join([self._dirs["requests"], "/", _local_name_graph(uri), ".done"])
 
         def signal_done(_: tf.Tensor) -> tf.Tensor:
@@ -498,9 +519,7 @@ class ShardCache:
                 return tf.constant(b"")
 
         finished = tf.data.Dataset.range(1).map(signal_done).filter(lambda _: False)
-        return tf.data.TFRecordDataset(self.local_path(uri), buffer_size=buffer_size).concatenate(
-            finished
-        )
+        return tf.data.TFRecordDataset(names, buffer_size=buffer_size).concatenate(finished)
 
     # -- Python side --------------------------------------------------------------------------------
 

@@ -174,6 +174,7 @@ def _read_shard(
     skip_corrupt: bool,
     counter: CorruptionCounter | None,
     guard_missing: bool,
+    resolved: ResolvedSource | None = None,
 ) -> tf.data.Dataset:
     """Reads one shard and checks it was read whole.
 
@@ -183,12 +184,20 @@ def _read_shard(
     file the count is compared with the committed size: a short read fails with an error that
     names the shard, or with ``skip_corrupt`` is logged and counted.
     """
-    names = tf.data.Dataset.from_tensors(path)
-    if guard_missing:
-        # ignore_errors retries a file that cannot be opened forever, so a missing file must never
-        # reach the reader: it then reads as 0 bytes and fails (or is skipped) like any damage.
-        names = names.filter(lambda name: tf.size(tf.io.matching_files(name)) > 0)
-    records = tf.data.TFRecordDataset(names, buffer_size=read_buffer_bytes).ignore_errors()
+    if resolved is not None and resolved.streamed:
+        # Object-store shards come through the shard cache, which downloads, checks SHA-256 and
+        # names the URI on failure; with skip_corrupt a failed shard reads as 0 bytes.
+        records = resolved.open_records(
+            path, read_buffer_bytes, skip_failed=skip_corrupt
+        ).ignore_errors()
+    else:
+        names = tf.data.Dataset.from_tensors(path)
+        if guard_missing:
+            # ignore_errors retries a file that cannot be opened forever, so a missing file must
+            # never reach the reader: it then reads as 0 bytes and fails (or is skipped) like any
+            # damage.
+            names = names.filter(lambda name: tf.size(tf.io.matching_files(name)) > 0)
+        records = tf.data.TFRecordDataset(names, buffer_size=read_buffer_bytes).ignore_errors()
     # An empty record marks the end of the file. A real empty record cannot be an image example
     # (it has no image/encoded), so meeting one early correctly reports the shard as damaged.
     marked = records.concatenate(tf.data.Dataset.from_tensors(tf.constant(b"", tf.string)))
@@ -503,6 +512,7 @@ def make_dataset(
         )
     if config.cache is None:
         files = files.repeat(epochs)
+    files = resolved.prepare_files(files, path_index=0)  # download-ahead for streamed shards
 
     def read(path: tf.Tensor, num_bytes: tf.Tensor, num_examples: tf.Tensor) -> tf.data.Dataset:
         return _read_shard(
@@ -513,6 +523,7 @@ def make_dataset(
             skip_corrupt=config.skip_corrupt,
             counter=corruption_counter,
             guard_missing=guard_missing,
+            resolved=resolved,
         )
 
     records = files.interleave(

@@ -119,14 +119,20 @@ class ResolvedSource:
         cache = self.shard_cache()
         return files if cache is None else cache.read_ahead(files, path_index)
 
-    def open_records(self, path: tf.Tensor, buffer_size: int | None = None) -> Any:
-        """``tf.data.TFRecordDataset`` of one shard path, through the shard cache if streamed."""
+    def open_records(
+        self, path: tf.Tensor, buffer_size: int | None = None, *, skip_failed: bool = False
+    ) -> Any:
+        """``tf.data.TFRecordDataset`` of one shard path, through the shard cache if streamed.
+
+        With ``skip_failed``, a streamed shard that cannot be downloaded or verified reads as
+        empty (logged by the cache) rather than failing.
+        """
         cache = self.shard_cache()
         if cache is None:
             import tensorflow as tf
 
             return tf.data.TFRecordDataset(path, buffer_size=buffer_size)
-        return cache.records(path, buffer_size)
+        return cache.records(path, buffer_size, skip_failed=skip_failed)
 
 
 def is_remote(path: str) -> bool:
