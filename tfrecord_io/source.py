@@ -11,11 +11,13 @@ through the bounded local shard cache (``tfrecord_io.cache``); any other URI goe
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import os
 import posixpath
 import tempfile
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from schemas import MANIFEST_NAME, Manifest
@@ -33,6 +35,7 @@ __all__ = [
     "file_size",
     "is_remote",
     "join",
+    "local_copy",
     "load_manifest",
     "label_names",
     "num_classes",
@@ -204,6 +207,20 @@ def open_binary(path: str) -> BinaryIO:
 
         return tf.io.gfile.GFile(path, "rb")
     return open(_local(path), "rb")
+
+
+@contextlib.contextmanager
+def local_copy(path: str) -> Iterator[str]:
+    """A path TensorFlow can open for ``path``: itself, or a temporary download of an
+    object-store URI that is deleted afterwards (for one-pass reads such as verification)."""
+    store = _object_store(path)
+    if store is None:
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix="tfrecord_io-") as tmp:
+        local = os.path.join(tmp, posixpath.basename(path) or "object")
+        store.download(path, local)
+        yield local
 
 
 def _isdir(path: str) -> bool:

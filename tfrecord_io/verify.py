@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from schemas import Manifest, record_from_example
-from tfrecord_io.source import exists, load_manifest, open_binary, resolve_source
+from tfrecord_io.source import exists, load_manifest, local_copy, open_binary, resolve_source
 
 __all__ = ["ShardReport", "VerifyReport", "main", "verify_dataset"]
 
@@ -146,6 +146,7 @@ def _check_records(
     seen: dict[str, str],
     duplicates: list[str],
     advance: Any,
+    local_path: str | None = None,
 ) -> None:
     import tensorflow as tf
 
@@ -154,7 +155,7 @@ def _check_records(
     square = manifest.image.crop == "center"
     size = manifest.image.image_size
     count = 0
-    iterator = tf.data.TFRecordDataset(report.path).as_numpy_iterator()
+    iterator = tf.data.TFRecordDataset(local_path or report.path).as_numpy_iterator()
     while True:
         try:
             serialized = next(iterator)
@@ -256,19 +257,28 @@ def verify_dataset(
                 bar.update(report.expected_examples)
                 continue
             report.present = True
-            report.num_bytes, report.sha256 = _hash_file(report.path)
-            if report.num_bytes != report.expected_bytes:
-                report.add(
-                    f"size {report.num_bytes} bytes, dataset.json says {report.expected_bytes}"
+            # Object-store shards are downloaded once, to a temporary file, for both checks.
+            with local_copy(report.path) as local:
+                report.num_bytes, report.sha256 = _hash_file(local)
+                if report.num_bytes != report.expected_bytes:
+                    report.add(
+                        f"size {report.num_bytes} bytes, dataset.json says {report.expected_bytes}"
+                    )
+                if report.sha256 != report.expected_sha256:
+                    report.add(
+                        f"SHA-256 {report.sha256} differs from dataset.json "
+                        f"{report.expected_sha256}"
+                    )
+                before = bar.n
+                _check_records(
+                    report,
+                    manifest,
+                    deep=deep,
+                    seen=seen,
+                    duplicates=duplicates,
+                    advance=bar.update,
+                    local_path=local,
                 )
-            if report.sha256 != report.expected_sha256:
-                report.add(
-                    f"SHA-256 {report.sha256} differs from dataset.json {report.expected_sha256}"
-                )
-            before = bar.n
-            _check_records(
-                report, manifest, deep=deep, seen=seen, duplicates=duplicates, advance=bar.update
-            )
             # Keep the bar's total meaningful when a shard is short.
             bar.update(max(0, report.expected_examples - (bar.n - before)))
     return VerifyReport(text, deep, reports, duplicates)
@@ -311,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             deep=args.deep,
             progress=not args.no_progress and sys.stderr.isatty(),
         )
-    except (FileNotFoundError, ValueError) as e:
+    except (OSError, ValueError) as e:  # includes object-store errors, which name the URI
         if args.json:
             print(json.dumps({"dataset": args.dataset, "ok": False, "error": str(e)}))
         print(f"error: {e}", file=sys.stderr)
