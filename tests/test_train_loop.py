@@ -192,3 +192,41 @@ def test_images_of_the_wrong_size_are_refused(tmp_path, one_device):
         ValueError, match=r"expected uint8 or float32 of shape \[batch, 24, 24, 3\]"
     ):
         _run(config, one_device)
+
+
+def test_tf_data_service_input_saves_model_and_step_not_the_data_position(
+    jpeg_dataset, tmp_path, one_device
+):
+    import tensorflow as tf
+
+    from trainer.inputs import ReaderInputs
+
+    service = tf.data.experimental.service
+    dispatcher = service.DispatchServer(service.DispatcherConfig(port=0))
+    worker = service.WorkerServer(
+        service.WorkerConfig(
+            dispatcher_address=dispatcher.target.split("://")[1],
+            port=0,
+            heartbeat_interval_ms=250,
+        )
+    )
+    try:
+        data = DataConfig(
+            source=str(jpeg_dataset.root), image_size=IMAGE, data_service=dispatcher.target
+        )
+        inputs = ReaderInputs.from_config(data, global_batch_size=8, seed=0)
+        assert not inputs.checkpointable
+        keys = tmp_path / "keys"
+        config = {"data": data, "global_batch_size": 8, "audit_keys": str(keys), "eval_every": None}
+        first = _run(_config(tmp_path / "run", steps=3, **config), one_device, inputs)
+        resumed = _run(_config(tmp_path / "run", steps=5, **config), one_device, inputs)
+    finally:
+        worker.stop()
+        dispatcher.stop()
+    assert first.step == 3
+    assert (resumed.start_step, resumed.step, resumed.input_restored) == (3, 5, False)
+    # Evaluation reads directly (exactly once per example), not through the service.
+    assert resumed.eval_metrics["examples"] == 10
+    trained = keys.read_text().split()
+    assert len(trained) == 5 * 8 and set(trained) <= set(jpeg_dataset.keys("train"))
+    assert not (tmp_path / "run" / "checkpoints" / "input" / "worker-00000").exists()
