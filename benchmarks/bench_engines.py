@@ -37,7 +37,15 @@ from beam_pipelines.samples import write_imagenet_like_jpegs
 from benchmarks.bench_pipeline import pillow_loop
 from tests.fixtures.dask_cluster import local_dask_cluster
 
-__all__ = ["ENGINES", "Row", "pipeline_run", "steady_rate", "measure_engine", "main"]
+__all__ = [
+    "ENGINES",
+    "NoisyMeasurement",
+    "Row",
+    "pipeline_run",
+    "steady_rate",
+    "measure_engine",
+    "main",
+]
 
 # Fixed across rows so every engine writes the same shards; several shards let the writing
 # step spread over workers too.
@@ -54,6 +62,15 @@ ENGINES: dict[str, tuple[str, int, list[str]]] = {
     "dask1": ("Dask, 1 worker", 1, []),
     "dask2": ("Dask, 2 workers", 2, []),
 }
+
+
+class NoisyMeasurement(RuntimeError):
+    """The 3N run was not slower than the N run: start-up noise swamped the per-image work."""
+
+    def __init__(self, t_n: float, t_3n: float) -> None:
+        super().__init__(f"3N run ({t_3n:.2f}s) was not slower than N run ({t_n:.2f}s)")
+        self.t_n = t_n
+        self.t_3n = t_3n
 
 
 def pipeline_run(input_dir: Path, output: Path, extra: Sequence[str]) -> int:
@@ -76,7 +93,7 @@ def steady_rate(
     by other load); returns ``(extra images / extra seconds, t_n, t_3n)``.
 
     Raises:
-      RuntimeError: the 3N run was not slower than the N run (noise swamped the signal).
+      NoisyMeasurement: the 3N run was not slower than the N run (noise swamped the signal).
     """
     best: dict[str, tuple[float, int]] = {}
     for _ in range(repeats):
@@ -88,7 +105,7 @@ def steady_rate(
                 best[size] = (elapsed, done)
     (t_n, done_n), (t_3n, done_3n) = best["n"], best["3n"]
     if t_3n <= t_n:
-        raise RuntimeError(f"3N run ({t_3n:.2f}s) was not slower than N run ({t_n:.2f}s)")
+        raise NoisyMeasurement(t_n, t_3n)
     return (done_3n - done_n) / (t_3n - t_n), t_n, t_3n
 
 
@@ -98,7 +115,7 @@ class Row:
 
     label: str
     workers: int
-    rate: float
+    rate: float | None  # None when noise swamped the difference between N and 3N
     t_n: float
     t_3n: float
 
@@ -115,12 +132,20 @@ def measure_engine(
     """Warms the engine with one untimed run, then measures its steady-state rate."""
     args = [*_SHARDS, *extra]
     pipeline_run(small, work / f"{label}-warm", args)
-    rate, t_n, t_3n = steady_rate(
-        lambda: pipeline_run(small, work / f"{label}-n", args),
-        lambda: pipeline_run(large, work / f"{label}-3n", args),
-        repeats,
-    )
+    try:
+        rate, t_n, t_3n = steady_rate(
+            lambda: pipeline_run(small, work / f"{label}-n", args),
+            lambda: pipeline_run(large, work / f"{label}-3n", args),
+            repeats,
+        )
+    except NoisyMeasurement as e:
+        print(f"  {label}: {e}", flush=True)
+        return Row(label, workers, None, e.t_n, e.t_3n)
     return Row(label, workers, rate, t_n, t_3n)
+
+
+def _ratio(row: Row, base: Row | None) -> str:
+    return f"{row.rate / base.rate:.2f}x" if base and base.rate and row.rate else "-"
 
 
 def _table(rows: list[Row], n: int, pillow_rate: float) -> str:
@@ -133,9 +158,15 @@ def _table(rows: list[Row], n: int, pillow_rate: float) -> str:
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
+        if r.rate is None:
+            lines.append(
+                f"| {r.label} | {r.workers} | {r.t_n:.2f} | {r.t_3n:.2f} | "
+                "not measurable: t(3N) <= t(N) | - | - | - |"
+            )
+            continue
         overhead = (r.workers / r.rate - 1 / pillow_rate) * 1000 if r.workers else 0.0
-        vs_dask = f"{r.rate / dask_one.rate:.2f}x" if dask_one and "Dask" in r.label else "-"
-        vs_in = f"{r.rate / in_process.rate:.2f}x" if r.workers and in_process else "-"
+        vs_dask = _ratio(r, dask_one) if "Dask" in r.label else "-"
+        vs_in = _ratio(r, in_process) if r.workers else "-"
         lines.append(
             f"| {r.label} | {r.workers or 1} | {r.t_n:.2f} | {r.t_3n:.2f} | {r.rate:.0f} | "
             f"{vs_in} | {vs_dask} | {overhead:+.2f} |"
@@ -200,8 +231,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(_table(rows, n, pillow_rate))
     by_label = {r.label: r.rate for r in rows}
     print()
-    if {"dask1", "dask2"} <= set(engines):
-        ratio = by_label[ENGINES["dask2"][0]] / by_label[ENGINES["dask1"][0]]
+    dask_rates = by_label.get(ENGINES["dask1"][0]), by_label.get(ENGINES["dask2"][0])
+    if all(dask_rates):
+        ratio = dask_rates[1] / dask_rates[0]
         print(
             f"2 Dask workers = {ratio:.2f}x one Dask worker "
             f"(target >= 1.5x: {'met' if ratio >= 1.5 else 'NOT met'})"
