@@ -230,3 +230,46 @@ def test_tf_data_service_input_saves_model_and_step_not_the_data_position(
     trained = keys.read_text().split()
     assert len(trained) == 5 * 8 and set(trained) <= set(jpeg_dataset.keys("train"))
     assert not (tmp_path / "run" / "checkpoints" / "input" / "worker-00000").exists()
+
+
+def test_float16_loss_scaling_reports_the_unscaled_gradient_norm(one_device):
+    import keras
+    import tensorflow as tf
+
+    from trainer.loop import _Steps
+    from trainer.models import build_model
+    from trainer.optim import build_optimizer
+
+    images, labels, _ = MemoryInputs._arrays(12, 0)
+    x, y = tf.constant(images), tf.constant(labels)
+    norms = {}
+    try:
+        for policy in ("float32", "mixed_float16"):
+            keras.mixed_precision.set_dtype_policy(policy)
+            keras.utils.set_random_seed(0)
+            with one_device.strategy.scope():
+                model = build_model("small_cnn", num_classes=CLASSES, image_size=IMAGE)
+                optimizer = build_optimizer(
+                    OptimConfig(),
+                    global_batch_size=12,
+                    total_steps=10,
+                    loss_scaling=policy == "mixed_float16",
+                )
+                optimizer.build(model.trainable_variables)
+            steps = _Steps(
+                dist=one_device,
+                model=model,
+                optimizer=optimizer,
+                global_batch_size=12,
+                image_size=IMAGE,
+                loss_scaling=policy == "mixed_float16",
+                image_dtype=tf.uint8,
+                label_dtype=tf.int32,
+            )
+            totals, norm = steps.train_with_norm(x, y, tf.constant(0.0))
+            norms[policy] = float(norm)
+            assert np.isfinite(totals.numpy()).all()
+    finally:
+        keras.mixed_precision.set_dtype_policy("float32")
+    # The loss is scaled by 2**15 before differentiating; the logged norm must not be.
+    assert norms["mixed_float16"] == pytest.approx(norms["float32"], rel=0.05)
