@@ -4,10 +4,11 @@ Rerunning the same command resumes from the last checkpoint in ``--model_dir``, 
 data position. SIGTERM (preemption) or Ctrl-C saves a checkpoint before exiting with
 128 + the signal number.
 
-Example (mirrored over 2 logical CPU devices, no GPU needed)::
+Example (the quickstart's run; add ``--cpu_replicas 2`` for MirroredStrategy without a GPU)::
 
     python -m trainer.train --data out/dataset --model_dir runs/a --model small_cnn \\
-        --cpu_replicas 2 --global_batch_size 64 --image_size 64 --steps 300 --base_lr 0.8
+        --image_size 64 --global_batch_size 32 --steps 300 --base_lr 0.2 --warmup_steps 20 \\
+        --eval_every 50
 """
 
 from __future__ import annotations
@@ -182,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_training(config, dist, inputs)
     except (ValueError, KeyError, FileNotFoundError) as e:
         log.error("%s", e.args[0] if isinstance(e, KeyError) and e.args else e)
+        log.debug("where it was raised:", exc_info=True)
         return 2
     except FloatingPointError as e:
         log.error("%s", e)
