@@ -106,28 +106,29 @@ def _run(config: TrainConfig, dist: Any, inputs: MemoryInputs | None = None) -> 
     return run_training(config, dist, inputs or MemoryInputs(config.global_batch_size))
 
 
-def test_trains_logs_every_scalar_and_evaluates_every_example(tmp_path, one_device):
-    result = _run(_config(tmp_path, steps=30), one_device)
-    assert (result.start_step, result.step, result.exit_code) == (0, 30, 0)
+def test_trains_logs_every_scalar_and_evaluates_every_epoch(tmp_path, one_device):
+    # 48 examples in global batches of 12: 4 steps per epoch, 8 epochs.
+    result = _run(_config(tmp_path, steps=None, epochs=8, eval_every=None), one_device)
+    assert (result.start_step, result.step, result.exit_code) == (0, 32, 0)
     assert result.train_metrics["accuracy"] > 0.6, result.train_metrics
     # 10 eval examples in per-worker batches of 12: one partial batch, counted exactly once.
     assert result.eval_metrics["examples"] == 10
     assert result.eval_metrics["accuracy"] > 0.6, result.eval_metrics
-    assert result.checkpoint.endswith("ckpt-30")
+    assert result.checkpoint.endswith("ckpt-32")
 
     runs = read_scalars(str(tmp_path))
     train = runs["train"]
     assert set(train) == set(TAGS) - {"gpu_utilization"}  # no GPU here
-    assert [s for s, _ in train["loss"]] == [5, 10, 15, 20, 25, 30]
+    assert [s for s, _ in train["loss"]] == [5, 10, 15, 20, 25, 30, 32]
     peak = 0.1
     for step, lr in train["learning_rate"]:
         expected = learning_rate_at(
-            step - 1, peak_lr=peak, warmup_steps=4, schedule="constant", total_steps=30
+            step - 1, peak_lr=peak, warmup_steps=4, schedule="constant", total_steps=32
         )
         assert lr == pytest.approx(expected, rel=1e-6)
     assert all(0.0 <= v <= 1.0 for _, v in train["input_wait"])
     assert all(v > 0 for _, v in train["grad_norm"] + train["step_time"])
-    assert [s for s, _ in runs["validation"]["accuracy"]] == [10, 20, 30]
+    assert [s for s, _ in runs["validation"]["accuracy"]] == [4, 8, 12, 16, 20, 24, 28, 32]
 
 
 def test_resume_trains_on_the_same_examples_to_the_same_weights(tmp_path, one_device):
