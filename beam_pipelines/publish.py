@@ -20,6 +20,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.elements import ShardResult
+from beam_pipelines.object_store_io import create_empty_file
 from schemas.manifest import (
     MANIFEST_NAME,
     REJECTED_NAME,
@@ -59,8 +60,12 @@ def write_text(path: str, text: str) -> None:
     """Writes UTF-8 text under a temporary name, then renames it to ``path``."""
     directory, name = FileSystems.split(path)
     temporary = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
-    with FileSystems.create(temporary, compression_type=_UNCOMPRESSED) as handle:
-        handle.write(text.encode("utf-8"))
+    data = text.encode("utf-8")
+    if data:
+        with FileSystems.create(temporary, compression_type=_UNCOMPRESSED) as handle:
+            handle.write(data)
+    else:
+        create_empty_file(temporary)  # an empty report; Beam's S3 writer cannot make one
     if FileSystems.exists(path):
         FileSystems.delete([path])
     FileSystems.rename([temporary], [path])

@@ -20,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from beam_pipelines.elements import Duplicate, PreparedRecord, ShardResult
+from beam_pipelines.object_store_io import create_empty_file
 from schemas.manifest import shard_filename
 
 __all__ = [
@@ -126,14 +127,17 @@ def copy_to_filesystem(local_path: str, destination: str) -> tuple[int, str]:
     temporary = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
     digest = hashlib.sha256()
     size = 0
-    with (
-        open(local_path, "rb") as source,
-        FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED) as sink,
-    ):
-        while chunk := source.read(_COPY_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-            sink.write(chunk)
+    if os.path.getsize(local_path) == 0:
+        create_empty_file(temporary)  # an empty shard; Beam's S3 writer cannot make one
+    else:
+        with (
+            open(local_path, "rb") as source,
+            FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED) as sink,
+        ):
+            while chunk := source.read(_COPY_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                sink.write(chunk)
     try:
         if FileSystems.exists(destination):
             FileSystems.delete([destination])
