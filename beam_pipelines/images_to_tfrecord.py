@@ -139,6 +139,9 @@ def run(argv: Sequence[str] | None = None) -> RunSummary:
     """
     argv = resolve_runner_aliases(list(sys.argv[1:] if argv is None else argv))
     options = PipelineOptions(argv)
+    # The checks below list s3:// and gs:// paths before any Pipeline exists, and Beam gives
+    # FileSystems its options (--s3_* endpoint and credentials) only when one is built.
+    FileSystems.set_options(options)
     config = config_from_options(options)
     _check_input(config)
     old_manifest = prepare_output(config.output, overwrite=config.overwrite)
