@@ -225,7 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             else:
                 row = measure_engine(label, workers, small, large, work, extra, repeats)
             rows.append(row)
-            print(f"  {row.label}: {row.rate:.1f} images/s", flush=True)
+            if row.rate is not None:
+                print(f"  {row.label}: {row.rate:.1f} images/s", flush=True)
 
     print()
     print(_table(rows, n, pillow_rate))
