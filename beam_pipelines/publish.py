@@ -35,6 +35,7 @@ from schemas.manifest import (
 __all__ = [
     "DUPLICATES_NAME",
     "OutputExistsError",
+    "OutputNotWritableError",
     "StagedResult",
     "StageResults",
     "staged_path",
@@ -54,6 +55,10 @@ _UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
 
 class OutputExistsError(ValueError):
     """The output already holds a published dataset and ``--overwrite`` was not given."""
+
+
+class OutputNotWritableError(ValueError):
+    """The output cannot be written (a missing bucket, no permission), found before any work."""
 
 
 def write_text(path: str, text: str) -> None:
@@ -200,21 +205,39 @@ def prepare_output(output_dir: str, *, overwrite: bool) -> Manifest | None:
     Raises:
       OutputExistsError: if ``dataset.json`` exists and ``overwrite`` is False. Nothing is
         changed in that case.
+      OutputNotWritableError: if a probe object cannot be written and deleted in ``output_dir``
+        (a missing bucket, a 403), naming it; nothing else is written then.
     """
     path = FileSystems.join(output_dir, MANIFEST_NAME)
     if not FileSystems.exists(path):
+        _probe_writable(output_dir)
         return None
     if not overwrite:
         raise OutputExistsError(
             f"{path} already exists: the output holds a published dataset. Pass --overwrite to "
             "replace it, or choose another --output."
         )
+    _probe_writable(output_dir)
     try:
         old = Manifest.from_json(read_text(path))
     except ValueError:
         old = None  # an unreadable manifest lists nothing we could clean up
     FileSystems.delete([path])
     return old
+
+
+def _probe_writable(output_dir: str) -> None:
+    # Object stores report a missing bucket as a missing object, and a refused write only when
+    # it happens: write and delete one empty object now rather than fail after all the work.
+    probe = FileSystems.join(output_dir, f".write-probe-{uuid.uuid4().hex}")
+    try:
+        create_empty_file(probe)
+        FileSystems.delete([probe])
+    except Exception as e:  # any storage failure here means the run cannot publish
+        raise OutputNotWritableError(
+            f"--output {output_dir} is not writable ({type(e).__name__}: {e}); check that the "
+            "bucket exists and the credentials may write to it"
+        ) from e
 
 
 def build_manifest(
