@@ -84,6 +84,7 @@ _MAGIC: tuple[tuple[int, bytes, str], ...] = (
     (0, b"qoif", "QOI"),
 )
 
+_ORIENTATION = 0x0112  # the EXIF tag
 _SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
 _ENCODINGS = ("jpeg", "png", "raw")
 _CROPS = ("none", "center")
@@ -226,7 +227,11 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data), formats=formats)
     except Image.DecompressionBombError as e:
-        raise RejectedImage("too_many_pixels", f"{e} (limit --max_pixels {max_pixels})") from e
+        # Pillow refuses headers above twice its MAX_IMAGE_PIXELS before we see the size.
+        raise RejectedImage(
+            "too_many_pixels",
+            f"header declares too many pixels ({e}); --max_pixels is {max_pixels}",
+        ) from e
     except Image.UnidentifiedImageError as e:
         if sniffed:
             raise RejectedImage(
@@ -254,15 +259,15 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
 def _scale_sixteen_bit(image: Image.Image) -> Image.Image:
     array = np.asarray(image)
     if image.mode in _SIXTEEN_BIT_MODES:
-        return Image.fromarray((array.astype(np.uint16) >> 8).astype(np.uint8), mode="L")
+        return Image.fromarray((array.astype(np.uint16) >> 8).astype(np.uint8))
     if image.mode == "I":
         # 32-bit integer images here come from 16-bit sources; scale that range.
-        return Image.fromarray((np.clip(array, 0, 65535) >> 8).astype(np.uint8), mode="L")
+        return Image.fromarray((np.clip(array, 0, 65535) >> 8).astype(np.uint8))
     # Mode "F": floats in [0, 1] are scaled, anything larger is taken as already 0-255.
     array = np.nan_to_num(array.astype(np.float64))
     if array.max(initial=0.0) <= 1.0:
         array = array * 255.0
-    return Image.fromarray(np.clip(np.rint(array), 0, 255).astype(np.uint8), mode="L")
+    return Image.fromarray(np.clip(np.rint(array), 0, 255).astype(np.uint8))
 
 
 def _cmyk_to_rgb(image: Image.Image) -> Image.Image:
@@ -322,10 +327,11 @@ def decode_rgb(
     except (ValueError, MemoryError, Image.DecompressionBombError) as e:
         raise RejectedImage("decode_error", f"{image.format}: {e}") from e
     try:
-        # exif_transpose reads the orientation tag and drops it; a damaged EXIF block is ignored.
-        oriented = ImageOps.exif_transpose(image) or image
+        # Most files carry no rotation; exif_transpose would still copy the whole image.
+        needs_turn = image.getexif().get(_ORIENTATION, 1) not in (1, None)
+        oriented = (ImageOps.exif_transpose(image) or image) if needs_turn else image
     except Exception:  # noqa: BLE001  (Pillow raises many types for malformed EXIF)
-        oriented = image
+        oriented = image  # a damaged EXIF block must not cost the image
     try:
         return _to_rgb(oriented, background)
     except (OSError, ValueError) as e:

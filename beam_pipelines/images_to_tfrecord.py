@@ -44,7 +44,15 @@ from schemas.manifest import MANIFEST_NAME, REJECTED_NAME, ImageSpec, Manifest
 
 __all__ = ["ImagesToTFRecordOptions", "RunSummary", "config_from_options", "run", "main"]
 
-_LOG = logging.getLogger(__name__)
+# Multi-process DirectRunner workers forward their logs through this logger. Two start-up
+# warnings are expected and harmless: workers do not know our flags, and have no staging dir.
+_WORKER_LOGGER = "apache_beam.runners.portability.local_job_service"
+_WORKER_NOISE = ("Discarding unparseable args", "No semi_persistent_directory found")
+
+
+def _drop_worker_startup_noise(record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not any(noise in message for noise in _WORKER_NOISE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +189,7 @@ def run(argv: Sequence[str] | None = None) -> RunSummary:
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry: runs, prints Beam metrics and the summary, returns the exit status."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger(_WORKER_LOGGER).addFilter(_drop_worker_startup_noise)
     try:
         summary = run(argv)
     except ValueError as e:  # includes OutputExistsError

@@ -146,10 +146,11 @@ def write_sample_set(
       Counts of what was written: ``images`` (good, distinct), ``bad``, ``duplicates``.
 
     Raises:
-      ValueError: if ``per_class`` < 2 or ``size`` is not positive.
+      ValueError: if ``per_class`` < 3 (each class holds a rotated, a PNG and a plain image)
+        or ``size`` is below 8x8.
     """
-    if per_class < 2:
-        raise ValueError(f"per_class must be >= 2, got {per_class}")
+    if per_class < 3:
+        raise ValueError(f"per_class must be >= 3, got {per_class}")
     if size[0] < 8 or size[1] < 8:
         raise ValueError(f"size must be at least 8x8, got {size[0]}x{size[1]}")
     root = Path(root)

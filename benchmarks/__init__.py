@@ -1,0 +1,1 @@
+"""Benchmarks: one script per measurement, each printing a table of ratios."""

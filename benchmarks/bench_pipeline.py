@@ -1,0 +1,209 @@
+"""Benchmark: the images -> TFRecord pipeline against a plain single-core Pillow loop.
+
+Inputs are ImageNet-like JPEGs (500x375, about 100 KB, quality 90, texture and noise). Each
+row is measured on N and on 3N images, and its steady-state rate is ``2N / (t(3N) - t(N))``,
+so start-up (imports, worker processes, pipeline construction) cancels out.
+
+Rows:
+  * pillow loop: one core, per image: read, sniff and open, ``draft``, EXIF orientation, RGB,
+    resize to a 256 shorter side, JPEG q90 encode, SHA-256. No Beam, no TFRecords.
+  * pipeline, in-process: ``python -m beam_pipelines.images_to_tfrecord`` on the DirectRunner.
+  * pipeline, 2 processes: the same with ``--direct_num_workers=2
+    --direct_running_mode=multi_processing``.
+
+Targets: in-process >= 80% of the Pillow loop; 2 processes >= 1.5x in-process.
+
+Besides wall-clock rates the table gives CPU milliseconds per image (this process and its
+worker processes), which stays meaningful when other jobs share the machine.
+
+Usage::
+
+  python -m benchmarks.bench_pipeline [--n 200] [--repeats 2] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import logging
+import os
+import resource
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from PIL import Image, ImageOps
+
+from beam_pipelines.samples import write_imagenet_like_jpegs
+
+__all__ = ["pillow_loop", "pipeline_run", "steady_rate", "main"]
+
+IMAGE_SIZE = 256
+MULTI_PROCESS_FLAGS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+
+
+def pillow_loop(paths: Sequence[Path]) -> int:
+    """The baseline: the pipeline's per-image work as a plain loop; returns images done."""
+    for path in paths:
+        data = path.read_bytes()
+        hashlib.sha256(data).hexdigest()
+        image = Image.open(io.BytesIO(data))
+        image.draft("RGB", (IMAGE_SIZE, IMAGE_SIZE))
+        image = ImageOps.exif_transpose(image).convert("RGB")
+        width, height = image.size
+        scale = IMAGE_SIZE / min(width, height)
+        image = image.resize(
+            (max(1, round(width * scale)), max(1, round(height * scale))),
+            Image.Resampling.BICUBIC,
+        )
+        out = io.BytesIO()
+        image.save(out, format="JPEG", quality=90)
+    return len(paths)
+
+
+def pipeline_run(input_dir: Path, output: Path, extra: Sequence[str]) -> int:
+    """One pipeline run through its entry point; returns images written."""
+    from beam_pipelines import images_to_tfrecord
+
+    summary = images_to_tfrecord.run(
+        [
+            "--input",
+            str(input_dir),
+            "--output",
+            str(output),
+            "--image_size",
+            str(IMAGE_SIZE),
+            "--max_bad_fraction",
+            "0",
+            "--overwrite",
+            *extra,
+        ]
+    )
+    if not summary.published:
+        raise RuntimeError(f"benchmark run was not published: {summary.describe()}")
+    return summary.manifest.counts.written
+
+
+def _clock() -> tuple[float, float]:
+    """``(wall seconds, CPU seconds of this process and its finished children)``."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return time.perf_counter(), cpu
+
+
+def _timed(run: Callable[[], int]) -> tuple[int, float, float]:
+    wall0, cpu0 = _clock()
+    done = run()
+    wall1, cpu1 = _clock()
+    return done, wall1 - wall0, cpu1 - cpu0
+
+
+def steady_rate(
+    run_n: Callable[[], int], run_3n: Callable[[], int], repeats: int = 1
+) -> dict[str, float]:
+    """Times both sizes ``repeats`` times, keeping the fastest of each.
+
+    Returns:
+      ``rate`` (extra images per extra wall second), ``cpu_ms`` (extra CPU ms per extra image,
+      children included), and the kept ``t_n`` and ``t_3n``.
+
+    Raises:
+      RuntimeError: if the 3N run was not slower than the N run (noise swamped the signal).
+    """
+    best_n = best_3n = None
+    for _ in range(repeats):
+        n = _timed(run_n)
+        large = _timed(run_3n)
+        best_n = n if best_n is None or n[1] < best_n[1] else best_n
+        best_3n = large if best_3n is None or large[1] < best_3n[1] else best_3n
+    (done_n, t_n, cpu_n), (done_3n, t_3n, cpu_3n) = best_n, best_3n
+    if t_3n <= t_n:
+        raise RuntimeError(f"3N run ({t_3n:.2f}s) was not slower than N run ({t_n:.2f}s)")
+    extra = done_3n - done_n
+    return {
+        "rate": extra / (t_3n - t_n),
+        "cpu_ms": 1000 * (cpu_3n - cpu_n) / extra,
+        "t_n": t_n,
+        "t_3n": t_3n,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=200, help="N; runs use N and 3N images (200)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: N=16")
+    parser.add_argument("--repeats", type=int, default=2, help="keep the fastest of R runs (2)")
+    parser.add_argument("--workdir", default=None, help="where to put images and outputs")
+    args = parser.parse_args(argv)
+    # Workers' start-up chatter, forwarded by the runner, would bury the table.
+    logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
+    n = 16 if args.quick else args.n
+    if args.quick:
+        args.repeats = 1
+
+    with tempfile.TemporaryDirectory(dir=args.workdir) as work:
+        root = Path(work)
+        small, large = root / "n", root / "3n"
+        # Disjoint seeds: the 3N set shares no bytes with the N set (no duplicates, no cache).
+        paths_n = write_imagenet_like_jpegs(small, n, seed=1)
+        paths_3n = write_imagenet_like_jpegs(large, 3 * n, seed=2)
+        mean_kb = sum(p.stat().st_size for p in paths_3n) / len(paths_3n) / 1024
+        print(
+            f"{3 * n} + {n} ImageNet-like JPEGs, 500x375, mean {mean_kb:.0f} KB, q90; "
+            f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start"
+        )
+
+        rows: list[tuple[str, dict[str, float]]] = []
+        pillow_loop(paths_n + paths_3n)  # warm the page cache and Pillow's plugins
+        rows.append(
+            (
+                "pillow loop, 1 core",
+                steady_rate(
+                    lambda: pillow_loop(paths_n), lambda: pillow_loop(paths_3n), args.repeats
+                ),
+            )
+        )
+        for label, extra in (
+            ("pipeline, in-process", []),
+            ("pipeline, 2 processes", MULTI_PROCESS_FLAGS),
+        ):
+            # An untimed run first: one-time imports (TensorFlow, Beam) must not count as N's.
+            pipeline_run(small, root / "warm", extra)
+            measured = steady_rate(
+                lambda e=extra: pipeline_run(small, root / "out_n", e),
+                lambda e=extra: pipeline_run(large, root / "out_3n", e),
+                args.repeats,
+            )
+            rows.append((label, measured))
+
+    baseline, in_process, multi = (r[1] for r in rows)
+    print()
+    print(
+        f"| row | t(N={n}) s | t(3N={3 * n}) s | steady images/s | CPU ms/image | ratio | target |"
+    )
+    print("|---|---:|---:|---:|---:|---|---|")
+    ratios = [
+        ("1.00 (baseline)", "-"),
+        (f"{in_process['rate'] / baseline['rate']:.2f} of pillow loop", ">= 0.80 of pillow loop"),
+        (f"{multi['rate'] / in_process['rate']:.2f}x in-process", ">= 1.5x in-process"),
+    ]
+    for (label, m), (ratio, target) in zip(rows, ratios, strict=True):
+        print(
+            f"| {label} | {m['t_n']:.2f} | {m['t_3n']:.2f} | {m['rate']:.0f} | "
+            f"{m['cpu_ms']:.2f} | {ratio} | {target} |"
+        )
+    print()
+    print(
+        f"CPU efficiency of the in-process pipeline (pillow CPU ms / pipeline CPU ms per image): "
+        f"{baseline['cpu_ms'] / in_process['cpu_ms']:.2f}; load average at end "
+        f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
