@@ -8,6 +8,7 @@ each one first checks the cluster is whole again.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
 import subprocess
@@ -228,7 +229,7 @@ def _read_with_deadline(iterator, count: int, seconds: float) -> list:
 
 
 def _keys(batches: list) -> list[str]:
-    return [k.decode() for batch in batches for k in batch[2]]
+    return [k.decode() for batch in batches for k in batch[2].numpy()]
 
 
 @pytest.mark.slow
@@ -252,66 +253,71 @@ def test_eval_epoch_through_two_workers_yields_every_example_once(
         )
 
 
+SHARED_EPOCHS = 4
+
 _CONSUMER = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
     import tfrecord_io
     root, service, out = sys.argv[1:4]
     ds = tfrecord_io.make_dataset(root, "train", global_batch_size={batch}, training=True,
-        image_size={size}, with_keys=True, num_epochs=1, service=service)
+        image_size={size}, with_keys=True, num_epochs={epochs}, service=service)
     keys = []
-    it = iter(ds)
-    for images, labels, batch_keys in it:
+    for images, labels, batch_keys in ds:
         keys.extend(k.decode() for k in batch_keys.numpy())
         if len(keys) == {batch}:
             open(out + ".started", "w").close()
-        time.sleep(0.05)
+            deadline = time.monotonic() + 120
+            while not os.path.exists(out + ".go") and time.monotonic() < deadline:
+                time.sleep(0.05)
+        time.sleep(0.02)
     json.dump(keys, open(out, "w"))
     """
 )
+
+
+def _wait_for_file(path: Path, process: subprocess.Popen, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert process.poll() is None, f"the other consumer exited with {process.returncode}"
+        assert time.monotonic() < deadline, f"{path.name} did not appear in {seconds:.0f} s"
+        time.sleep(0.05)
 
 
 @pytest.mark.slow
 def test_training_consumers_share_one_job(
     cluster: DataServiceCluster, dataset: WrittenDataset, tmp_path: Path
 ) -> None:
-    """Two trainer processes building the same pipeline split one job instead of each
-    reading everything."""
+    """Two trainer processes that build the same pipeline split one job between them, instead
+    of each reading everything: over the job's epochs, no example reaches them more often than
+    there are epochs."""
     out = tmp_path / "other_consumer.json"
+    code = _CONSUMER.format(batch=BATCH, size=IMAGE_SIZE, epochs=SHARED_EPOCHS)
     other = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            _CONSUMER.format(batch=BATCH, size=IMAGE_SIZE),
-            str(dataset.root),
-            cluster.address,
-            str(out),
-        ],
+        [sys.executable, "-c", code, str(dataset.root), cluster.address, str(out)]
     )
     try:
-        deadline = time.monotonic() + 90
-        while not Path(f"{out}.started").exists():
-            assert other.poll() is None, "the other consumer failed before its first batch"
-            assert time.monotonic() < deadline, "the other consumer never got a batch"
-            time.sleep(0.05)
+        _wait_for_file(Path(f"{out}.started"), other, 120)
         mine = []
         for images, labels, keys in _make(
-            dataset, "train", training=True, service=cluster.address, num_epochs=1
+            dataset, "train", training=True, service=cluster.address, num_epochs=SHARED_EPOCHS
         ).as_numpy_iterator():
             assert images.shape == (BATCH, IMAGE_SIZE, IMAGE_SIZE, 3) and images.dtype == np.uint8
             assert set(labels) <= {0, 1, 2}
             mine.extend(k.decode() for k in keys)
-            time.sleep(0.05)
-        assert other.wait(90) == 0
+            Path(f"{out}.go").touch()
+            time.sleep(0.02)
+        assert other.wait(120) == 0
     finally:
         other.kill()
     theirs = json.loads(out.read_text())
     assert mine and theirs, f"one consumer got nothing: {len(mine)} vs {len(theirs)}"
-    both = mine + theirs
-    assert len(both) == len(set(both)), "an example reached both trainers in one epoch"
-    assert set(both) <= set(dataset.keys("train"))
-    # Each worker batches its own shards and drops its last partial batch.
-    assert len(both) >= TRAIN_EXAMPLES - len(cluster.workers) * (BATCH - 1)
+    counts = collections.Counter(mine + theirs)
+    assert set(counts) == set(dataset.keys("train"))
+    assert max(counts.values()) <= SHARED_EPOCHS, "both trainers read the same epoch"
+    # Each worker batches its own shards and drops its last partial batch of every epoch.
+    lost = SHARED_EPOCHS * len(cluster.workers) * (BATCH - 1)
+    assert sum(counts.values()) >= SHARED_EPOCHS * TRAIN_EXAMPLES - lost
 
 
 @pytest.mark.slow

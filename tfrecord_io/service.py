@@ -283,6 +283,13 @@ def distribute_dataset(
 
 
 if __name__ == "__main__":
+    import os
+
     from tfrecord_io.service_cli import main
 
-    raise SystemExit(main())
+    status = main()
+    # The server has stopped and the log is flushed. Tearing TensorFlow down in Python takes
+    # seconds and has nothing left to save (the dispatcher journals every change as it
+    # happens), so the process leaves at once.
+    logging.shutdown()
+    os._exit(status)

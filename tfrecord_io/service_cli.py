@@ -10,7 +10,12 @@ dispatcher assigns it and streams their elements to the trainers.
 
 Both log what they serve when they start and when it changes (workers registered, tasks
 running), and stop cleanly on SIGTERM or SIGINT: the server is stopped and the process exits 0
-after logging that it stopped.
+after logging that it stopped. If stopping takes longer than ``--stop_timeout_s`` (a worker
+winds down each running task), or a second signal arrives, the process logs it and exits 1.
+
+Jobs whose consumers have gone keep their tasks running on the workers until the dispatcher
+collects them (``--job_gc_timeout_ms``, checked every ``--job_gc_check_interval_ms``; by
+default 5 and 10 minutes). Lower both where trainers come and go often.
 """
 
 from __future__ import annotations
@@ -27,15 +32,29 @@ from typing import Any, Protocol
 
 from tfrecord_io.service import ServiceAddress
 
-__all__ = ["DispatcherSettings", "WorkerSettings", "serve_dispatcher", "serve_worker", "main"]
+__all__ = [
+    "DEFAULT_STOP_TIMEOUT_S",
+    "DispatcherSettings",
+    "WorkerSettings",
+    "serve_dispatcher",
+    "serve_worker",
+    "main",
+]
 
 _LOG = logging.getLogger("tfrecord_io.service")
 _POLL_SECONDS = 1.0
+# Below Kubernetes' default 30 s grace period, so the exit is ours and logged.
+DEFAULT_STOP_TIMEOUT_S = 25.0
 
 
 def _check_optional_ms(name: str, value: int | None) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise ValueError(f"{name} must be None or an int >= 1 (milliseconds), got {value!r}")
+
+
+def _check_stop_timeout(value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"stop_timeout_s must be a number > 0 (seconds), got {value!r}")
 
 
 def _check_port(name: str, value: int) -> None:
@@ -51,10 +70,15 @@ class DispatcherSettings:
       port: port to listen on; 0 picks a free one (logged).
       work_dir: directory or URI for the dispatcher's journal. Given one, the dispatcher runs
         in fault-tolerant mode and recovers its state from it on restart.
-      worker_timeout_ms: how long a silent worker is kept before its tasks are dropped and
-        its shards handed to others. None keeps tf.data's default.
-      job_gc_timeout_ms: how long a job with no consumer is kept, which is how long a
-        restarted trainer has to rejoin its job. None keeps tf.data's default.
+      job_gc_timeout_ms: how long a job with no consumer is kept (its tasks keep running on
+        the workers until then), which is also how long a restarted trainer has to rejoin
+        its job. None keeps tf.data's default (5 minutes).
+      job_gc_check_interval_ms: how often the dispatcher looks for such jobs, and for
+        silent workers. None keeps tf.data's default (10 minutes).
+      worker_timeout_ms: how long a silent worker may go before the dispatcher logs it as
+        lost. tf.data 2.21 does not hand a lost worker's job tasks to others: a replacement
+        worker started on the same address takes them over. None keeps tf.data's default.
+      stop_timeout_s: how long SIGTERM waits for the server to stop before exiting anyway.
 
     Raises:
       ValueError: naming the bad value, if any attribute is invalid.
@@ -62,15 +86,19 @@ class DispatcherSettings:
 
     port: int
     work_dir: str | None = None
-    worker_timeout_ms: int | None = None
     job_gc_timeout_ms: int | None = None
+    job_gc_check_interval_ms: int | None = None
+    worker_timeout_ms: int | None = None
+    stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S
 
     def __post_init__(self) -> None:
         _check_port("port", self.port)
         if self.work_dir is not None and (not isinstance(self.work_dir, str) or not self.work_dir):
             raise ValueError(f"work_dir must be None or a non-empty path, got {self.work_dir!r}")
-        _check_optional_ms("worker_timeout_ms", self.worker_timeout_ms)
         _check_optional_ms("job_gc_timeout_ms", self.job_gc_timeout_ms)
+        _check_optional_ms("job_gc_check_interval_ms", self.job_gc_check_interval_ms)
+        _check_optional_ms("worker_timeout_ms", self.worker_timeout_ms)
+        _check_stop_timeout(self.stop_timeout_s)
 
     @property
     def fault_tolerant(self) -> bool:
@@ -91,6 +119,7 @@ class WorkerSettings:
         tf.data's default.
       dispatcher_timeout_ms: how long the worker retries an unreachable dispatcher before
         failing a request. None keeps tf.data's default.
+      stop_timeout_s: how long SIGTERM waits for the server to stop before exiting anyway.
 
     Raises:
       ValueError: naming the bad value, if any attribute is invalid.
@@ -101,6 +130,7 @@ class WorkerSettings:
     worker_address: str = "localhost:%port%"
     heartbeat_interval_ms: int | None = None
     dispatcher_timeout_ms: int | None = None
+    stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S
 
     def __post_init__(self) -> None:
         address = ServiceAddress.parse(self.dispatcher)
@@ -112,6 +142,7 @@ class WorkerSettings:
             )
         _check_optional_ms("heartbeat_interval_ms", self.heartbeat_interval_ms)
         _check_optional_ms("dispatcher_timeout_ms", self.dispatcher_timeout_ms)
+        _check_stop_timeout(self.stop_timeout_s)
 
 
 class _Server(Protocol):
@@ -123,26 +154,53 @@ def _serve(
     server: _Server,
     describe_state: Callable[[], str],
     stop_event: threading.Event,
+    stop_timeout_s: float,
 ) -> int:
-    """Keeps ``server`` up until ``stop_event`` is set, logging changes of its state."""
-    last_state = None
+    """Keeps ``server`` up until ``stop_event`` is set, logging changes of its state.
+
+    Returns:
+      0 if the server stopped within ``stop_timeout_s``, else 1.
+    """
+    state = describe_state()
+    _LOG.info("tf.data service %s: %s", role, state)
     while not stop_event.wait(_POLL_SECONDS):
-        state = describe_state()
-        if state != last_state:
+        latest = describe_state()
+        if latest != state:
+            state = latest
             _LOG.info("tf.data service %s: %s", role, state)
-            last_state = state
-    _LOG.info("tf.data service %s stopping", role)
-    server.stop()
+    _LOG.info("tf.data service %s stopping (%s)", role, state)
+    # Stopping waits for every task to wind down; off the main thread, so that the wait is
+    # bounded and a second signal is still handled.
+    stopped = threading.Event()
+
+    def stop() -> None:
+        server.stop()
+        stopped.set()
+
+    threading.Thread(target=stop, name="stop-server", daemon=True).start()
+    if not stopped.wait(stop_timeout_s):
+        _LOG.warning(
+            "tf.data service %s did not stop within %.0f s (%s); exiting without it",
+            role,
+            stop_timeout_s,
+            state,
+        )
+        return 1
     _LOG.info("tf.data service %s stopped cleanly", role)
     return 0
 
 
 def _install_stop_handlers() -> threading.Event:
-    """Turns SIGTERM and SIGINT into a stop request the serving loop sees within a second."""
+    """Turns SIGTERM and SIGINT into a stop request; a second one exits at once (status 1)."""
     stop_event = threading.Event()
 
     def _request_stop(signum: int, _frame: Any) -> None:
-        _LOG.info("received %s", signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if stop_event.is_set():
+            _LOG.warning("received %s while stopping: exiting now", name)
+            logging.shutdown()
+            os._exit(1)
+        _LOG.info("received %s", name)
         stop_event.set()
 
     signal.signal(signal.SIGTERM, _request_stop)
@@ -173,27 +231,29 @@ def serve_dispatcher(settings: DispatcherSettings, stop_event: threading.Event) 
             fault_tolerant_mode=settings.fault_tolerant,
             worker_timeout_ms=settings.worker_timeout_ms,
             job_gc_timeout_ms=settings.job_gc_timeout_ms,
+            job_gc_check_interval_ms=settings.job_gc_check_interval_ms,
         )
     )
     port = _bound_port(server.target)
     _LOG.info(
         "tf.data service dispatcher serving at grpc://%s:%d (pid %d, port %d, mode %s, "
-        "work_dir %s, worker_timeout_ms %s, job_gc_timeout_ms %s)",
+        "work_dir %s, job_gc_timeout_ms %s, job_gc_check_interval_ms %s, worker_timeout_ms %s)",
         _host_name(),
         port,
         os.getpid(),
         port,
         "fault-tolerant" if settings.fault_tolerant else "in-memory (state lost on restart)",
         settings.work_dir or "-",
-        settings.worker_timeout_ms or "default",
         settings.job_gc_timeout_ms or "default",
+        settings.job_gc_check_interval_ms or "default",
+        settings.worker_timeout_ms or "default",
     )
 
     def describe_state() -> str:
         # A private accessor, but the only way to see registrations from Python.
         return f"{server._num_workers()} worker(s) registered"
 
-    return _serve("dispatcher", server, describe_state, stop_event)
+    return _serve("dispatcher", server, describe_state, stop_event, settings.stop_timeout_s)
 
 
 def serve_worker(settings: WorkerSettings, stop_event: threading.Event) -> int:
@@ -227,7 +287,7 @@ def serve_worker(settings: WorkerSettings, stop_event: threading.Event) -> int:
     def describe_state() -> str:
         return f"{server._num_tasks()} task(s) running"
 
-    return _serve("worker", server, describe_state, stop_event)
+    return _serve("worker", server, describe_state, stop_event, settings.stop_timeout_s)
 
 
 def _host_name() -> str:
@@ -250,8 +310,30 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="journal directory; enables fault-tolerant mode so a restart recovers state",
     )
-    dispatcher.add_argument("--worker_timeout_ms", type=int, default=None)
-    dispatcher.add_argument("--job_gc_timeout_ms", type=int, default=None)
+    dispatcher.add_argument(
+        "--job_gc_timeout_ms",
+        type=int,
+        default=None,
+        help="keep a job with no consumer this long (tf.data default: 5 min)",
+    )
+    dispatcher.add_argument(
+        "--job_gc_check_interval_ms",
+        type=int,
+        default=None,
+        help="look for such jobs this often (tf.data default: 10 min)",
+    )
+    dispatcher.add_argument(
+        "--worker_timeout_ms",
+        type=int,
+        default=None,
+        help="log a silent worker as lost after this long",
+    )
+    dispatcher.add_argument(
+        "--stop_timeout_s",
+        type=float,
+        default=DEFAULT_STOP_TIMEOUT_S,
+        help="on SIGTERM, wait this long for the server to stop",
+    )
 
     worker = roles.add_parser("worker", help="run a worker")
     worker.add_argument("--dispatcher", required=True, help="dispatcher HOST:PORT")
@@ -261,8 +343,24 @@ def _parser() -> argparse.ArgumentParser:
         default="localhost:%port%",
         help="address trainers use to reach this worker; %%port%% is the bound port",
     )
-    worker.add_argument("--heartbeat_interval_ms", type=int, default=None)
-    worker.add_argument("--dispatcher_timeout_ms", type=int, default=None)
+    worker.add_argument(
+        "--heartbeat_interval_ms",
+        type=int,
+        default=None,
+        help="report to the dispatcher (and learn of new tasks) this often (default: 30 s)",
+    )
+    worker.add_argument(
+        "--dispatcher_timeout_ms",
+        type=int,
+        default=None,
+        help="retry an unreachable dispatcher this long (default: 1 h)",
+    )
+    worker.add_argument(
+        "--stop_timeout_s",
+        type=float,
+        default=DEFAULT_STOP_TIMEOUT_S,
+        help="on SIGTERM, wait this long for the server to stop",
+    )
     return parser
 
 
@@ -284,8 +382,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             settings: DispatcherSettings | WorkerSettings = DispatcherSettings(
                 port=args.port,
                 work_dir=args.work_dir,
-                worker_timeout_ms=args.worker_timeout_ms,
                 job_gc_timeout_ms=args.job_gc_timeout_ms,
+                job_gc_check_interval_ms=args.job_gc_check_interval_ms,
+                worker_timeout_ms=args.worker_timeout_ms,
+                stop_timeout_s=args.stop_timeout_s,
             )
         else:
             settings = WorkerSettings(
@@ -294,6 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 worker_address=args.worker_address,
                 heartbeat_interval_ms=args.heartbeat_interval_ms,
                 dispatcher_timeout_ms=args.dispatcher_timeout_ms,
+                stop_timeout_s=args.stop_timeout_s,
             )
     except ValueError as e:
         parser.error(str(e))

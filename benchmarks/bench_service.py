@@ -1,0 +1,199 @@
+"""Benchmark: what the trainer process pays for its input, with and without the tf.data service.
+
+Inputs are ImageNet-like photos (500x375, about 100 KB, quality 90) that the pipeline
+(``python -m beam_pipelines.images_to_tfrecord``) writes once as JPEG shards at
+``--image_size 256``. Every row is the reader's training pipeline (``make_dataset``: file
+shuffle, parallel interleave, record shuffle, batch, ``parse_example``, random-crop JPEG decode
+to 224x224, flip, uint8 output):
+
+  * in-process: the pipeline runs in the trainer (consumer) process, as without the service;
+  * service, compression X: the same pipeline on a dispatcher and 2 worker processes started
+    with ``python -m tfrecord_io.service`` on loopback; the consumer only receives batches.
+
+Metrics, per row:
+  * trainer CPU-ms/example: CPU time of the consumer process (all its threads, from
+    ``time.process_time``) over the timed batches. The worker processes are not included: this is
+    what the trainer host pays. Target: service <= 10% of in-process.
+  * worker CPU-ms/example: CPU time of the worker processes over the same span (from
+    /proc/<pid>/stat), i.e. the work moved off the trainer.
+  * examples/s through the consumer. On this 2-core machine the workers and the consumer
+    share the same cores, so this measures the service's overhead, not a scaled-out cluster.
+
+Rows are interleaved round by round (the machine is shared, so they see the same noise) and the
+median over rounds is reported. Each service measurement uses its own job.
+
+Usage::
+
+  python -m benchmarks.bench_service [--n 512] [--rounds 3] [--batch_size 64] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+__all__ = ["main", "measure"]
+
+IMAGE_SIZE = 224
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _process_cpu_seconds(pids: Sequence[int]) -> float:
+    """User + system CPU seconds of other live processes, from /proc (Linux)."""
+    total = 0
+    for pid in pids:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / _CLOCK_TICKS
+
+
+def measure(
+    build: Callable[[], object],
+    batch_size: int,
+    warmup: int,
+    batches: int,
+    worker_pids: Sequence[int] = (),
+) -> tuple[float, float, float]:
+    """Times ``batches`` batches of a fresh iterator after ``warmup``.
+
+    Returns:
+      ``(examples/s, consumer CPU-ms/example, worker CPU-ms/example)``.
+    """
+    iterator = iter(build())
+    for _ in range(warmup):
+        next(iterator)
+    wall, cpu = time.perf_counter(), time.process_time()
+    workers = _process_cpu_seconds(worker_pids)
+    for _ in range(batches):
+        next(iterator)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    workers = _process_cpu_seconds(worker_pids) - workers
+    del iterator
+    gc.collect()
+    examples = batches * batch_size
+    return examples / wall, 1000.0 * cpu / examples, 1000.0 * workers / examples
+
+
+def _write_shards(photos: Path, output: Path, num_shards: int) -> None:
+    command = [
+        sys.executable,
+        "-m",
+        "beam_pipelines.images_to_tfrecord",
+        "--input",
+        str(photos),
+        "--output",
+        str(output),
+        "--image_size",
+        "256",
+        "--num_shards",
+        str(num_shards),
+        "--max_bad_fraction",
+        "0",
+        "--direct_num_workers=2",
+        "--direct_running_mode=multi_processing",
+    ]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env)
+    if result.returncode != 0 or not (output / "dataset.json").exists():
+        raise RuntimeError(f"pipeline failed ({' '.join(command)}):\n{result.stderr[-3000:]}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=512, help="photos to generate (512)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
+    parser.add_argument("--batch_size", type=int, default=64, help="batch size (64)")
+    parser.add_argument("--batches", type=int, default=24, help="timed batches per row (24)")
+    parser.add_argument("--warmup", type=int, default=6, help="untimed batches per row (6)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 64 photos, tiny runs")
+    parser.add_argument("--workdir", default=None, help="where to put photos, shards and logs")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.n, args.rounds, args.batch_size, args.batches, args.warmup = 64, 1, 16, 4, 2
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    from beam_pipelines.samples import write_imagenet_like_jpegs
+    from tests.fixtures.data_service import running_cluster
+
+    with tempfile.TemporaryDirectory(dir=args.workdir) as work:
+        root = Path(work)
+        photos = write_imagenet_like_jpegs(root / "photos", args.n, seed=0)
+        mean_kb = sum(p.stat().st_size for p in photos) / len(photos) / 1024
+        shards = max(4, args.n // 64)
+        _write_shards(root / "photos", root / "jpeg256", shards)
+
+        from tfrecord_io import make_dataset
+
+        b = args.batch_size
+        with running_cluster(root / "service", num_workers=2) as cluster:
+            pids = [w.popen.pid for w in cluster.workers]
+            jobs = iter(range(1_000_000))
+
+            def through_service(compression: str) -> Callable[[], object]:
+                return lambda: make_dataset(
+                    root / "jpeg256",
+                    global_batch_size=b,
+                    image_size=IMAGE_SIZE,
+                    seed=0,
+                    service=cluster.address,
+                    service_job_name=f"bench-{compression}-{next(jobs)}",
+                    service_compression=compression,
+                )
+
+            builders: dict[str, Callable[[], object]] = {
+                "in-process reader": lambda: make_dataset(
+                    root / "jpeg256", global_batch_size=b, image_size=IMAGE_SIZE, seed=0
+                ),
+                "service, compression AUTO": through_service("AUTO"),
+                "service, compression NONE": through_service("NONE"),
+            }
+            load_start = os.getloadavg()[0]
+            samples: dict[str, list[tuple[float, float, float]]] = {n: [] for n in builders}
+            for _ in range(args.rounds):
+                for name, build in builders.items():
+                    samples[name].append(measure(build, b, args.warmup, args.batches, pids))
+            load_end = os.getloadavg()[0]
+            statuses = cluster.stop()
+        if any(statuses.values()):
+            raise RuntimeError(f"a service process did not stop cleanly: {statuses}")
+
+    medians = {
+        name: tuple(statistics.median(v[i] for v in values) for i in range(3))
+        for name, values in samples.items()
+    }
+    base_rate, base_cpu, _ = medians["in-process reader"]
+    print(
+        f"\n{args.n} ImageNet-like JPEGs (mean {mean_kb:.0f} KB) -> {shards} JPEG-256 shards; "
+        f"training pipeline, {IMAGE_SIZE}px uint8 batches of {b}; {args.rounds} round(s) x "
+        f"{args.batches} timed batches; dispatcher + 2 workers on loopback; {os.cpu_count()} "
+        f"cores, load average {load_start:.1f} -> {load_end:.1f} (shared machine)\n"
+    )
+    print(
+        "| row | examples/s | trainer CPU-ms/ex | trainer CPU vs in-process | "
+        "worker CPU-ms/ex | examples/s vs in-process |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, (rate, cpu, workers) in medians.items():
+        print(
+            f"| {name} | {rate:,.0f} | {cpu:.3f} | {cpu / base_cpu:.1%} | "
+            f"{workers:.3f} | {rate / base_rate:.2f}x |"
+        )
+    best = min(medians[n][1] for n in medians if n.startswith("service"))
+    verdict = "met" if best <= 0.10 * base_cpu else "NOT met"
+    print(
+        f"\ntarget: trainer CPU through the service <= 10% of in-process: {verdict} "
+        f"(best {best:.3f} vs {0.10 * base_cpu:.3f} CPU-ms/ex)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
