@@ -10,6 +10,7 @@ from tfrecord_io.source import (
     num_classes,
     resolve_source,
 )
+from tfrecord_io.verify import ShardReport, VerifyReport, verify_dataset
 
 __all__ = [
     "MEAN_RGB",
@@ -24,4 +25,7 @@ __all__ = [
     "load_manifest",
     "num_classes",
     "resolve_source",
+    "ShardReport",
+    "VerifyReport",
+    "verify_dataset",
 ]
