@@ -232,8 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 inputs = make()
                 alone = _input_alone(
                     inputs.train_dataset(context, with_keys=False),
-                    warmup=2,
-                    batches=max(4, args.steps // 4),
+                    warmup=5,
+                    batches=max(10, args.steps // 2),
                     batch_size=b,
                 )
                 figures = _train(root / "runs" / f"{round_index}-{i}", inputs, args, dist)
