@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # The main job on a bundled default: sample images (a few bad ones included) -> Beam pipeline
-# -> verified TFRecord shards -> a short training run. Everything lands in ./quickstart_out.
+# -> verified TFRecord shards -> a short training run -> diagnosis of its logs.
+# Everything lands in ./quickstart_out (override with OUT=...). Rerunning starts afresh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh runtime
 OUT="${OUT:-quickstart_out}"
+rm -rf "$OUT/model"
 set -x
 python -m beam_pipelines.samples --output "$OUT/images"
 python -m beam_pipelines.images_to_tfrecord --input "$OUT/images" --output "$OUT/dataset" \
   --validation_fraction 0.2 --overwrite
+python -m tfrecord_io.verify "$OUT/dataset"
+python -m trainer.train --data "$OUT/dataset" --model_dir "$OUT/model" --model small_cnn \
+  --image_size 64 --global_batch_size 32 --steps 300 --base_lr 0.2 --warmup_steps 20 \
+  --eval_every 50
+python -m trainer.diagnose "$OUT/model"
