@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from schemas import MANIFEST_NAME, ImageRecord, serialize_record
 from tests.fixtures.shards import WrittenDataset, copy_dataset
-from tfrecord_io.verify import VerifyReport, main, verify_dataset
+from tfrecord_io.verification import VerifyReport, main, verify_dataset
 
 
 def _only_failure(report: VerifyReport, shard_file: str) -> list[str]:

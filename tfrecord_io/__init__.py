@@ -10,7 +10,7 @@ from tfrecord_io.source import (
     num_classes,
     resolve_source,
 )
-from tfrecord_io.verify import ShardReport, VerifyReport, verify_dataset
+from tfrecord_io.verification import ShardReport, VerifyReport, verify_dataset
 
 __all__ = [
     "MEAN_RGB",

@@ -1,0 +1,332 @@
+"""Verifies a published dataset against its ``dataset.json`` (``verify_dataset``, and the
+``main`` of ``python -m tfrecord_io.verify DATASET [--deep] [--json] [--no-progress]``).
+
+For every shard listed in ``dataset.json`` it checks that the file is present, that its size
+and SHA-256 match, that it holds the committed number of records, and that every record passes
+its TFRecord CRC checks (done by TensorFlow's reader) and parses against the schema, with a
+label that names one of the dataset's classes. ``--deep`` also decodes every image and checks
+its dimensions. Exit status: 0 if everything holds, 1 if any check failed (each failure names
+its shard), 2 if the dataset cannot be read at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from schemas import Manifest, record_from_example
+from tfrecord_io.source import exists, load_manifest, local_copy, open_binary, resolve_source
+
+__all__ = ["ShardReport", "VerifyReport", "main", "verify_dataset"]
+
+_HASH_CHUNK = 8 * 1024 * 1024
+# A badly damaged shard can fail every record; past this, further problems are only counted.
+_MAX_PROBLEMS_PER_SHARD = 20
+_FORMAT_FOR_ENCODING = {"jpeg": "JPEG", "png": "PNG", "raw": "RAW"}
+
+
+@dataclasses.dataclass
+class ShardReport:
+    """What verification found for one shard.
+
+    Attributes:
+      split, file: the shard as listed in ``dataset.json`` (``file`` relative to the root).
+      path: the path or URI that was read.
+      expected_examples, expected_bytes, expected_sha256: the committed values.
+      present: whether the file exists.
+      num_bytes, sha256: what was found (None if absent).
+      num_records: intact records read before the end or the first damaged record.
+      problems: one line per failed check; empty when the shard is sound.
+    """
+
+    split: str
+    file: str
+    path: str
+    expected_examples: int
+    expected_bytes: int
+    expected_sha256: str
+    present: bool = False
+    num_bytes: int | None = None
+    sha256: str | None = None
+    num_records: int | None = None
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def add(self, problem: str) -> None:
+        if len(self.problems) < _MAX_PROBLEMS_PER_SHARD:
+            self.problems.append(problem)
+        elif len(self.problems) == _MAX_PROBLEMS_PER_SHARD:
+            self.problems.append("... further problems in this shard not listed")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "ok": self.ok}
+
+
+@dataclasses.dataclass
+class VerifyReport:
+    """The result of ``verify_dataset``.
+
+    Attributes:
+      dataset: the source verified.
+      deep: whether images were decoded.
+      shards: one report per listed shard, in manifest order.
+      problems: dataset-level problems (duplicate keys across shards).
+    """
+
+    dataset: str
+    deep: bool
+    shards: list[ShardReport]
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(s.ok for s in self.shards)
+
+    @property
+    def failed_shards(self) -> list[ShardReport]:
+        return [s for s in self.shards if not s.ok]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "dataset": self.dataset,
+            "deep": self.deep,
+            "ok": self.ok,
+            "num_shards": len(self.shards),
+            "num_failed_shards": len(self.failed_shards),
+            "num_records": sum(s.num_records or 0 for s in self.shards),
+            "problems": list(self.problems),
+            "shards": [s.to_dict() for s in self.shards],
+        }
+
+
+def _hash_file(path: str) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with open_binary(path) as f:
+        while chunk := f.read(_HASH_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+def _decode_check(record: Any) -> str | None:
+    """Decodes one image fully; returns a problem or None."""
+    import tensorflow as tf
+
+    if record.format == "RAW":
+        return None  # its byte length against height*width*channels is checked by the schema
+    try:
+        image = tf.io.decode_image(record.encoded, channels=0, expand_animations=False)
+    except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as e:
+        return f"{record.format} image does not decode: {e.message.splitlines()[0]}"
+    shape = tuple(int(d) for d in image.shape)
+    if shape != (record.height, record.width, record.channels):
+        return (
+            f"decoded image is {shape[0]}x{shape[1]}x{shape[2]}, but the record says "
+            f"{record.height}x{record.width}x{record.channels}"
+        )
+    return None
+
+
+def _check_records(
+    report: ShardReport,
+    manifest: Manifest,
+    *,
+    deep: bool,
+    seen: dict[str, str],
+    duplicates: list[str],
+    advance: Any,
+    local_path: str | None = None,
+) -> None:
+    import tensorflow as tf
+
+    names = manifest.label_names
+    expected_format = _FORMAT_FOR_ENCODING[manifest.image.encoding]
+    square = manifest.image.crop == "center"
+    size = manifest.image.image_size
+    count = 0
+    iterator = tf.data.TFRecordDataset(local_path or report.path).as_numpy_iterator()
+    while True:
+        try:
+            serialized = next(iterator)
+        except StopIteration:
+            break
+        except tf.errors.DataLossError as e:
+            report.add(
+                f"record {count}: damaged ({e.message.splitlines()[0]}): CRC mismatch or "
+                f"truncated file; the {count} records before it are intact"
+            )
+            break
+        where = f"record {count}"
+        count += 1
+        advance(1)
+        try:
+            record = record_from_example(serialized)
+        except ValueError as e:
+            report.add(f"{where}: does not parse against the schema: {e}")
+            continue
+        if record.label >= len(names):
+            report.add(f"{where}: label {record.label} >= number of classes {len(names)}")
+        elif record.text != names[record.label]:
+            report.add(
+                f"{where}: class text {record.text!r} != label_names[{record.label}] "
+                f"{names[record.label]!r}"
+            )
+        if record.format != expected_format:
+            report.add(
+                f"{where}: format {record.format} but the dataset's encoding is "
+                f"{manifest.image.encoding}"
+            )
+        if square and (record.height, record.width) != (size, size):
+            report.add(
+                f"{where}: image is {record.height}x{record.width}, the dataset promises "
+                f"{size}x{size}"
+            )
+        if record.sha256 in seen:
+            duplicates.append(
+                f"key {record.sha256} appears in {seen[record.sha256]} and in "
+                f"{report.file} ({where})"
+            )
+        else:
+            seen[record.sha256] = f"{report.file} ({where})"
+        if deep and (problem := _decode_check(record)) is not None:
+            report.add(f"{where}: {problem}")
+    report.num_records = count
+    if count != report.expected_examples:
+        report.add(f"holds {count} readable records, dataset.json says {report.expected_examples}")
+
+
+def verify_dataset(
+    source: str | os.PathLike[str], *, deep: bool = False, progress: bool = False
+) -> VerifyReport:
+    """Verifies every shard of a dataset against its ``dataset.json``.
+
+    Args:
+      source: a dataset root or its ``dataset.json``.
+      deep: also decode every image.
+      progress: show a tqdm progress bar (over records) on stderr.
+
+    Returns:
+      The report; ``report.ok`` is True only if every check held.
+
+    Raises:
+      FileNotFoundError: if the source has no ``dataset.json``.
+      ValueError: if ``dataset.json`` is not a valid manifest.
+    """
+    from tqdm import tqdm
+
+    text = os.fspath(source)
+    manifest = load_manifest(text)
+    if manifest is None:
+        raise FileNotFoundError(
+            f"{text} is not a dataset: verification needs a directory (or URI) holding "
+            f"dataset.json, as written by beam_pipelines.images_to_tfrecord"
+        )
+    reports: list[ShardReport] = []
+    for split in sorted(manifest.splits):
+        resolved = resolve_source(text, split)
+        for info, shard in zip(manifest.split(split).shards, resolved.shards, strict=True):
+            reports.append(
+                ShardReport(
+                    split=split,
+                    file=info.file,
+                    path=shard.path,
+                    expected_examples=info.num_examples,
+                    expected_bytes=info.num_bytes,
+                    expected_sha256=info.sha256,
+                )
+            )
+    seen: dict[str, str] = {}
+    duplicates: list[str] = []
+    total = sum(r.expected_examples for r in reports)
+    with tqdm(total=total, unit="rec", disable=not progress, desc="verify") as bar:
+        for report in reports:
+            bar.set_postfix_str(report.file, refresh=False)
+            if not exists(report.path):
+                report.add(f"missing: {report.path} does not exist")
+                bar.update(report.expected_examples)
+                continue
+            report.present = True
+            # Object-store shards are downloaded once, to a temporary file, for both checks.
+            with local_copy(report.path) as local:
+                report.num_bytes, report.sha256 = _hash_file(local)
+                if report.num_bytes != report.expected_bytes:
+                    report.add(
+                        f"size {report.num_bytes} bytes, dataset.json says {report.expected_bytes}"
+                    )
+                if report.sha256 != report.expected_sha256:
+                    report.add(
+                        f"SHA-256 {report.sha256} differs from dataset.json "
+                        f"{report.expected_sha256}"
+                    )
+                before = bar.n
+                _check_records(
+                    report,
+                    manifest,
+                    deep=deep,
+                    seen=seen,
+                    duplicates=duplicates,
+                    advance=bar.update,
+                    local_path=local,
+                )
+            # Keep the bar's total meaningful when a shard is short.
+            bar.update(max(0, report.expected_examples - (bar.n - before)))
+    return VerifyReport(text, deep, reports, duplicates)
+
+
+def _print_human(report: VerifyReport) -> None:
+    for shard in report.shards:
+        status = "OK  " if shard.ok else "FAIL"
+        records = "-" if shard.num_records is None else str(shard.num_records)
+        print(f"{status} {shard.file}  records={records}/{shard.expected_examples}")
+        for problem in shard.problems:
+            print(f"     {shard.file}: {problem}")
+    for problem in report.problems:
+        print(f"FAIL dataset: {problem}")
+    failed = len(report.failed_shards)
+    verdict = "OK" if report.ok else "FAILED"
+    print(
+        f"{verdict}: {len(report.shards) - failed}/{len(report.shards)} shards sound, "
+        f"{sum(s.num_records or 0 for s in report.shards)} records checked"
+        f"{' and decoded' if report.deep else ''}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    parser = argparse.ArgumentParser(
+        prog="python -m tfrecord_io.verify",
+        description="Verify a dataset's shards against its dataset.json.",
+    )
+    parser.add_argument("dataset", help="dataset directory or URI holding dataset.json")
+    parser.add_argument("--deep", action="store_true", help="also decode every image")
+    parser.add_argument("--json", action="store_true", help="print a machine-readable report")
+    parser.add_argument("--no-progress", action="store_true", help="never show a progress bar")
+    args = parser.parse_args(argv)
+    # TensorFlow's C++ start-up banner would bury the report; the caller may still override.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    try:
+        report = verify_dataset(
+            args.dataset,
+            deep=args.deep,
+            progress=not args.no_progress and sys.stderr.isatty(),
+        )
+    except (OSError, ValueError) as e:  # includes object-store errors, which name the URI
+        if args.json:
+            print(json.dumps({"dataset": args.dataset, "ok": False, "error": str(e)}))
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        _print_human(report)
+    return 0 if report.ok else 1
