@@ -2,6 +2,13 @@
 
 from tfrecord_io.decode import MEAN_RGB, STDDEV_RGB, DecodeConfig
 from tfrecord_io.reader import CorruptionCounter, ReaderConfig, make_dataset
+from tfrecord_io.service_client import (
+    COMPRESSIONS,
+    DistributeOptions,
+    ServiceAddress,
+    distribute_dataset,
+    training_job_name,
+)
 from tfrecord_io.source import (
     ResolvedSource,
     ShardFile,
@@ -28,4 +35,9 @@ __all__ = [
     "ShardReport",
     "VerifyReport",
     "verify_dataset",
+    "COMPRESSIONS",
+    "DistributeOptions",
+    "ServiceAddress",
+    "distribute_dataset",
+    "training_job_name",
 ]
