@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import re
+import socket
 import subprocess
 import sys
 import textwrap
@@ -318,6 +320,75 @@ def test_training_consumers_share_one_job(
     # Each worker batches its own shards and drops its last partial batch of every epoch.
     lost = SHARED_EPOCHS * len(cluster.workers) * (BATCH - 1)
     assert sum(counts.values()) >= SHARED_EPOCHS * TRAIN_EXAMPLES - lost
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+@pytest.mark.slow
+def test_two_trainer_workers_train_through_one_service_job(
+    cluster: DataServiceCluster, dataset: WrittenDataset, tmp_path: Path
+) -> None:
+    """``python -m trainer.train --data_service``: two MultiWorkerMirroredStrategy workers on
+    loopback, both fed by the service, share one job."""
+    steps, global_batch = 6, 8
+    trainers = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    command = [
+        sys.executable,
+        "-m",
+        "trainer.train",
+        f"--data={dataset.root}",
+        f"--data_service={cluster.address}",
+        f"--model_dir={tmp_path / 'run'}",
+        f"--audit_keys={tmp_path / 'keys'}",
+        f"--steps={steps}",
+        f"--global_batch_size={global_batch}",
+        f"--image_size={IMAGE_SIZE}",
+        "--log_every=2",
+        "--eval_every=1000",
+        "--checkpoint_every=1000",
+        "--warmup_steps=2",
+    ]
+    procs = [
+        subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={
+                **env,
+                "TF_CPP_MIN_LOG_LEVEL": "2",
+                "TF_CONFIG": json.dumps(
+                    {"cluster": trainers, "task": {"type": "worker", "index": i}}
+                ),
+            },
+        )
+        for i in range(2)
+    ]
+    try:
+        logs = [proc.communicate(timeout=240)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            proc.kill()
+    jobs = set()
+    for i, (proc, log) in enumerate(zip(procs, logs, strict=True)):
+        assert proc.returncode == 0, log
+        assert f"done at step {steps}" in log, log
+        match = re.search(r"reading training input through tf.data service \S+: job (\S+),", log)
+        assert match, log
+        jobs.add(match.group(1))
+        trained = (tmp_path / f"keys.worker-{i:05d}").read_text().split()
+        assert len(trained) == steps * global_batch // 2
+        assert set(trained) <= set(dataset.keys("train"))
+    assert len(jobs) == 1, f"the trainers read different jobs: {jobs}"
 
 
 @pytest.mark.slow

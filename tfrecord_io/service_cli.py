@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from tfrecord_io.service import ServiceAddress
+from tfrecord_io.service_client import ServiceAddress
 
 __all__ = [
     "DEFAULT_STOP_TIMEOUT_S",
