@@ -24,6 +24,7 @@ __all__ = [
     "configure_devices",
     "precision_policy",
     "slurm_cluster_resolver",
+    "split_batch",
     # model, optimiser, data
     "build_model",
     "build_optimizer",
@@ -56,6 +57,7 @@ _HOME = {
     "configure_devices": "trainer.strategy",
     "precision_policy": "trainer.strategy",
     "slurm_cluster_resolver": "trainer.strategy",
+    "split_batch": "trainer.strategy",
     "build_model": "trainer.models",
     "build_optimizer": "trainer.optim",
     "learning_rate_at": "trainer.optim",
