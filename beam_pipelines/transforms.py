@@ -16,6 +16,7 @@ from apache_beam.metrics import Metrics
 from beam_pipelines.config import PipelineConfig
 from beam_pipelines.elements import PreparedRecord, Rejection, SourceFile
 from beam_pipelines.images import ImageOptions, RejectedImage, prepare_image
+from beam_pipelines.object_store_io import read_with_retries
 from beam_pipelines.shards import (
     DUPLICATES_TAG,
     METRICS_NAMESPACE,
@@ -42,9 +43,14 @@ def read_source(uri: str) -> bytes:
     Raises:
       RejectedImage: ``unreadable``, naming the URI and the underlying error.
     """
-    try:
+
+    def read() -> bytes:
         with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
             return handle.read()
+
+    try:
+        # Object stores fail transiently (503s, resets): retried, so they never reject an image.
+        return read_with_retries(uri, read)
     except Exception as e:  # noqa: BLE001  (each FileSystem raises its own types)
         raise RejectedImage("unreadable", f"cannot read {uri}: {type(e).__name__}: {e}") from e
 

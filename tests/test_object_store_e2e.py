@@ -29,7 +29,20 @@ from tfrecord_io.source import resolve_source
 from tfrecord_io.storage import get_store
 
 _PIPELINE_FLAGS = ["--num_shards", "2", "--image_size", "24", "--max_bad_fraction", "0.5"]
-_FAULTS = FaultPlan(seed=11, error_rate=0.08, reset_rate=0.04, truncate_rate=0.04, latency_s=0.003)
+# Random faults on every request, and a certain fault on the first try of every image request
+# (GETs cut short in transit), so the pipeline's reads are sure to meet one.
+_FAULTS = FaultPlan(
+    seed=11,
+    error_rate=0.08,
+    reset_rate=0.04,
+    truncate_rate=0.04,
+    latency_s=0.003,
+    fail_first="images",
+)
+
+
+def _image_reads_were_cut(log: list[tuple[str, str]]) -> bool:
+    return any(a == "truncate" and k.startswith("GET") and "images" in k for a, k in log)
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +190,7 @@ def test_s3_bucket_to_bucket_under_faults_matches_a_clean_run(
     )
 
     assert proxy.stats.faults >= 5, proxy.stats
+    assert _image_reads_were_cut(proxy.stats.fault_log)
     assert PLANTED_SECRET not in everything
     assert PLANTED_ACCESS_KEY_ID not in everything
 
@@ -201,6 +215,7 @@ def test_gcs_bucket_to_bucket_under_faults_matches_a_clean_run(
     )
 
     assert proxy.stats.faults >= 5, proxy.stats
+    assert _image_reads_were_cut(proxy.stats.fault_log)
     for secret in gcs_adc.secrets:
         assert secret not in everything
 

@@ -50,6 +50,7 @@ __all__ = [
     "get_store",
     "install_log_redaction",
     "is_object_store_uri",
+    "is_transient",
     "join_uri",
     "parse_uri",
     "reads_natively",
@@ -321,8 +322,10 @@ def _http_status(exc: BaseException) -> int | None:
     status_code = getattr(response, "status_code", None)  # requests / google-resumable-media
     if isinstance(status_code, int):
         return status_code
-    code = getattr(exc, "code", None)  # google.api_core GoogleAPICallError
-    if isinstance(code, int) and 100 <= code < 600 and type(exc).__module__.startswith("google"):
+    # google.api_core's GoogleAPICallError and Beam's S3ClientError carry the status as .code.
+    code = getattr(exc, "code", None)
+    module = type(exc).__module__
+    if isinstance(code, int) and 100 <= code < 600 and module.startswith(("google", "apache_beam")):
         return code
     return None
 
@@ -392,6 +395,15 @@ def _status_and_transient(exc: BaseException) -> tuple[int | None, bool]:
         if module.startswith("fsspec") and "Timeout" in type(e).__name__:
             return None, True
     return None, False
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True if retrying may help: HTTP 408/429/5xx, connection resets, timeouts, short bodies.
+
+    Works on the exceptions of s3fs/botocore, google-cloud-storage, requests/urllib3, aiohttp
+    and Beam's S3 client, following ``__cause__`` / ``__context__`` chains.
+    """
+    return _status_and_transient(exc)[1]
 
 
 def _describe(exc: BaseException) -> str:
