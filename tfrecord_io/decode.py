@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
 from schemas import KEY_ENCODED, KEY_LABEL, KEY_SHA256, feature_spec
@@ -117,10 +118,19 @@ def parse_batch(serialized: tf.Tensor, config: DecodeConfig) -> dict[str, tf.Ten
 
 
 def normalize(images: tf.Tensor) -> tf.Tensor:
-    """uint8 RGB -> float32 ``(pixel - MEAN_RGB) / STDDEV_RGB``."""
-    mean = tf.constant(MEAN_RGB, tf.float32)
-    std = tf.constant(STDDEV_RGB, tf.float32)
-    return (tf.cast(images, tf.float32) - mean) / std
+    """uint8 RGB ``[..., W, 3]`` -> float32 ``(pixel - MEAN_RGB) / STDDEV_RGB``.
+
+    The per-channel constants are tiled along whole rows: broadcasting a 3-vector over the
+    innermost axis takes Eigen's slow path (about 4x the host CPU of a row-wide multiply-add).
+    """
+    width = images.shape[-2]
+    if width is None:
+        mean = tf.constant(MEAN_RGB, tf.float32)
+        return (tf.cast(images, tf.float32) - mean) / tf.constant(STDDEV_RGB, tf.float32)
+    scale = np.tile(1.0 / np.asarray(STDDEV_RGB, np.float32), width)
+    offset = np.tile(-np.asarray(MEAN_RGB, np.float32) / np.asarray(STDDEV_RGB, np.float32), width)
+    rows = tf.reshape(tf.cast(images, tf.float32), [-1, width * 3])
+    return tf.reshape(rows * tf.constant(scale) + tf.constant(offset), tf.shape(images))
 
 
 def _element_seed(seed: tf.Tensor, salt: int) -> tf.Tensor:
