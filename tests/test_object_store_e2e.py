@@ -220,6 +220,39 @@ def test_gcs_bucket_to_bucket_under_faults_matches_a_clean_run(
         assert secret not in everything
 
 
+@pytest.mark.parametrize("scheme", ["s3", "gcs"])
+def test_pipeline_reads_retry_bodies_cut_short_but_not_missing_objects(
+    scheme: str, request: pytest.FixtureRequest, fault_proxy: Callable
+) -> None:
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_pipelines.images import RejectedImage
+    from beam_pipelines.transforms import read_source
+
+    bucket: BucketEnv = request.getfixturevalue("s3_env" if scheme == "s3" else "gcs_env")
+    if scheme == "gcs":
+        request.getfixturevalue("gcs_adc")
+    payload = bytes(range(256)) * 64
+    get_store(bucket.root).write_bytes(bucket.uri("images", "a.jpg"), payload)
+    plan = FaultPlan(fail_first="images")
+    proxy = fault_proxy(bucket.server_url, plan, flavour="s3" if scheme == "s3" else "gcs")
+    bucket.point_at(proxy.url)
+    FileSystems.set_options(PipelineOptions([]))
+
+    assert read_source(bucket.uri("images", "a.jpg")) == payload
+    with pytest.raises(RejectedImage) as info:
+        read_source(bucket.uri("images", "missing.jpg"))
+
+    assert (
+        info.value.reason == "unreadable"
+        and bucket.uri("images", "missing.jpg") in info.value.detail
+    )
+    assert _image_reads_were_cut(proxy.stats.fault_log)
+    missing = [n for k, n in proxy.stats.attempts_by_request.items() if "missing" in k]
+    assert missing and max(missing) <= 2  # the certain first-try fault, then the 404: no retries
+
+
 def test_missing_output_bucket_fails_fast_with_s3_flags_and_publishes_nothing(
     s3_env: BucketEnv,
     images: Path,
