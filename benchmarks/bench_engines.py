@@ -13,8 +13,10 @@ Rows:
   * DaskRunner, 1 worker process (1 thread), scheduler and worker started as processes;
   * DaskRunner, 2 worker processes (1 thread each).
 
-Per-element overhead is what each engine adds to the Pillow loop's time per image, counted per
-worker: ``workers / rate - 1 / pillow_rate``. Target: 2 Dask workers >= 1.5x one Dask worker.
+Per-element overhead is what each engine adds to the Pillow loop's cost per image, in CPU time
+so that other load on a shared machine does not count: CPU milliseconds per extra image, over
+every process the engine uses (this process, its child processes, the Dask scheduler and
+workers), minus the Pillow loop's. Target: 2 Dask workers >= 1.5x one Dask worker.
 
 Usage::
 
@@ -41,6 +43,7 @@ __all__ = [
     "ENGINES",
     "NoisyMeasurement",
     "Row",
+    "cpu_seconds",
     "pipeline_run",
     "steady_rate",
     "measure_engine",
@@ -86,27 +89,53 @@ def pipeline_run(input_dir: Path, output: Path, extra: Sequence[str]) -> int:
     return summary.manifest.counts.written
 
 
+def cpu_seconds(pids: Sequence[int] = ()) -> float:
+    """CPU time (user + system) of this process, its reaped children and the given processes.
+
+    On a shared machine wall time depends on everyone else's load; CPU time per image does
+    not, so it is what the per-element overhead is computed from.
+    """
+    t = os.times()
+    total = t.user + t.system + t.children_user + t.children_system
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in pids:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        fields = stat[stat.rindex(")") + 2 :].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def steady_rate(
-    run_n: Callable[[], int], run_3n: Callable[[], int], repeats: int
-) -> tuple[float, float, float]:
+    run_n: Callable[[], int],
+    run_3n: Callable[[], int],
+    repeats: int,
+    pids: Sequence[int] = (),
+) -> tuple[float, float, float, float]:
     """Times both sizes ``repeats`` times and keeps the fastest of each (the least disturbed
-    by other load); returns ``(extra images / extra seconds, t_n, t_3n)``.
+    by other load).
+
+    Returns:
+      ``(rate, cpu_ms, t_n, t_3n)``: extra images per extra wall second, and extra CPU
+      milliseconds (this process, its children and ``pids``) per extra image.
 
     Raises:
       NoisyMeasurement: the 3N run was not slower than the N run (noise swamped the signal).
     """
-    best: dict[str, tuple[float, int]] = {}
+    best: dict[str, tuple[float, int, float]] = {}
     for _ in range(repeats):
         for size, fn in (("n", run_n), ("3n", run_3n)):
+            cpu = cpu_seconds(pids)
             start = time.perf_counter()
             done = fn()
             elapsed = time.perf_counter() - start
+            cpu = cpu_seconds(pids) - cpu
             if size not in best or elapsed < best[size][0]:
-                best[size] = (elapsed, done)
-    (t_n, done_n), (t_3n, done_3n) = best["n"], best["3n"]
+                best[size] = (elapsed, done, cpu)
+    (t_n, done_n, cpu_n), (t_3n, done_3n, cpu_3n) = best["n"], best["3n"]
     if t_3n <= t_n:
         raise NoisyMeasurement(t_n, t_3n)
-    return (done_3n - done_n) / (t_3n - t_n), t_n, t_3n
+    extra = done_3n - done_n
+    return extra / (t_3n - t_n), 1000 * (cpu_3n - cpu_n) / extra, t_n, t_3n
 
 
 @dataclass(frozen=True)
@@ -116,6 +145,7 @@ class Row:
     label: str
     workers: int
     rate: float | None  # None when noise swamped the difference between N and 3N
+    cpu_ms: float | None  # CPU milliseconds per image, every process of the engine counted
     t_n: float
     t_3n: float
 
@@ -128,48 +158,50 @@ def measure_engine(
     work: Path,
     extra: Sequence[str],
     repeats: int,
+    pids: Sequence[int] = (),
 ) -> Row:
     """Warms the engine with one untimed run, then measures its steady-state rate."""
     args = [*_SHARDS, *extra]
     pipeline_run(small, work / f"{label}-warm", args)
     try:
-        rate, t_n, t_3n = steady_rate(
+        rate, cpu_ms, t_n, t_3n = steady_rate(
             lambda: pipeline_run(small, work / f"{label}-n", args),
             lambda: pipeline_run(large, work / f"{label}-3n", args),
             repeats,
+            pids,
         )
     except NoisyMeasurement as e:
         print(f"  {label}: {e}", flush=True)
-        return Row(label, workers, None, e.t_n, e.t_3n)
-    return Row(label, workers, rate, t_n, t_3n)
+        return Row(label, workers, None, None, e.t_n, e.t_3n)
+    return Row(label, workers, rate, cpu_ms, t_n, t_3n)
 
 
 def _ratio(row: Row, base: Row | None) -> str:
     return f"{row.rate / base.rate:.2f}x" if base and base.rate and row.rate else "-"
 
 
-def _table(rows: list[Row], n: int, pillow_rate: float) -> str:
+def _table(rows: list[Row], n: int, pillow_cpu_ms: float) -> str:
     by_label = {r.label: r for r in rows}
     in_process = by_label.get(ENGINES["in_process"][0])
     dask_one = by_label.get(ENGINES["dask1"][0])
     lines = [
         f"| engine | workers | t(N={n}) s | t(3N={3 * n}) s | steady images/s | "
-        "vs in-process | vs Dask 1 worker | overhead ms/image/worker |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "vs in-process | vs Dask 1 worker | CPU ms/image | overhead CPU ms/image |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         if r.rate is None:
             lines.append(
                 f"| {r.label} | {r.workers} | {r.t_n:.2f} | {r.t_3n:.2f} | "
-                "not measurable: t(3N) <= t(N) | - | - | - |"
+                "not measurable: t(3N) <= t(N) | - | - | - | - |"
             )
             continue
-        overhead = (r.workers / r.rate - 1 / pillow_rate) * 1000 if r.workers else 0.0
+        overhead = r.cpu_ms - pillow_cpu_ms
         vs_dask = _ratio(r, dask_one) if "Dask" in r.label else "-"
         vs_in = _ratio(r, in_process) if r.workers else "-"
         lines.append(
             f"| {r.label} | {r.workers or 1} | {r.t_n:.2f} | {r.t_3n:.2f} | {r.rate:.0f} | "
-            f"{vs_in} | {vs_dask} | {overhead:+.2f} |"
+            f"{vs_in} | {vs_dask} | {r.cpu_ms:.2f} | {overhead:+.2f} |"
         )
     return "\n".join(lines)
 
@@ -211,16 +243,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
         pillow_loop(paths_n + paths_3n)  # page cache and Pillow plugins
-        pillow_rate, t_n, t_3n = steady_rate(
+        pillow_rate, pillow_cpu_ms, t_n, t_3n = steady_rate(
             lambda: pillow_loop(paths_n), lambda: pillow_loop(paths_3n), repeats
         )
-        rows = [Row("pillow loop, 1 core", 0, pillow_rate, t_n, t_3n)]
+        rows = [Row("pillow loop, 1 core", 0, pillow_rate, pillow_cpu_ms, t_n, t_3n)]
         for engine in engines:
             label, workers, extra = ENGINES[engine]
             if engine.startswith("dask"):
                 with local_dask_cluster(workers, work_dir=work / engine) as cluster:
+                    pids = (*cluster.worker_pids, cluster.scheduler_pid)
                     row = measure_engine(
-                        label, workers, small, large, work, cluster.runner_args(), repeats
+                        label, workers, small, large, work, cluster.runner_args(), repeats, pids
                     )
             else:
                 row = measure_engine(label, workers, small, large, work, extra, repeats)
@@ -229,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"  {row.label}: {row.rate:.1f} images/s", flush=True)
 
     print()
-    print(_table(rows, n, pillow_rate))
+    print(_table(rows, n, pillow_cpu_ms))
     by_label = {r.label: r.rate for r in rows}
     print()
     dask_rates = by_label.get(ENGINES["dask1"][0]), by_label.get(ENGINES["dask2"][0])
