@@ -11,7 +11,7 @@ dispatcher assigns it and streams their elements to the trainers.
 Both log what they serve when they start and when it changes (workers registered, tasks
 running), and stop cleanly on SIGTERM or SIGINT: the server is stopped and the process exits 0
 after logging that it stopped. If stopping takes longer than ``--stop_timeout_s`` (a worker
-winds down each running task), or a second signal arrives, the process logs it and exits 1.
+winds down each running task first), the process dumps its stacks to the log and exits 1.
 
 Jobs whose consumers have gone keep their tasks running on the workers until the dispatcher
 collects them (``--job_gc_timeout_ms``, checked every ``--job_gc_check_interval_ms``; by
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
 import logging
 import os
 import signal
@@ -159,7 +160,8 @@ def _serve(
     """Keeps ``server`` up until ``stop_event`` is set, logging changes of its state.
 
     Returns:
-      0 if the server stopped within ``stop_timeout_s``, else 1.
+      0 once the server has stopped. If it takes over ``stop_timeout_s``, the process exits
+      with status 1 instead of returning.
     """
     state = describe_state()
     _LOG.info("tf.data service %s: %s", role, state)
@@ -168,39 +170,28 @@ def _serve(
         if latest != state:
             state = latest
             _LOG.info("tf.data service %s: %s", role, state)
-    _LOG.info("tf.data service %s stopping (%s)", role, state)
-    # Stopping waits for every task to wind down; off the main thread, so that the wait is
-    # bounded and a second signal is still handled.
-    stopped = threading.Event()
-
-    def stop() -> None:
-        server.stop()
-        stopped.set()
-
-    threading.Thread(target=stop, name="stop-server", daemon=True).start()
-    if not stopped.wait(stop_timeout_s):
-        _LOG.warning(
-            "tf.data service %s did not stop within %.0f s (%s); exiting without it",
-            role,
-            stop_timeout_s,
-            state,
-        )
-        return 1
+    _LOG.info(
+        "tf.data service %s stopping (%s); exiting with status 1 if that takes over %.0f s",
+        role,
+        state,
+        stop_timeout_s,
+    )
+    # tf.data's stop() holds the GIL while each task winds down, so no Python timer or signal
+    # handler can run until it returns: the deadline is faulthandler's C watchdog thread, which
+    # dumps the stacks to the log and exits with status 1.
+    faulthandler.dump_traceback_later(stop_timeout_s, exit=True, file=sys.stderr)
+    server.stop()
+    faulthandler.cancel_dump_traceback_later()
     _LOG.info("tf.data service %s stopped cleanly", role)
     return 0
 
 
 def _install_stop_handlers() -> threading.Event:
-    """Turns SIGTERM and SIGINT into a stop request; a second one exits at once (status 1)."""
+    """Turns SIGTERM and SIGINT into a stop request the serving loop sees at once."""
     stop_event = threading.Event()
 
     def _request_stop(signum: int, _frame: Any) -> None:
-        name = signal.Signals(signum).name
-        if stop_event.is_set():
-            _LOG.warning("received %s while stopping: exiting now", name)
-            logging.shutdown()
-            os._exit(1)
-        _LOG.info("received %s", name)
+        _LOG.info("received %s", signal.Signals(signum).name)
         stop_event.set()
 
     signal.signal(signal.SIGTERM, _request_stop)

@@ -66,6 +66,7 @@ _HOST_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.\-]*[A-Za-z0
 # counters ("__inference_Dataset_map_decode_372", "map_while_cond_197___redundant_placeholder0").
 # Values (file names, seeds, shapes) sit on value lines of the text format and are kept.
 _NAME_COUNTER_RE = re.compile(r"_\d+")
+_DEVICE_LINE_RE = re.compile(r"^\s*device:")
 _VALUE_LINE_RE = re.compile(r"^\s*(string_val|tensor_content|s|i|int64_val|int_val|size):")
 _JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/\-]{0,127}$")
 
@@ -192,7 +193,8 @@ def training_job_name(dataset: tf.data.Dataset) -> str:
     It is a digest of the pipeline's serialised graph: its files, batch size, seeds and
     functions. ``Dataset.fingerprint()`` cannot serve: it differs between processes for the
     same pipeline. Names of functions, nodes and arguments, and dataset op metadata, carry
-    per-process counters (``..._lambda_134``, ``BatchDatasetV2:7``), so those are normalised
+    per-process counters (``..._lambda_134``, ``BatchDatasetV2:7``), and functions carry the
+    device of the process that traced them (``/job:worker/task:1``), so those are normalised
     away, and the function library is sorted, before hashing. Trainer processes that build the
     same pipeline with the same seed therefore share one job, and a run with another seed or
     other data gets another.
@@ -210,7 +212,13 @@ def training_job_name(dataset: tf.data.Dataset) -> str:
         if "metadata" in node.attr:
             del node.attr["metadata"]
     texts = [
-        "\n".join(map(_without_counters, text_format.MessageToString(m).splitlines()))
+        "\n".join(
+            _without_counters(line)
+            for line in text_format.MessageToString(m).splitlines()
+            # Functions keep the placement of the process that traced them ("task:1"); the
+            # service strips it too.
+            if not _DEVICE_LINE_RE.match(line)
+        )
         for m in [*graph.library.function, *graph.node]
     ]
     digest = hashlib.sha256("\n".join(sorted(texts)).encode("utf-8")).hexdigest()
