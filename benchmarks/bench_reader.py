@@ -134,6 +134,8 @@ def _run_pipeline(images: Path, output: Path, extra: Sequence[str], num_shards: 
 
 
 def _chart(rows: list[dict], path: Path, title: str) -> None:
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -143,23 +145,31 @@ def _chart(rows: list[dict], path: Path, title: str) -> None:
     rates = [r["examples_per_s"] for r in rows]
     cpu = [r["cpu_ms_per_example"] for r in rows]
     colours = ["#999999"] + ["#1f77b4"] * (len(rows) - 1)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.7 * len(rows) + 2.2))
     left.barh(names, rates, color=colours)
     left.set_xlabel("examples / s (higher is better)")
     left.invert_yaxis()
+    left.set_xlim(0, max(rates) * 1.18)
     base = rates[0]
     for multiple, style in ((2, "--"), (4, ":")):
-        left.axvline(base * multiple, color="#d62728", linestyle=style, linewidth=1)
-        left.text(base * multiple, len(rows) - 0.4, f" {multiple}x baseline", color="#d62728")
+        left.axvline(
+            base * multiple,
+            color="#d62728",
+            linestyle=style,
+            linewidth=1,
+            label=f"{multiple}x baseline",
+        )
+    left.legend(loc="lower right", fontsize=8)
     for i, value in enumerate(rates):
-        left.text(value, i, f" {value:,.0f}", va="center")
+        left.text(value, i, f" {value:,.0f}", va="center", fontsize=9)
     right.barh(names, cpu, color=colours)
     right.set_xlabel("host CPU-ms per example (lower is better)")
     right.invert_yaxis()
     right.set_yticklabels([])
+    right.set_xlim(0, max(cpu) * 1.18)
     for i, value in enumerate(cpu):
-        right.text(value, i, f" {value:.2f}", va="center")
-    fig.suptitle(title, fontsize=10)
+        right.text(value, i, f" {value:.2f}", va="center", fontsize=9)
+    fig.suptitle("\n".join(textwrap.wrap(title, 130)), fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

@@ -446,7 +446,12 @@ def make_dataset(
     Raises:
       ValueError: on a bad option (naming it), a split with fewer files than input pipelines
         under ``sharding="files"``, or a global batch not divisible by the replicas.
-      FileNotFoundError: if the source matches nothing.
+      FileNotFoundError: if the source matches nothing, or (without ``skip_corrupt``) a local
+        shard listed in ``dataset.json`` is missing or unreadable.
+
+    While iterating, a shard that is damaged (CRC mismatch, truncated, a size other than the
+    committed one) or vanishes raises ``tf.errors.InvalidArgumentError`` naming its path, once
+    the reader reaches the end of what it could read of that shard.
     """
     config = ReaderConfig(
         global_batch_size=global_batch_size,
