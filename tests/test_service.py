@@ -432,6 +432,13 @@ def test_dispatcher_restarted_with_work_dir_keeps_serving(
 @pytest.mark.slow
 def test_sigterm_stops_dispatcher_and_workers_cleanly(cluster: DataServiceCluster) -> None:
     _assert_whole(cluster)
+    # First, the earlier tests' endless training jobs, now without consumers, are collected
+    # (tf.data alone would keep dynamic-sharding jobs running forever).
+    deadline = time.monotonic() + 60
+    for worker in cluster.workers:
+        while re.findall(r"(\d+) task\(s\) running", worker.log_since_start())[-1] != "0":
+            assert time.monotonic() < deadline, f"abandoned jobs still run:\n{worker.log_tail()}"
+            time.sleep(0.2)
     statuses = cluster.stop()
     assert statuses == {"worker0": 0, "worker1": 0, "dispatcher": 0}
     for process in [*cluster.workers, cluster.dispatcher]:

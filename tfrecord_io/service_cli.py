@@ -15,7 +15,9 @@ winds down each running task first), the process dumps its stacks to the log and
 
 Jobs whose consumers have gone keep their tasks running on the workers until the dispatcher
 collects them (``--job_gc_timeout_ms``, checked every ``--job_gc_check_interval_ms``; by
-default 5 and 10 minutes). Lower both where trainers come and go often.
+default 5 and 10 minutes). tf.data never collects dynamic-sharding jobs unless told to, so
+this dispatcher turns ``gc_dynamic_sharding_jobs`` on (``--no-gc_dynamic_sharding_jobs`` to
+keep tf.data's behaviour): otherwise every abandoned endless training job runs forever.
 """
 
 from __future__ import annotations
@@ -76,6 +78,12 @@ class DispatcherSettings:
         its job. None keeps tf.data's default (5 minutes).
       job_gc_check_interval_ms: how often the dispatcher looks for such jobs, and for
         silent workers. None keeps tf.data's default (10 minutes).
+      gc_dynamic_sharding_jobs: also collect dynamic-sharding jobs (every job this project
+        creates). tf.data keeps them forever by default, so each abandoned endless training
+        job would keep running on the workers, holding memory and slowing their shutdown.
+        The price: a trainer that returns after its job was collected starts a fresh job.
+      client_timeout_ms: how long a consumer may go silent (a crashed trainer) before it is
+        released from its job. None keeps tf.data's default.
       worker_timeout_ms: how long a silent worker may go before the dispatcher logs it as
         lost. tf.data 2.21 does not hand a lost worker's job tasks to others: a replacement
         worker started on the same address takes them over. None keeps tf.data's default.
@@ -89,6 +97,8 @@ class DispatcherSettings:
     work_dir: str | None = None
     job_gc_timeout_ms: int | None = None
     job_gc_check_interval_ms: int | None = None
+    gc_dynamic_sharding_jobs: bool = True
+    client_timeout_ms: int | None = None
     worker_timeout_ms: int | None = None
     stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S
 
@@ -98,6 +108,11 @@ class DispatcherSettings:
             raise ValueError(f"work_dir must be None or a non-empty path, got {self.work_dir!r}")
         _check_optional_ms("job_gc_timeout_ms", self.job_gc_timeout_ms)
         _check_optional_ms("job_gc_check_interval_ms", self.job_gc_check_interval_ms)
+        if not isinstance(self.gc_dynamic_sharding_jobs, bool):
+            raise ValueError(
+                f"gc_dynamic_sharding_jobs must be a bool, got {self.gc_dynamic_sharding_jobs!r}"
+            )
+        _check_optional_ms("client_timeout_ms", self.client_timeout_ms)
         _check_optional_ms("worker_timeout_ms", self.worker_timeout_ms)
         _check_stop_timeout(self.stop_timeout_s)
 
@@ -210,25 +225,29 @@ def serve_dispatcher(settings: DispatcherSettings, stop_event: threading.Event) 
       The process exit status, 0 on a clean stop.
     """
     import tensorflow as tf
+    from tensorflow.core.protobuf import service_config_pb2
 
-    service = tf.data.experimental.service
     if settings.work_dir is not None:
         tf.io.gfile.makedirs(settings.work_dir)
-    server = service.DispatchServer(
-        service.DispatcherConfig(
-            port=settings.port,
-            protocol="grpc",
-            work_dir=settings.work_dir,
-            fault_tolerant_mode=settings.fault_tolerant,
-            worker_timeout_ms=settings.worker_timeout_ms,
-            job_gc_timeout_ms=settings.job_gc_timeout_ms,
-            job_gc_check_interval_ms=settings.job_gc_check_interval_ms,
-        )
+    # DispatchServer takes the config proto as well as the Python tuple; only the proto has
+    # gc_dynamic_sharding_jobs and client_timeout_ms. 0 means "tf.data's default".
+    config = service_config_pb2.DispatcherConfig(
+        port=settings.port,
+        protocol="grpc",
+        work_dir=settings.work_dir or "",
+        fault_tolerant_mode=settings.fault_tolerant,
+        job_gc_check_interval_ms=settings.job_gc_check_interval_ms or 0,
+        job_gc_timeout_ms=settings.job_gc_timeout_ms or 0,
+        gc_dynamic_sharding_jobs=settings.gc_dynamic_sharding_jobs,
+        client_timeout_ms=settings.client_timeout_ms or 0,
+        worker_timeout_ms=settings.worker_timeout_ms or 0,
     )
+    server = tf.data.experimental.service.DispatchServer(config)
     port = _bound_port(server.target)
     _LOG.info(
         "tf.data service dispatcher serving at grpc://%s:%d (pid %d, port %d, mode %s, "
-        "work_dir %s, job_gc_timeout_ms %s, job_gc_check_interval_ms %s, worker_timeout_ms %s)",
+        "work_dir %s, job_gc_timeout_ms %s, job_gc_check_interval_ms %s, "
+        "gc_dynamic_sharding_jobs %s, client_timeout_ms %s, worker_timeout_ms %s)",
         _host_name(),
         port,
         os.getpid(),
@@ -237,6 +256,8 @@ def serve_dispatcher(settings: DispatcherSettings, stop_event: threading.Event) 
         settings.work_dir or "-",
         settings.job_gc_timeout_ms or "default",
         settings.job_gc_check_interval_ms or "default",
+        settings.gc_dynamic_sharding_jobs,
+        settings.client_timeout_ms or "default",
         settings.worker_timeout_ms or "default",
     )
 
@@ -314,6 +335,18 @@ def _parser() -> argparse.ArgumentParser:
         help="look for such jobs this often (tf.data default: 10 min)",
     )
     dispatcher.add_argument(
+        "--gc_dynamic_sharding_jobs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="collect abandoned dynamic-sharding jobs too (default: yes; tf.data: never)",
+    )
+    dispatcher.add_argument(
+        "--client_timeout_ms",
+        type=int,
+        default=None,
+        help="release a silent consumer from its job after this long",
+    )
+    dispatcher.add_argument(
         "--worker_timeout_ms",
         type=int,
         default=None,
@@ -375,6 +408,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 work_dir=args.work_dir,
                 job_gc_timeout_ms=args.job_gc_timeout_ms,
                 job_gc_check_interval_ms=args.job_gc_check_interval_ms,
+                gc_dynamic_sharding_jobs=args.gc_dynamic_sharding_jobs,
+                client_timeout_ms=args.client_timeout_ms,
                 worker_timeout_ms=args.worker_timeout_ms,
                 stop_timeout_s=args.stop_timeout_s,
             )
