@@ -28,9 +28,9 @@ The pipeline must be made of graph ops only (no ``py_function``): the workers re
 from its serialised graph, in other processes, and must be able to read its files.
 
 Iterators over a service dataset cannot be saved with ``tf.train.Checkpoint``
-(tf.data raises "SaveInternal is not yet supported"). A restarted trainer instead rejoins
-its training job by name and continues from the job's current position, as long as the
-dispatcher has not yet collected the job (``--job_gc_timeout_ms`` on the dispatcher).
+(tf.data raises "SaveInternal is not yet supported"). A restarted trainer that builds the
+same pipeline derives the same job name and so rejoins its job where the job stands, as
+long as the dispatcher has not collected it (``--job_gc_timeout_ms`` on the dispatcher).
 """
 
 from __future__ import annotations
@@ -53,9 +53,10 @@ __all__ = [
     "training_job_name",
 ]
 
-#: Element compression on the wire. "AUTO" lets the tf.data runtime decide (it compresses
-#: with Snappy unless it judges that not worth it), "SNAPPY" forces Snappy and "NONE" sends
-#: raw tensors, which costs no CPU on either side when the workers are close to the trainer.
+#: Element compression on the wire. "AUTO" leaves it to tf.data (Snappy in TF 2.21), "SNAPPY"
+#: forces Snappy, "NONE" sends raw tensors. Decoded uint8 image batches barely shrink with
+#: Snappy, and "NONE" cost the trainer about a third of the CPU of "AUTO" in
+#: benchmarks/bench_service.py; "AUTO" pays off only where the network is the bottleneck.
 COMPRESSIONS = ("AUTO", "SNAPPY", "NONE")
 DEFAULT_COMPRESSION = "AUTO"
 
@@ -146,9 +147,10 @@ class DistributeOptions:
       service: the dispatcher, ``"grpc://host:port"``.
       training: True for a shared, endless-if-repeated training job; False for eval passes.
       job_name: name of the job to share. For training, None derives one from the pipeline's
-        fingerprint, so trainers building the same pipeline share a job; give an explicit
-        name, unique per training run, when one service outlives several runs over the same
-        data. For eval, None gives each iteration its own anonymous job.
+        graph (``training_job_name``), so trainers building the same pipeline share a job;
+        give an explicit name, unique per run, when several runs with the same data, batch
+        and seed use one service at the same time. For eval, None gives each iteration its
+        own anonymous job.
       compression: one of ``COMPRESSIONS`` (any case), or None for no compression, which is
         how tf.data itself spells it.
       max_outstanding_requests: bounds the batches in flight to this consumer, and so its
