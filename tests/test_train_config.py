@@ -210,3 +210,16 @@ def test_cli_builds_the_config():
     assert config.optim.peak_lr(config.global_batch_size) == pytest.approx(0.1)
     assert config.data.data_service == "grpc://localhost:5050"
     assert config.audit_keys == "k.txt"
+
+
+def test_data_service_compression_and_cache_are_checked():
+    assert (
+        DataConfig(source="/data", data_service="grpc://h:5050").data_service_compression == "NONE"
+    )
+    with pytest.raises(ValueError, match="data_service_compression must be one of"):
+        DataConfig(source="/data", data_service="grpc://h:5050", data_service_compression="zip")
+    with pytest.raises(ValueError, match="use cache='memory' with data_service"):
+        DataConfig(source="/data", data_service="grpc://h:5050", cache="/tmp/c")
+    assert (
+        DataConfig(source="/data", data_service="grpc://h:5050", cache="memory").cache == "memory"
+    )

@@ -54,6 +54,8 @@ class DataConfig:
       num_classes: number of classes; required only when ``source`` has no manifest.
       data_service: ``grpc://host:port`` of a tf.data service dispatcher, or None to read
         in-process.
+      data_service_compression: transfer compression from the service: ``"NONE"``,
+        ``"AUTO"`` or ``"SNAPPY"``.
       cache: passed to the reader: None, ``"memory"`` or a file path prefix.
     """
 
@@ -63,6 +65,7 @@ class DataConfig:
     image_size: int = 224
     num_classes: int | None = None
     data_service: str | None = None
+    data_service_compression: str = "NONE"
     cache: str | None = None
 
     def __post_init__(self) -> None:
@@ -83,6 +86,16 @@ class DataConfig:
             raise ValueError(
                 f"data_service must be a dispatcher address like 'grpc://host:5050', "
                 f"got {self.data_service!r}"
+            )
+        if self.data_service_compression not in ("NONE", "AUTO", "SNAPPY"):
+            raise ValueError(
+                "data_service_compression must be one of ('NONE', 'AUTO', 'SNAPPY'), "
+                f"got {self.data_service_compression!r}"
+            )
+        if self.data_service is not None and self.cache not in (None, "memory"):
+            raise ValueError(
+                f"cache {self.cache!r} is a file cache, which service workers sharing a "
+                "filesystem would write concurrently; use cache='memory' with data_service"
             )
 
 

@@ -144,6 +144,7 @@ class ReaderInputs:
             output="uint8",
             sharding=self.sharding,
             service=self.data.data_service,
+            service_compression=self.data.data_service_compression,
         )
 
     def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
