@@ -147,6 +147,26 @@ def test_evicts_least_recently_used_within_cache_bytes(
     assert set(cache.cached_uris()) <= {s.uri for s in shards[-3:]}
 
 
+def test_a_cache_of_one_shard_still_progresses_under_a_wide_interleave(
+    s3_env: BucketEnv, tmp_path: Path, caches: Callable
+) -> None:
+    from tests.fixtures.shards import write_dataset
+
+    dataset = write_dataset(
+        tmp_path / "ds", examples={"train": 24}, num_shards={"train": 6}, image_size=32
+    )
+    upload_tree(dataset.root, s3_env.root)
+    shards = _remote_shards(dataset, s3_env.root)
+    largest = max(s.num_bytes for s in shards)
+    # Four shards open at once, more built ahead by the interleave, room for one.
+    cache = caches(_config(tmp_path, cache_bytes=largest, download_ahead=2), shards)
+
+    got = _read_through(cache, [s.uri for s in shards], cycle_length=4)
+
+    assert got == _read_local(dataset.shard_paths("train"), cycle_length=4)
+    assert cache.used_bytes <= largest
+
+
 def test_downloads_ahead_in_read_order_and_bounded(
     s3_env: BucketEnv, tmp_path: Path, caches: Callable
 ) -> None:

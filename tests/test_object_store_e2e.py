@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from beam_pipelines import images_to_tfrecord
-from schemas import MANIFEST_NAME, REJECTED_NAME, Manifest
+from schemas import MANIFEST_NAME, REJECTED_NAME, Manifest, ShardInfo
 from tests.fixtures.fault_proxy import FaultPlan
 from tests.fixtures.images import make_image_tree
 from tests.fixtures.object_store import (
@@ -24,6 +24,7 @@ from tests.fixtures.object_store import (
     moto_auth,
     upload_tree,
 )
+from tests.fixtures.shards import WrittenDataset
 from tfrecord_io import make_dataset, verify
 from tfrecord_io.source import resolve_source
 from tfrecord_io.storage import get_store
@@ -326,3 +327,55 @@ def test_gcs_missing_output_bucket_fails_fast(
     )
 
     assert code == 2 and f"--output {missing} is not writable" in capsys.readouterr().err
+
+
+def test_reader_and_verify_on_a_tampered_bucket_name_the_shard(
+    s3_env: BucketEnv,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import tensorflow as tf
+
+    from tests.fixtures.shards import write_dataset
+    from tfrecord_io import CorruptionCounter
+
+    dataset = write_dataset(tmp_path / "ds", examples={"train": 12}, num_shards={"train": 3})
+    upload_tree(dataset.root, s3_env.uri("ds"))
+    bad = dataset.manifest.split("train").shards[1]
+    data = bytearray((dataset.root / bad.file).read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
+    get_store(s3_env.root).write_bytes(s3_env.uri("ds", bad.file), bytes(data))
+    monkeypatch.setenv("TFRECORD_IO_CACHE_DIR", str(tmp_path / "cache"))
+    source = s3_env.uri("ds")
+
+    def keys(**kwargs: object) -> list[bytes]:
+        batches = make_dataset(
+            source, "train", global_batch_size=4, training=False, with_keys=True, **kwargs
+        )
+        return sorted(k for _, _, ks in batches.as_numpy_iterator() for k in ks)
+
+    with pytest.raises(tf.errors.InvalidArgumentError) as info:
+        keys()
+    counter = CorruptionCounter()
+    kept = keys(skip_corrupt=True, corruption_counter=counter)
+    code = verify.main([source, "--json", "--no-progress"])
+    resolve_source(source, "train").shard_cache().close()
+
+    assert s3_env.uri("ds", bad.file) in str(info.value) and "SHA-256 mismatch" in str(info.value)
+    in_bad = _keys_of(dataset, bad)
+    good = {r.sha256.encode() for r in dataset.records["train"] if r.sha256 not in in_bad}
+    assert set(kept) == good and len(kept) == 12 - bad.num_examples
+    assert counter.as_dict()["damaged_shards"] == 1
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and [s["file"] for s in report["shards"] if not s["ok"]] == [bad.file]
+
+
+def _keys_of(dataset: WrittenDataset, shard: ShardInfo) -> set[str]:
+    """Keys stored in one shard (records are listed shard by shard, in shard order)."""
+    start = 0
+    for info in dataset.manifest.split("train").shards:
+        if info.file == shard.file:
+            return {r.sha256 for r in dataset.records["train"][start : start + info.num_examples]}
+        start += info.num_examples
+    raise AssertionError(shard.file)

@@ -15,22 +15,27 @@ checkpointed, and a generator of local paths cannot either. Instead the two side
 small marker files, using only TensorFlow graph ops:
 
 1. ``read_ahead`` maps the (shuffled) file stream with ``tf.io.write_file`` of a request marker
-   ``requests/<name>.ahead`` and prefetches ``download_ahead`` elements: markers are written in
+   ``requests/<name>.ahead.0`` and prefetches ``download_ahead`` elements: markers are written in
    read order, ahead of the interleave that reads them.
 2. ``records`` (used inside the interleave function in place of ``TFRecordDataset``) writes
-   ``requests/<name>.need``, then polls (``tf.io.matching_files`` in a ``take_while`` over a
-   sleeping ``range``) until ``acks/<name>`` or ``errors/<name>`` exists, reads the local file,
-   and after its last record writes ``requests/<name>.done``. An error marker fails the step
-   with its text, which names the URI.
-3. A scanner thread here turns markers into download jobs (needed shards first). It writes the
+   ``requests/<name>.need.<id>`` (a random request id) and polls (``tf.io.matching_files`` in a
+   ``take_while`` over a sleeping ``range``) until ``acks/<name>.<id>`` or ``errors/<name>``
+   exists, then writes ``requests/<name>.done.<id>``. On the element's first read it does the
+   same with a second id, and ``TFRecordDataset`` opens the file in that step; after the last
+   record it writes that id's ``.done``. An error marker fails the step with its text, which
+   names the URI.
+3. A scanner thread here turns markers into download jobs (wanted shards first). It writes the
    ack only once the verified file is in place and *pinned*: a pinned shard is not evicted
    until its reader is done with it, is seen holding it open (evicting an open file is harmless
    on POSIX: the reader keeps its descriptor), or ``pin_s`` passes (an abandoned iterator).
+   Pins last from an ack to the next step of the same reader, or while it reads the file, so
+   elements that ``interleave`` builds ahead never hold space that the element it is waiting
+   on needs: a cache of one shard still makes progress.
 
 **What resumes exactly.** The iterator state that ``tf.train.Checkpoint(iterator=it)`` saves is
 plain tf.data state: file order, prefetch buffer, interleave positions and record offsets.
-Restoring re-runs the interleave function for the shards in flight, which re-requests them, so
-a fresh process with an empty cache re-downloads what it needs and continues exactly. The
+Restoring re-runs the interleave function for the shards in flight, whose first wait
+re-downloads them, so a fresh process with an empty cache continues exactly. The
 restored record readers reopen the *same local path*, so a restore must use the same
 ``cache_dir`` (the default is derived from the source URI and input pipeline). The marker ops are
 stateful, so the file stream carries ``ExternalStatePolicy.IGNORE``: they hold no state that
@@ -226,15 +231,21 @@ class _Entry:
     needed: bool = False  # a reader asked for it (not only announced ahead)
     last_use: float = 0.0
     announced: float = 0.0
-    waiting: int = 0  # readers waiting for the download
-    pins: int = 0  # readers handed the file and not done with it
-    pinned_until: float = 0.0  # pins lapse after pin_s (abandoned iterators)
+    waiting: list[str] = dataclasses.field(default_factory=list)  # request ids awaiting it
+    pins: dict[str, float] = dataclasses.field(default_factory=dict)  # request id -> lapse time
     error: str = ""
     failure: Exception | None = None
     size: int = 0
 
 
 _NO_ENTRY = _Entry(shard=None, name="")  # type: ignore[arg-type]
+_FETCH_ID = "fetch"  # the request id of Python callers (fetch / release)
+
+
+def _present(path: tf.Tensor) -> tf.Tensor:
+    import tensorflow as tf
+
+    return tf.greater(tf.size(tf.io.matching_files(path)), 0)
 
 
 def _local_name_graph(uri: tf.Tensor) -> tf.Tensor:
@@ -420,7 +431,7 @@ class ShardCache:
 
         def announce(*element: tf.Tensor) -> Any:
             uri = element[0] if path_index is None else element[path_index]
-            marker = tf.strings.join([requests_dir, "/", _local_name_graph(uri), ".ahead"])
+            marker = tf.strings.join([requests_dir, "/", _local_name_graph(uri), ".ahead.0"])
             written = tf.io.write_file(marker, "")
             with tf.control_dependencies([written]):
                 out = [tf.identity(t) for t in element]
@@ -434,92 +445,185 @@ class ShardCache:
             files = files.prefetch(self.config.download_ahead)
         return files
 
-    def _wait(self, uri: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """Graph ops: request ``uri``, wait; return (local path, failed?, failure message)."""
+    def _paths(self, uri: tf.Tensor, rid: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
         import tensorflow as tf
 
         name = _local_name_graph(uri)
-        need = tf.strings.join([self._dirs["requests"], "/", name, ".need"])
-        ack = tf.strings.join([self._dirs["acks"], "/", name])
-        error = tf.strings.join([self._dirs["errors"], "/", name])
-        local = tf.strings.join([self._dirs["shards"], "/", name])
-        poll_us = max(1, int(self.config.poll_interval_s * 1e6))
-        max_polls = max(1, int(self.config.wait_timeout_s / self.config.poll_interval_s))
+        paths = {
+            "local": tf.strings.join([self._dirs["shards"], "/", name]),
+            "error": tf.strings.join([self._dirs["errors"], "/", name]),
+            "want": tf.strings.join([self._dirs["requests"], "/", name, ".want.0"]),
+        }
+        if rid is not None:
+            paths["need"] = tf.strings.join([self._dirs["requests"], "/", name, ".need.", rid])
+            paths["done"] = tf.strings.join([self._dirs["requests"], "/", name, ".done.", rid])
+            paths["ack"] = tf.strings.join([self._dirs["acks"], "/", name, ".", rid])
+        return paths
 
-        def present(path: tf.Tensor) -> tf.Tensor:
-            return tf.greater(tf.size(tf.io.matching_files(path)), 0)
+    def _failure(self, uri: tf.Tensor, error: tf.Tensor, what: str) -> tf.Tensor:
+        """The error marker's text if there is one, else a timeout message naming ``uri``."""
+        import tensorflow as tf
 
-        written = tf.io.write_file(need, "")
-        with tf.control_dependencies([written]):
-            polls = (
-                _sleeping_range(max_polls, poll_us)
-                .take_while(lambda _: tf.logical_not(tf.logical_or(present(ack), present(error))))
-                .reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
-            )
-        with tf.control_dependencies([polls]):
-            # Errors are never withdrawn, acks may be (a lapsed pin), so test the error.
-            has_error = present(error)
-            failed = tf.logical_or(has_error, tf.greater_equal(polls, max_polls))
-            message = tf.cond(
-                has_error,
-                lambda: tf.io.read_file(error),
-                lambda: tf.strings.join(
-                    [
-                        uri,
-                        f": not downloaded within {self.config.wait_timeout_s:g}s (is the shard "
-                        f"cache of this process still running?)",
-                    ]
-                ),
-            )
-        return local, failed, message
+        return tf.cond(
+            _present(error),
+            lambda: tf.io.read_file(error),
+            lambda: tf.strings.join(
+                [
+                    uri,
+                    f": not {what} within {self.config.wait_timeout_s:g}s (is the shard cache "
+                    f"of this process still running?)",
+                ]
+            ),
+        )
 
-    def local_path(self, uri: tf.Tensor) -> tf.Tensor:
-        """Graph op: the local path of shard ``uri`` once it is downloaded, verified and pinned.
+    @property
+    def _max_polls(self) -> int:
+        return max(1, int(self.config.wait_timeout_s / self.config.poll_interval_s))
 
-        The pin lasts until a ``.done`` marker for the shard arrives (``records`` writes it), the
-        process is seen holding the file open, or ``pin_s`` passes. Prefer ``records``.
+    def _polls(self) -> tf.data.Dataset:
+        return _sleeping_range(self._max_polls, max(1, int(self.config.poll_interval_s * 1e6)))
 
-        Raises (when run):
-          tf.errors.InvalidArgumentError: with the cache's message naming the URI if the
-            download failed, or after ``wait_timeout_s``.
+    def _until_present(self, uri: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        """Graph ops: ask for ``uri`` (no pin) and wait until it is on disk or failed.
+
+        The request is repeated every second, in case the file was evicted before this wait
+        saw it. Returns (local path, failed?, failure message).
         """
         import tensorflow as tf
 
-        local, failed, message = self._wait(uri)
-        check = tf.debugging.Assert(tf.logical_not(failed), ["shard cache:", message], summarize=1)
-        with tf.control_dependencies([check]):
-            return tf.identity(local)
+        paths = self._paths(uri)
+        reask_every = max(1, int(1.0 / self.config.poll_interval_s))
+
+        def keep_waiting(i: tf.Tensor) -> tf.Tensor:
+            waiting = tf.logical_not(
+                tf.logical_or(_present(paths["local"]), _present(paths["error"]))
+            )
+
+            def reask() -> tf.Tensor:
+                with tf.control_dependencies([tf.io.write_file(paths["want"], "")]):
+                    return tf.constant(True)
+
+            asked = tf.cond(
+                tf.logical_and(waiting, tf.equal(i % reask_every, reask_every - 1)),
+                reask,
+                lambda: tf.constant(True),
+            )
+            with tf.control_dependencies([asked]):
+                return tf.identity(waiting)
+
+        with tf.control_dependencies([tf.io.write_file(paths["want"], "")]):
+            polls = (
+                self._polls()
+                .take_while(keep_waiting)
+                .reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+            )
+        with tf.control_dependencies([polls]):
+            failed = tf.logical_or(
+                _present(paths["error"]), tf.logical_not(_present(paths["local"]))
+            )
+            message = self._failure(uri, paths["error"], "downloaded")
+        return paths["local"], failed, message
+
+    @staticmethod
+    def _request_id() -> tf.Tensor:
+        import tensorflow as tf
+
+        # Unique per reader so that the markers and acks of two readers never merge.
+        return tf.strings.as_string(
+            tf.random.uniform([], maxval=(1 << 62), dtype=tf.int64), width=19, fill="0"
+        )
+
+    def _pinned_records(
+        self, uri: tf.Tensor, buffer_size: int | None, skip_failed: bool
+    ) -> tf.data.Dataset:
+        """The records of a present shard, pinned from just before the open to the last record.
+
+        The wait for the pin is dataset iteration (a sleeping ``range``), so it blocks the
+        reader's own tf.data thread, not a shared op thread.
+        """
+        import tensorflow as tf
+
+        paths = self._paths(uri, self._request_id())
+
+        def ask(_: tf.Tensor) -> tf.Tensor:
+            with tf.control_dependencies([tf.io.write_file(paths["need"], "")]):
+                return tf.constant(0, tf.int64)
+
+        waiting = (
+            tf.data.Dataset.from_tensors(tf.constant(0, tf.int64))
+            .map(ask)
+            .flat_map(
+                lambda _: self._polls().take_while(
+                    lambda _: tf.logical_not(
+                        tf.logical_or(_present(paths["ack"]), _present(paths["error"]))
+                    )
+                )
+            )
+            .filter(lambda _: False)
+            .map(lambda _: tf.constant(b""))
+        )
+
+        def usable(local: tf.Tensor) -> tf.Tensor:
+            # After a lapsed pin the file may still be there: readable is what matters.
+            return tf.logical_and(
+                tf.logical_not(_present(paths["error"])), _present(paths["local"])
+            )
+
+        names = tf.data.Dataset.from_tensors(paths["local"])
+        if skip_failed:
+            names = names.filter(usable)
+        else:
+
+            def checked(local: tf.Tensor) -> tf.Tensor:
+                message = self._failure(uri, paths["error"], "pinned")
+                check = tf.debugging.Assert(usable(local), ["shard cache:", message], summarize=1)
+                with tf.control_dependencies([check]):
+                    return tf.identity(local)
+
+            names = names.map(checked)
+
+        def signal_done(_: tf.Tensor) -> tf.Tensor:
+            with tf.control_dependencies([tf.io.write_file(paths["done"], "")]):
+                return tf.constant(b"")
+
+        finished = tf.data.Dataset.range(1).map(signal_done).filter(lambda _: False)
+        return waiting.concatenate(
+            tf.data.TFRecordDataset(names, buffer_size=buffer_size)
+        ).concatenate(finished)
 
     def records(
         self, uri: tf.Tensor, buffer_size: int | None = None, *, skip_failed: bool = False
     ) -> tf.data.Dataset:
         """Graph: the records of shard ``uri``, read from the cache (for interleave functions).
 
-        Drop-in for ``tf.data.TFRecordDataset(uri, buffer_size=...)``: it waits for the cache
-        (see ``local_path``), reads the local copy, and tells the cache when the last record was
-        read so the shard can be evicted.
+        Drop-in for ``tf.data.TFRecordDataset(uri, buffer_size=...)``. Two waits:
+
+        * when the interleave builds the element (and again when a checkpoint is restored,
+          which is what makes a restore re-download into an empty cache): until the shard is
+          on disk, without pinning it, so elements built ahead hold no space;
+        * on the element's first read: until the shard is pinned for this reader, right before
+          ``TFRecordDataset`` opens it in the same step; the pin ends after the last record.
 
         Args:
           uri: scalar string tensor, a registered shard URI.
           buffer_size: the read buffer of ``TFRecordDataset``.
           skip_failed: a shard that could not be downloaded or verified reads as empty (the cache
             logs why) instead of failing; for callers that detect and count short shards.
+
+        Raises (when run):
+          tf.errors.InvalidArgumentError: with the cache's message naming the URI, if the
+            shard could not be downloaded or verified (unless ``skip_failed``).
         """
         import tensorflow as tf
 
+        _, failed, message = self._until_present(uri)
         if skip_failed:
-            local, failed, _ = self._wait(uri)
-            names = tf.data.Dataset.from_tensors(local).filter(lambda _: tf.logical_not(failed))
-        else:
-            names = tf.data.Dataset.from_tensors(self.local_path(uri))
-        done = tf.strings.join([self._dirs["requests"], "/", _local_name_graph(uri), ".done"])
-
-        def signal_done(_: tf.Tensor) -> tf.Tensor:
-            with tf.control_dependencies([tf.io.write_file(done, "")]):
-                return tf.constant(b"")
-
-        finished = tf.data.Dataset.range(1).map(signal_done).filter(lambda _: False)
-        return tf.data.TFRecordDataset(names, buffer_size=buffer_size).concatenate(finished)
+            # A failed shard reads as empty: the first read finds the error marker.
+            with tf.control_dependencies([failed]):
+                return self._pinned_records(uri, buffer_size, skip_failed=True)
+        check = tf.debugging.Assert(tf.logical_not(failed), ["shard cache:", message], summarize=1)
+        with tf.control_dependencies([check]):
+            return self._pinned_records(uri, buffer_size, skip_failed=False)
 
     # -- Python side --------------------------------------------------------------------------------
 
@@ -539,7 +643,7 @@ class ShardCache:
             entry = self._by_uri.get(uri)
             if entry is None:
                 raise KeyError(f"{redact(uri)} is not a shard registered with this cache")
-            self._request(entry, need=True)
+            self._request(entry, "need", _FETCH_ID)
             while entry.state not in (_READY, _FAILED):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -554,7 +658,7 @@ class ShardCache:
         with self._lock:
             entry = self._by_uri.get(uri)
             if entry is not None:
-                self._unpin(entry)
+                self._unpin(entry, _FETCH_ID)
 
     @property
     def used_bytes(self) -> int:
@@ -602,7 +706,7 @@ class ShardCache:
         now = time.monotonic()
         with self._lock:
             for _, marker in sorted(markers):
-                name, _, kind = marker.rpartition(".")
+                name, kind, rid = marker.rsplit(".", 2)
                 entry = self._entries.get(name)
                 if entry is None:
                     message = f"shard cache file {name} was requested but no shard is registered"
@@ -614,52 +718,58 @@ class ShardCache:
                     )
                     continue
                 if kind == "done":
-                    self._unpin(entry)
+                    self._unpin(entry, rid)
                 else:
-                    self._request(entry, need=(kind == "need"))
+                    self._request(entry, kind, rid)
             for entry in self._entries.values():
-                if entry.pins and entry.pinned_until <= now:
-                    self._unpin(entry, everyone=True)
+                for rid, lapse in list(entry.pins.items()):
+                    if lapse <= now:
+                        self._unpin(entry, rid)
 
-    def _request(self, entry: _Entry, *, need: bool) -> None:
-        """Called with the lock held."""
+    def _request(self, entry: _Entry, kind: str, rid: str = "") -> None:
+        """Handles one request. Lock held.
+
+        ``ahead``: download when there is room, evicting only shards already read. ``want``:
+        download now, evicting if needed. ``need``: as ``want``, then pin the file for the
+        reader that asked (request id ``rid``).
+        """
         now = time.monotonic()
-        if need:
+        urgent = kind in ("want", "need")
+        if urgent:
             entry.needed = True
             entry.last_use = now
         elif not entry.announced:
             entry.announced = now
         if entry.state == _READY:
-            if need:
+            if kind == "need":
                 self.stats.hits += 1
-                self._pin(entry)
+                self._pin(entry, rid)
             return
         if entry.state == _FAILED:
             return
-        if need:
-            entry.waiting += 1
-        if entry.state == "" or (entry.state == _QUEUED and need):
+        if kind == "need":
+            entry.waiting.append(rid)
+        if entry.state == "" or (entry.state == _QUEUED and urgent):
             entry.state = _QUEUED
             entry.announced = entry.announced or now
-            heapq.heappush(self._queue, (0 if need else 1, next(self._seq), entry.name))
+            heapq.heappush(self._queue, (0 if urgent else 1, next(self._seq), entry.name))
             self._lock.notify_all()
 
-    def _pin(self, entry: _Entry) -> None:
-        """Hands the file to one more reader: no eviction until it is done. Lock held."""
-        entry.pins += 1
-        entry.pinned_until = time.monotonic() + self.config.pin_s
-        ack = os.path.join(self._dirs["acks"], entry.name)
-        if not os.path.exists(ack):
-            _write_atomic(ack, b"", self._dirs["tmp"])
+    def _pin(self, entry: _Entry, rid: str) -> None:
+        """Hands the file to the reader of request ``rid``: no eviction until it is done. Lock
+        held."""
+        entry.pins[rid] = time.monotonic() + self.config.pin_s
+        if rid != _FETCH_ID:
+            _write_atomic(
+                os.path.join(self._dirs["acks"], f"{entry.name}.{rid}"), b"", self._dirs["tmp"]
+            )
 
-    def _unpin(self, entry: _Entry, *, everyone: bool = False) -> None:
-        """One reader (or all) is done with the file. Lock held."""
-        if not entry.pins:
+    def _unpin(self, entry: _Entry, rid: str) -> None:
+        """The reader of request ``rid`` is done with the file. Lock held."""
+        if entry.pins.pop(rid, None) is None:
             return
-        entry.pins = 0 if everyone else entry.pins - 1
+        _unlink(os.path.join(self._dirs["acks"], f"{entry.name}.{rid}"))
         if not entry.pins:
-            entry.pinned_until = 0.0
-            _unlink(os.path.join(self._dirs["acks"], entry.name))
             self._lock.notify_all()
 
     # -- downloads ---------------------------------------------------------------------------------
@@ -746,15 +856,17 @@ class ShardCache:
             # With one reader, an open file means that reader is past the race; with more, one
             # of them may not have opened it yet.
             path = os.path.join(self._dirs["shards"], entry.name)
-            if entry.pins == 1 and path in open_paths:
-                self._unpin(entry)
+            if len(entry.pins) == 1 and path in open_paths:
+                self._unpin(entry, next(iter(entry.pins)))
                 released = True
         return released
 
     def _evict(self, entry: _Entry) -> None:
         self._remove_files(entry.name)
         self._used -= entry.size
-        entry.state, entry.size, entry.pins, entry.pinned_until = "", 0, 0, 0.0
+        for rid in list(entry.pins):
+            self._unpin(entry, rid)
+        entry.state, entry.size = "", 0
         entry.needed = False
         entry.announced = 0.0
         self.stats.evictions += 1
@@ -766,7 +878,7 @@ class ShardCache:
         self._by_uri.pop(entry.shard.uri, None)
 
     def _remove_files(self, name: str) -> None:
-        for key, suffix in (("acks", ""), ("shards", ""), ("meta", ".json")):
+        for key, suffix in (("shards", ""), ("meta", ".json")):
             _unlink(os.path.join(self._dirs[key], name + suffix))
 
     def _download(self, entry: _Entry) -> None:
@@ -799,9 +911,9 @@ class ShardCache:
             entry.last_use = time.monotonic()
             self.stats.downloads += 1
             self.stats.bytes_downloaded += shard.num_bytes
-            for _ in range(entry.waiting):
-                self._pin(entry)
-            entry.waiting = 0
+            for rid in entry.waiting:
+                self._pin(entry, rid)
+            entry.waiting = []
             self._lock.notify_all()
 
     def _fail(self, entry: _Entry, exc: Exception) -> None:
