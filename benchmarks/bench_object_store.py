@@ -1,0 +1,235 @@
+"""Benchmark: the reader streaming shards from a local S3 server (moto) against local disk.
+
+The dataset is ImageNet-like photos (500x375, quality 90) written once by the pipeline as JPEG
+shards at ``--image_size 256``, then uploaded to a bucket on ``python -m moto.server`` started on
+loopback by this script. Rows, each one epoch of ``make_dataset(training=True, num_epochs=1)``
+(random crop 224, flip, uint8 batches of 64, 8 shards interleaved), measured in the same process and interleaved
+round by round so that they share the machine's noise:
+
+  * local disk: the dataset directory.
+  * S3, first epoch: an empty shard cache with download-ahead (the default 4 shards ahead, 4
+    download threads); every shard is fetched from moto, SHA-256 checked, then read.
+  * S3, second epoch: the same cache, now warm (no downloads).
+  * S3, first epoch, half-size cache: ``cache_bytes`` half of the dataset (still room for the
+    shards being read and those downloaded ahead), so the cache evicts as it goes.
+
+The moto server runs on the same cores as the reader, as a real deployment's network stack
+would. Target: the first epoch from S3 reaches at least 50% of local-disk examples/s.
+
+Usage::
+
+  python -m benchmarks.bench_object_store [--n 1000] [--rounds 2] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+__all__ = ["main", "measure_epoch"]
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+BATCH = 64
+CYCLE_LENGTH = 8
+BUCKET = "bench-object-store"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start_moto(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            urllib.request.urlopen(url + "/moto-api/", timeout=2).read()
+            return process, url
+        except urllib.error.HTTPError:
+            return process, url
+        except OSError:
+            if process.poll() is not None:
+                raise RuntimeError(f"moto.server exited: {log_path.read_text()}") from None
+            time.sleep(0.1)
+    process.terminate()
+    raise RuntimeError(f"moto.server did not start: {log_path.read_text()}")
+
+
+def _prepare(workdir: Path, n: int, shards: int) -> Path:
+    from beam_pipelines import images_to_tfrecord
+    from beam_pipelines.samples import write_imagenet_like_jpegs
+
+    images, dataset = workdir / "images", workdir / "dataset"
+    write_imagenet_like_jpegs(images, n)
+    code = images_to_tfrecord.main(
+        [
+            "--input",
+            str(images),
+            "--output",
+            str(dataset),
+            "--image_size",
+            "256",
+            "--num_shards",
+            str(shards),
+        ]
+    )
+    if code != 0:
+        raise RuntimeError(f"the pipeline failed with exit status {code}")
+    return dataset
+
+
+def measure_epoch(source: str) -> tuple[float, int]:
+    """One training epoch of ``make_dataset(source)``; returns (seconds, examples)."""
+    from tfrecord_io import make_dataset
+
+    dataset = make_dataset(
+        source,
+        "train",
+        global_batch_size=BATCH,
+        training=True,
+        seed=0,
+        num_epochs=1,
+        cycle_length=CYCLE_LENGTH,
+    )
+    start = time.perf_counter()
+    examples = 0
+    for images, _ in dataset:
+        examples += int(images.shape[0])
+    return time.perf_counter() - start, examples
+
+
+def _close_cache(source: str) -> None:
+    from tfrecord_io.source import resolve_source
+
+    cache = resolve_source(source, "train").shard_cache()
+    if cache is not None:
+        cache.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=1000, help="images (default 1000)")
+    parser.add_argument("--shards", type=int, default=32, help="shards (default 32)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, median reported (2)")
+    parser.add_argument("--quick", action="store_true", help="a smoke run: 200 images, 1 round")
+    parser.add_argument(
+        "--json", default=str(RESULTS_DIR / "object_store.json"), help="results file ('' for none)"
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.n, args.shards, args.rounds = 200, 24, 1
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+    workdir = Path(tempfile.mkdtemp(prefix="bench-object-store-"))
+    moto = None
+    try:
+        print(f"preparing {args.n} ImageNet-like JPEGs -> {args.shards} JPEG-256 shards ...")
+        dataset = _prepare(workdir, args.n, args.shards)
+        dataset_bytes = sum(p.stat().st_size for p in dataset.glob("*.tfrecord"))
+        moto, url = _start_moto(workdir / "moto.log")
+        os.environ.update(
+            AWS_ENDPOINT_URL=url,
+            AWS_ACCESS_KEY_ID="bench",
+            AWS_SECRET_ACCESS_KEY="bench-secret",
+            AWS_DEFAULT_REGION="us-east-1",
+        )
+        from tfrecord_io.storage import get_store, join_uri
+
+        store = get_store(f"s3://{BUCKET}")
+        store.create_bucket(f"s3://{BUCKET}")
+        for path in sorted(dataset.iterdir()):
+            store.write_bytes(join_uri(f"s3://{BUCKET}", "dataset", path.name), path.read_bytes())
+        remote = f"s3://{BUCKET}/dataset"
+
+        rows: dict[str, list[float]] = {
+            "local disk": [],
+            "S3, first epoch": [],
+            "S3, second epoch (warm cache)": [],
+            "S3, first epoch, cache = 1/2 of data": [],
+        }
+        examples = 0
+        for round_index in range(args.rounds):
+            seconds, examples = measure_epoch(str(dataset))
+            rows["local disk"].append(examples / seconds)
+
+            os.environ["TFRECORD_IO_CACHE_DIR"] = str(workdir / f"cache-{round_index}")
+            os.environ.pop("TFRECORD_IO_CACHE_BYTES", None)
+            seconds, _ = measure_epoch(remote)
+            rows["S3, first epoch"].append(examples / seconds)
+            seconds, _ = measure_epoch(remote)
+            rows["S3, second epoch (warm cache)"].append(examples / seconds)
+            _close_cache(remote)
+
+            os.environ["TFRECORD_IO_CACHE_DIR"] = str(workdir / f"small-cache-{round_index}")
+            os.environ["TFRECORD_IO_CACHE_BYTES"] = str(max(dataset_bytes // 2, 1))
+            seconds, _ = measure_epoch(remote)
+            rows["S3, first epoch, cache = 1/2 of data"].append(examples / seconds)
+            _close_cache(remote)
+            print(f"round {round_index + 1}/{args.rounds} done")
+
+        local = statistics.median(rows["local disk"])
+        conditions = {
+            "images": args.n,
+            "examples": examples,
+            "shards": args.shards,
+            "dataset_mb": round(dataset_bytes / 1e6, 1),
+            "batch": BATCH,
+            "rounds": args.rounds,
+            "cpus": os.cpu_count(),
+            "load_average": [round(x, 1) for x in os.getloadavg()],
+        }
+        print()
+        print(
+            f"{examples} examples, {conditions['dataset_mb']} MB in {args.shards} shards, "
+            f"batch {BATCH}, median of {args.rounds} round(s), load {conditions['load_average']}"
+        )
+        print(f"{'row':<40} {'examples/s':>11} {'vs local':>9}")
+        results = []
+        for name, values in rows.items():
+            value = statistics.median(values)
+            results.append(
+                {"row": name, "examples_per_s": round(value, 1), "vs_local": value / local}
+            )
+            print(f"{name:<40} {value:>11.0f} {value / local:>8.0%}")
+        target = statistics.median(rows["S3, first epoch"]) / local
+        print(
+            f"\ntarget: S3 first epoch >= 50% of local disk: {'met' if target >= 0.5 else 'NOT met'}"
+        )
+        if args.json and not args.quick:
+            RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(
+                json.dumps({"conditions": conditions, "rows": results}, indent=2) + "\n"
+            )
+        return 0
+    finally:
+        if moto is not None:
+            moto.terminate()
+            moto.wait(timeout=10)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
