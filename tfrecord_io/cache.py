@@ -17,27 +17,28 @@ small marker files, using only TensorFlow graph ops:
 1. ``read_ahead`` maps the (shuffled) file stream with ``tf.io.write_file`` of a request marker
    ``requests/<name>.ahead.0`` and prefetches ``download_ahead`` elements: markers are written in
    read order, ahead of the interleave that reads them.
-2. ``records`` (used inside the interleave function in place of ``TFRecordDataset``) writes
-   ``requests/<name>.need.<id>`` (a random request id) and polls (``tf.io.matching_files`` in a
-   ``take_while`` over a sleeping ``range``) until ``acks/<name>.<id>`` or ``errors/<name>``
-   exists, then writes ``requests/<name>.done.<id>``. On the element's first read it does the
-   same with a second id, and ``TFRecordDataset`` opens the file in that step; after the last
-   record it writes that id's ``.done``. An error marker fails the step with its text, which
-   names the URI.
-3. A scanner thread here turns markers into download jobs (wanted shards first). It writes the
-   ack only once the verified file is in place and *pinned*: a pinned shard is not evicted
-   until its reader is done with it, is seen holding it open (evicting an open file is harmless
-   on POSIX: the reader keeps its descriptor), or ``pin_s`` passes (an abandoned iterator).
-   Pins last from an ack to the next step of the same reader, or while it reads the file, so
-   elements that ``interleave`` builds ahead never hold space that the element it is waiting
-   on needs: a cache of one shard still makes progress.
+2. ``records`` (used inside the interleave function in place of ``TFRecordDataset``) has two
+   waits. When the interleave builds the element (and when a checkpoint is restored), if the
+   shard is not on disk yet, it writes ``requests/<name>.want.0`` and polls
+   (``tf.io.matching_files`` in a ``take_while`` over a sleeping ``range``) until
+   ``shards/<name>`` or ``errors/<name>`` exists; this takes no pin. On the element's first
+   read, in tf.data's own thread, it writes ``requests/<name>.need.<id>`` (a random request
+   id) and polls until ``acks/<name>.<id>`` or the error exists; ``TFRecordDataset`` then opens
+   the file in that same step, and after the last record ``requests/<name>.done.<id>`` is
+   written. An error marker fails the step with its text, which names the URI.
+3. A scanner thread here, woken by inotify, turns markers into download jobs (wanted shards
+   first). It acks a need only once the verified file is in place and *pinned*: a pinned shard
+   is not evicted until its reader is done with it, is seen holding it open (evicting an open
+   file is harmless on POSIX: the reader keeps its descriptor), or ``pin_s`` passes (an
+   abandoned iterator). Elements that ``interleave`` builds ahead hold no pins, so they never
+   keep out the shard the pipeline waits on: a cache of one shard still makes progress.
 
 **What resumes exactly.** The iterator state that ``tf.train.Checkpoint(iterator=it)`` saves is
 plain tf.data state: file order, prefetch buffer, interleave positions and record offsets.
 Restoring re-runs the interleave function for the shards in flight, whose first wait
 re-downloads them, so a fresh process with an empty cache continues exactly. The
 restored record readers reopen the *same local path*, so a restore must use the same
-``cache_dir`` (the default is derived from the source URI and input pipeline). The marker ops are
+``cache_dir`` (the default is derived from the source URI). The marker ops are
 stateful, so the file stream carries ``ExternalStatePolicy.IGNORE``: they hold no state that
 would need saving.
 
@@ -143,7 +144,7 @@ class CacheConfig:
 
     cache_dir: str
     cache_bytes: int = DEFAULT_CACHE_BYTES
-    download_ahead: int = 4
+    download_ahead: int = 8
     download_threads: int = 4
     chunk_bytes: int = 8 << 20
     pin_s: float = 60.0
@@ -257,6 +258,49 @@ def _local_name_graph(uri: tf.Tensor) -> tf.Tensor:
     base = tf.strings.regex_replace(base, r"[^A-Za-z0-9._-]", "_")
     base = tf.strings.substr(base, 0, 80)
     return tf.strings.join([tf.strings.as_string(digest), "-", base])
+
+
+class _DirectoryWatch:
+    """Wakes the scanner as soon as a marker is written (Linux inotify through ctypes), so a
+    reader's request is answered in well under a millisecond. Elsewhere the scanner polls."""
+
+    _IN_CLOSE_WRITE = 0x00000008
+    _IN_MOVED_TO = 0x00000080
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    @classmethod
+    def open(cls, directory: str) -> _DirectoryWatch | None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            if fd < 0:
+                return None
+            mask = cls._IN_CLOSE_WRITE | cls._IN_MOVED_TO
+            if libc.inotify_add_watch(fd, os.fsencode(directory), mask) < 0:
+                os.close(fd)
+                return None
+        except (OSError, AttributeError):
+            return None
+        return cls(fd)
+
+    def wait(self, timeout_s: float) -> None:
+        import select
+
+        ready, _, _ = select.select([self._fd], [], [], timeout_s)
+        if ready:
+            try:
+                while os.read(self._fd, 65536):
+                    pass
+            except BlockingIOError:
+                pass
+
+    def close(self) -> None:
+        os.close(self._fd)
 
 
 def _sleeping_range(count: int, sleep_us: int) -> tf.data.Dataset:
@@ -480,8 +524,22 @@ class ShardCache:
     def _max_polls(self) -> int:
         return max(1, int(self.config.wait_timeout_s / self.config.poll_interval_s))
 
+    @property
+    def _total_ticks(self) -> int:
+        return 1 + 10 + self._max_polls
+
     def _polls(self) -> tf.data.Dataset:
-        return _sleeping_range(self._max_polls, max(1, int(self.config.poll_interval_s * 1e6)))
+        """Poll ticks: one at once (often the answer is already there), ten at 0.2 ms (the
+        scanner, woken by inotify, answers within about a millisecond), then every
+        ``poll_interval_s``."""
+        import tensorflow as tf
+
+        poll_us = max(1, int(self.config.poll_interval_s * 1e6))
+        return (
+            tf.data.Dataset.range(1)
+            .concatenate(_sleeping_range(10, min(200, poll_us)))
+            .concatenate(_sleeping_range(self._max_polls, poll_us))
+        )
 
     def _until_present(self, uri: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
         """Graph ops: ask for ``uri`` (no pin) and wait until it is on disk or failed.
@@ -511,16 +569,21 @@ class ShardCache:
             with tf.control_dependencies([asked]):
                 return tf.identity(waiting)
 
-        with tf.control_dependencies([tf.io.write_file(paths["want"], "")]):
-            polls = (
-                self._polls()
-                .take_while(keep_waiting)
-                .reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
-            )
+        def poll() -> tf.Tensor:
+            with tf.control_dependencies([tf.io.write_file(paths["want"], "")]):
+                return (
+                    self._polls()
+                    .take_while(keep_waiting)
+                    .reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
+                )
+
+        # Usually the shard is already there (downloaded ahead): skip the polling loop, whose
+        # reduce costs milliseconds to set up. A restore into an empty cache takes the loop.
+        polls = tf.cond(_present(paths["local"]), lambda: tf.constant(0, tf.int64), poll)
         with tf.control_dependencies([polls]):
-            failed = tf.logical_or(
-                _present(paths["error"]), tf.logical_not(_present(paths["local"]))
-            )
+            # Seeing the file once is enough: the pin before the read asks again if it went.
+            exhausted = tf.greater_equal(polls, self._total_ticks)
+            failed = tf.logical_or(_present(paths["error"]), exhausted)
             message = self._failure(uri, paths["error"], "downloaded")
         return paths["local"], failed, message
 
@@ -686,12 +749,20 @@ class ShardCache:
     # -- scanner: markers -> jobs, pins -> acks ---------------------------------------------------
 
     def _scan_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self._scan_once()
-            except Exception:  # the scanner must outlive one bad marker
-                _log.exception("shard cache scanner failed; continuing")
-            self._stop.wait(self.config.poll_interval_s)
+        watch = _DirectoryWatch.open(self._dirs["requests"])
+        try:
+            while not self._stop.is_set():
+                try:
+                    self._scan_once()
+                except Exception:  # the scanner must outlive one bad marker
+                    _log.exception("shard cache scanner failed; continuing")
+                if watch is not None:
+                    watch.wait(self.config.poll_interval_s)
+                else:
+                    self._stop.wait(self.config.poll_interval_s)
+        finally:
+            if watch is not None:
+                watch.close()
 
     def _scan_once(self) -> None:
         markers = []
