@@ -101,6 +101,12 @@ def _prepare(workdir: Path, n: int, shards: int) -> Path:
     return dataset
 
 
+def _process_cpu_s(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def measure_epoch(source: str) -> tuple[float, int]:
     """One training epoch of ``make_dataset(source)``; returns (seconds, examples)."""
     from tfrecord_io import make_dataset
@@ -133,14 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=1000, help="images (default 1000)")
     parser.add_argument("--shards", type=int, default=32, help="shards (default 32)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds, median reported (2)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, median reported (3)")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 200 images, 1 round")
     parser.add_argument(
         "--json", default=str(RESULTS_DIR / "object_store.json"), help="results file ('' for none)"
     )
     args = parser.parse_args(argv)
     if args.quick:
-        args.n, args.shards, args.rounds = 200, 24, 1
+        args.n, args.shards, args.rounds = 200, 12, 1
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-object-store-"))
@@ -164,39 +170,48 @@ def main(argv: Sequence[str] | None = None) -> int:
             store.write_bytes(join_uri(f"s3://{BUCKET}", "dataset", path.name), path.read_bytes())
         remote = f"s3://{BUCKET}/dataset"
 
-        rows: dict[str, list[float]] = {
-            "local disk": [],
-            "S3, first epoch": [],
-            "S3, second epoch (warm cache)": [],
-            "S3, first epoch, cache = 1/2 of data": [],
-        }
+        names = (
+            "local disk",
+            "S3, first epoch",
+            "S3, second epoch (warm cache)",
+            "S3, first epoch, cache = 1/2 of data",
+        )
+        # row -> [(examples/s, reader CPU ms/example, server CPU ms/example)], one per round
+        rows: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
         examples = 0
-        for round_index in range(args.rounds):
-            seconds, examples = measure_epoch(str(dataset))
-            rows["local disk"].append(examples / seconds)
 
+        def timed(name: str, source: str) -> None:
+            nonlocal examples
+            cpu, server = time.process_time(), _process_cpu_s(moto.pid)
+            seconds, examples = measure_epoch(source)
+            cpu, server = time.process_time() - cpu, _process_cpu_s(moto.pid) - server
+            rows[name].append((examples / seconds, 1e3 * cpu / examples, 1e3 * server / examples))
+
+        measure_epoch(str(dataset))  # warm-up: the process's first pipeline pays one-time costs
+        for round_index in range(args.rounds):
+            timed("local disk", str(dataset))
             os.environ["TFRECORD_IO_CACHE_DIR"] = str(workdir / f"cache-{round_index}")
             os.environ.pop("TFRECORD_IO_CACHE_BYTES", None)
-            seconds, _ = measure_epoch(remote)
-            rows["S3, first epoch"].append(examples / seconds)
-            seconds, _ = measure_epoch(remote)
-            rows["S3, second epoch (warm cache)"].append(examples / seconds)
+            timed("S3, first epoch", remote)
+            timed("S3, second epoch (warm cache)", remote)
             _close_cache(remote)
-
             os.environ["TFRECORD_IO_CACHE_DIR"] = str(workdir / f"small-cache-{round_index}")
             os.environ["TFRECORD_IO_CACHE_BYTES"] = str(max(dataset_bytes // 2, 1))
-            seconds, _ = measure_epoch(remote)
-            rows["S3, first epoch, cache = 1/2 of data"].append(examples / seconds)
+            timed("S3, first epoch, cache = 1/2 of data", remote)
             _close_cache(remote)
             print(f"round {round_index + 1}/{args.rounds} done")
 
-        local = statistics.median(rows["local disk"])
+        def median(name: str, column: int) -> float:
+            return statistics.median(row[column] for row in rows[name])
+
+        local = median("local disk", 0)
         conditions = {
             "images": args.n,
             "examples": examples,
             "shards": args.shards,
             "dataset_mb": round(dataset_bytes / 1e6, 1),
             "batch": BATCH,
+            "cycle_length": CYCLE_LENGTH,
             "rounds": args.rounds,
             "cpus": os.cpu_count(),
             "load_average": [round(x, 1) for x in os.getloadavg()],
@@ -204,20 +219,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         print(
             f"{examples} examples, {conditions['dataset_mb']} MB in {args.shards} shards, "
-            f"batch {BATCH}, median of {args.rounds} round(s), load {conditions['load_average']}"
+            f"batch {BATCH}, cycle {CYCLE_LENGTH}, median of {args.rounds} round(s), "
+            f"load {conditions['load_average']}"
         )
-        print(f"{'row':<40} {'examples/s':>11} {'vs local':>9}")
-        results = []
-        for name, values in rows.items():
-            value = statistics.median(values)
-            results.append(
-                {"row": name, "examples_per_s": round(value, 1), "vs_local": value / local}
-            )
-            print(f"{name:<40} {value:>11.0f} {value / local:>8.0%}")
-        target = statistics.median(rows["S3, first epoch"]) / local
         print(
-            f"\ntarget: S3 first epoch >= 50% of local disk: {'met' if target >= 0.5 else 'NOT met'}"
+            f"{'row':<40} {'examples/s':>11} {'vs local':>9} {'reader CPU ms/ex':>17} "
+            f"{'S3 server CPU ms/ex':>20}"
         )
+        results = []
+        for name in names:
+            value, cpu, server = (median(name, c) for c in range(3))
+            results.append(
+                {
+                    "row": name,
+                    "examples_per_s": round(value, 1),
+                    "vs_local": round(value / local, 3),
+                    "reader_cpu_ms_per_example": round(cpu, 3),
+                    "server_cpu_ms_per_example": round(server, 3),
+                }
+            )
+            print(f"{name:<40} {value:>11.0f} {value / local:>8.0%} {cpu:>17.2f} {server:>20.2f}")
+        ratio = median("S3, first epoch", 0) / local
+        verdict = "met" if ratio >= 0.5 else "NOT met"
+        print(f"\ntarget: S3 first epoch >= 50% of local disk: {ratio:.0%}, {verdict}")
         if args.json and not args.quick:
             RESULTS_DIR.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(

@@ -243,6 +243,14 @@ _NO_ENTRY = _Entry(shard=None, name="")  # type: ignore[arg-type]
 _FETCH_ID = "fetch"  # the request id of Python callers (fetch / release)
 
 
+def _after(op: Any, value: tf.Tensor) -> tf.Tensor:
+    """``value``, computed after ``op`` has run."""
+    import tensorflow as tf
+
+    with tf.control_dependencies([op]):
+        return tf.identity(value)
+
+
 def _present(path: tf.Tensor) -> tf.Tensor:
     import tensorflow as tf
 
@@ -303,12 +311,12 @@ class _DirectoryWatch:
         os.close(self._fd)
 
 
-def _sleeping_range(count: int, sleep_us: int) -> tf.data.Dataset:
-    """``range(count)`` that sleeps before each element (``SleepDataset`` via the public
+def _sleeping_range(start: int, stop: int, sleep_us: int) -> tf.data.Dataset:
+    """``range(start, stop)`` that sleeps before each element (``SleepDataset`` via the public
     variant API; ``tf.data.experimental.sleep`` is not exported in TF 2.21)."""
     import tensorflow as tf
 
-    ds = tf.data.Dataset.range(count)
+    ds = tf.data.Dataset.range(start, stop)
     variant = tf.raw_ops.SleepDataset(
         input_dataset=tf.data.experimental.to_variant(ds),
         sleep_microseconds=sleep_us,
@@ -489,20 +497,19 @@ class ShardCache:
             files = files.prefetch(self.config.download_ahead)
         return files
 
-    def _paths(self, uri: tf.Tensor, rid: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
+    def _paths(self, uri: tf.Tensor, rid: tf.Tensor) -> dict[str, tf.Tensor]:
         import tensorflow as tf
 
         name = _local_name_graph(uri)
-        paths = {
+        requests = self._dirs["requests"]
+        return {
             "local": tf.strings.join([self._dirs["shards"], "/", name]),
             "error": tf.strings.join([self._dirs["errors"], "/", name]),
-            "want": tf.strings.join([self._dirs["requests"], "/", name, ".want.0"]),
+            "want": tf.strings.join([requests, "/", name, ".want.", rid]),
+            "need": tf.strings.join([requests, "/", name, ".need.", rid]),
+            "done": tf.strings.join([requests, "/", name, ".done.", rid]),
+            "ack": tf.strings.join([self._dirs["acks"], "/", name, ".", rid]),
         }
-        if rid is not None:
-            paths["need"] = tf.strings.join([self._dirs["requests"], "/", name, ".need.", rid])
-            paths["done"] = tf.strings.join([self._dirs["requests"], "/", name, ".done.", rid])
-            paths["ack"] = tf.strings.join([self._dirs["acks"], "/", name, ".", rid])
-        return paths
 
     def _failure(self, uri: tf.Tensor, error: tf.Tensor, what: str) -> tf.Tensor:
         """The error marker's text if there is one, else a timeout message naming ``uri``."""
@@ -529,27 +536,27 @@ class ShardCache:
         return 1 + 10 + self._max_polls
 
     def _polls(self) -> tf.data.Dataset:
-        """Poll ticks: one at once (often the answer is already there), ten at 0.2 ms (the
-        scanner, woken by inotify, answers within about a millisecond), then every
-        ``poll_interval_s``."""
+        """Poll ticks 0, 1, 2…: tick 0 at once (often the answer is already there), ten at
+        0.2 ms (the scanner, woken by inotify, answers within about a millisecond), then one
+        every ``poll_interval_s``."""
         import tensorflow as tf
 
         poll_us = max(1, int(self.config.poll_interval_s * 1e6))
         return (
             tf.data.Dataset.range(1)
-            .concatenate(_sleeping_range(10, min(200, poll_us)))
-            .concatenate(_sleeping_range(self._max_polls, poll_us))
+            .concatenate(_sleeping_range(1, 11, min(200, poll_us)))
+            .concatenate(_sleeping_range(11, self._total_ticks, poll_us))
         )
 
     def _until_present(self, uri: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        """Graph ops: ask for ``uri`` (no pin) and wait until it is on disk or failed.
-
-        The request is repeated every second, in case the file was evicted before this wait
-        saw it. Returns (local path, failed?, failure message).
+        """Graph ops: unless ``uri`` is on disk already, ask for it and wait until it is (or
+        failed). The cache pins it from the download until this wait has seen it (a few
+        milliseconds), so it is not evicted unseen; the request is repeated every second in
+        case it lapsed. Returns (local path, failed?, failure message).
         """
         import tensorflow as tf
 
-        paths = self._paths(uri)
+        paths = self._paths(uri, self._request_id())
         reask_every = max(1, int(1.0 / self.config.poll_interval_s))
 
         def keep_waiting(i: tf.Tensor) -> tf.Tensor:
@@ -571,11 +578,13 @@ class ShardCache:
 
         def poll() -> tf.Tensor:
             with tf.control_dependencies([tf.io.write_file(paths["want"], "")]):
-                return (
+                ticks = (
                     self._polls()
                     .take_while(keep_waiting)
                     .reduce(tf.constant(0, tf.int64), lambda n, _: n + 1)
                 )
+            with tf.control_dependencies([ticks]):
+                return _after(tf.io.write_file(paths["done"], ""), ticks)
 
         # Usually the shard is already there (downloaded ahead): skip the polling loop, whose
         # reduce costs milliseconds to set up. A restore into an empty cache takes the loop.
@@ -601,58 +610,46 @@ class ShardCache:
     ) -> tf.data.Dataset:
         """The records of a present shard, pinned from just before the open to the last record.
 
-        The wait for the pin is dataset iteration (a sleeping ``range``), so it blocks the
-        reader's own tf.data thread, not a shared op thread.
+        The wait is dataset iteration over poll ticks (a ``filter`` that writes the request on
+        the first tick, then a ``take(1)``), so it blocks the reader's own tf.data thread, not a
+        shared op thread; few functions are used because each costs time on every shard.
         """
         import tensorflow as tf
 
         paths = self._paths(uri, self._request_id())
 
-        def ask(_: tf.Tensor) -> tf.Tensor:
-            with tf.control_dependencies([tf.io.write_file(paths["need"], "")]):
-                return tf.constant(0, tf.int64)
-
-        waiting = (
-            tf.data.Dataset.from_tensors(tf.constant(0, tf.int64))
-            .map(ask)
-            .flat_map(
-                lambda _: self._polls().take_while(
-                    lambda _: tf.logical_not(
-                        tf.logical_or(_present(paths["ack"]), _present(paths["error"]))
-                    )
-                )
+        def answered(tick: tf.Tensor) -> tf.Tensor:
+            asked = tf.cond(
+                tf.equal(tick, 0),
+                lambda: _after(tf.io.write_file(paths["need"], ""), tf.constant(True)),
+                lambda: tf.constant(True),
             )
-            .filter(lambda _: False)
-            .map(lambda _: tf.constant(b""))
-        )
+            with tf.control_dependencies([asked]):
+                return tf.logical_or(_present(paths["ack"]), _present(paths["error"]))
 
-        def usable(local: tf.Tensor) -> tf.Tensor:
+        def usable() -> tf.Tensor:
             # After a lapsed pin the file may still be there: readable is what matters.
             return tf.logical_and(
                 tf.logical_not(_present(paths["error"])), _present(paths["local"])
             )
 
-        names = tf.data.Dataset.from_tensors(paths["local"])
+        names = self._polls().filter(answered).take(1)
         if skip_failed:
-            names = names.filter(usable)
+            names = names.filter(lambda _: usable()).map(lambda _: paths["local"])
         else:
 
-            def checked(local: tf.Tensor) -> tf.Tensor:
+            def checked(_: tf.Tensor) -> tf.Tensor:
                 message = self._failure(uri, paths["error"], "pinned")
-                check = tf.debugging.Assert(usable(local), ["shard cache:", message], summarize=1)
-                with tf.control_dependencies([check]):
-                    return tf.identity(local)
+                check = tf.debugging.Assert(usable(), ["shard cache:", message], summarize=1)
+                return _after(check, paths["local"])
 
             names = names.map(checked)
 
-        def signal_done(_: tf.Tensor) -> tf.Tensor:
-            with tf.control_dependencies([tf.io.write_file(paths["done"], "")]):
-                return tf.constant(b"")
+        def release(_: tf.Tensor) -> tf.Tensor:
+            return _after(tf.io.write_file(paths["done"], ""), tf.constant(False))
 
-        finished = tf.data.Dataset.range(1).map(signal_done).filter(lambda _: False)
-        return waiting.concatenate(
-            tf.data.TFRecordDataset(names, buffer_size=buffer_size)
-        ).concatenate(finished)
+        finished = tf.data.Dataset.from_tensors(tf.constant(b"")).filter(release)
+        return tf.data.TFRecordDataset(names, buffer_size=buffer_size).concatenate(finished)
 
     def records(
         self, uri: tf.Tensor, buffer_size: int | None = None, *, skip_failed: bool = False
@@ -776,7 +773,9 @@ class ShardCache:
                 markers.append((mtime, entry.name))
         now = time.monotonic()
         with self._lock:
-            for _, marker in sorted(markers):
+            # Within one timestamp tick, requests before releases: a release always follows its
+            # own request, and file times are coarse.
+            for _, _, marker in sorted((t, m.rsplit(".", 2)[1] == "done", m) for t, m in markers):
                 name, kind, rid = marker.rsplit(".", 2)
                 entry = self._entries.get(name)
                 if entry is None:
@@ -800,9 +799,9 @@ class ShardCache:
     def _request(self, entry: _Entry, kind: str, rid: str = "") -> None:
         """Handles one request. Lock held.
 
-        ``ahead``: download when there is room, evicting only shards already read. ``want``:
-        download now, evicting if needed. ``need``: as ``want``, then pin the file for the
-        reader that asked (request id ``rid``).
+        ``ahead``: download when there is room, evicting only shards already read. ``want`` and
+        ``need``: download now, evicting if needed, and pin the file for request ``rid`` until
+        its ``done`` (a ``want`` waiter only needs to see the file; a ``need`` reader opens it).
         """
         now = time.monotonic()
         urgent = kind in ("want", "need")
@@ -812,13 +811,13 @@ class ShardCache:
         elif not entry.announced:
             entry.announced = now
         if entry.state == _READY:
-            if kind == "need":
-                self.stats.hits += 1
+            if urgent:
+                self.stats.hits += kind == "need"
                 self._pin(entry, rid)
             return
         if entry.state == _FAILED:
             return
-        if kind == "need":
+        if urgent:
             entry.waiting.append(rid)
         if entry.state == "" or (entry.state == _QUEUED and urgent):
             entry.state = _QUEUED
