@@ -654,25 +654,43 @@ class ObjectStore(abc.ABC):
         """Streams an object to a local file in ranged chunks and returns its SHA-256 (hex).
 
         Each chunk is retried on its own, so a connection reset costs one chunk, not the file.
-        ``dest`` is written in place; the caller renames it once the hash is checked.
+        With ``expected_size`` (from ``dataset.json``) no metadata request is made; a body
+        shorter than expected is checked against the object's real size. ``dest`` is written in
+        place; the caller renames it once the hash is checked.
 
         Raises:
           ObjectStoreError: if the object is missing, refused, or not ``expected_size`` bytes.
         """
-        size = self.size(uri)
-        if expected_size is not None and size != expected_size:
-            raise ObjectStoreError(
-                f"{uri}: object is {size} bytes but {expected_size} were expected (dataset.json); "
-                f"it was changed after the dataset was published",
-                uri=uri,
-            )
+        size = self.size(uri) if expected_size is None else expected_size
+        _, bucket, key = parse_uri(uri)
         digest = hashlib.sha256()
         with open(dest, "wb") as f:
             for start in range(0, size, chunk_bytes):
-                data = self.read_range(uri, start, min(size, start + chunk_bytes))
+                end = min(size, start + chunk_bytes)
+
+                def attempt(start: int = start, end: int = end) -> bytes:
+                    data = self._raw_read(bucket, key, start, end)
+                    if len(data) != end - start:
+                        self._check_size(uri, bucket, key, size)
+                        raise _ShortReadError(f"got {len(data)} of {end - start} bytes")
+                    return data
+
+                data = self.call(f"read bytes [{start}, {end})", uri, attempt)
                 digest.update(data)
                 f.write(data)
         return digest.hexdigest()
+
+    def _check_size(self, uri: str, bucket: str, key: str, expected: int) -> None:
+        try:
+            actual = self._raw_size(bucket, key)
+        except Exception:  # the read is retried; this check only words the final error
+            return
+        if actual != expected:
+            raise ObjectStoreError(
+                f"{uri}: object is {actual} bytes but {expected} were expected (dataset.json); "
+                f"it was changed after the dataset was published",
+                uri=uri,
+            )
 
 
 class S3Store(ObjectStore):
