@@ -1,5 +1,15 @@
 """tfrecord_io: the fast, resumable tf.data reader for image TFRecord shards, and verification."""
 
+from tfrecord_io.cache import (
+    CacheConfig,
+    CacheDirInUseError,
+    RemoteShard,
+    ShardCache,
+    ShardIntegrityError,
+    default_cache_dir,
+    open_cache,
+    open_default_cache,
+)
 from tfrecord_io.decode import MEAN_RGB, STDDEV_RGB, DecodeConfig
 from tfrecord_io.reader import CorruptionCounter, ReaderConfig, make_dataset
 from tfrecord_io.service_client import (
@@ -16,6 +26,17 @@ from tfrecord_io.source import (
     load_manifest,
     num_classes,
     resolve_source,
+)
+from tfrecord_io.storage import (
+    ObjectAccessError,
+    ObjectNotFoundError,
+    ObjectStore,
+    ObjectStoreError,
+    RetryPolicy,
+    get_store,
+    install_log_redaction,
+    redact,
+    register_secret,
 )
 from tfrecord_io.verification import ShardReport, VerifyReport, verify_dataset
 
@@ -40,4 +61,21 @@ __all__ = [
     "ServiceAddress",
     "distribute_dataset",
     "training_job_name",
+    "CacheConfig",
+    "CacheDirInUseError",
+    "RemoteShard",
+    "ShardCache",
+    "ShardIntegrityError",
+    "default_cache_dir",
+    "open_cache",
+    "open_default_cache",
+    "ObjectAccessError",
+    "ObjectNotFoundError",
+    "ObjectStore",
+    "ObjectStoreError",
+    "RetryPolicy",
+    "get_store",
+    "install_log_redaction",
+    "redact",
+    "register_secret",
 ]
