@@ -345,3 +345,28 @@ def test_checkpoint_resumes_exactly_with_an_emptied_cache(
         cache.close()
 
     assert head + rest == expected
+
+
+def test_make_dataset_streams_a_bucket_through_a_given_cache(
+    s3_env: BucketEnv, jpeg_dataset: WrittenDataset, tmp_path: Path
+) -> None:
+    from tfrecord_io import make_dataset
+
+    upload_tree(jpeg_dataset.root, s3_env.root)
+    config = _config(tmp_path)
+
+    def keys(source: str, **kwargs: object) -> list[bytes]:
+        batches = make_dataset(
+            source, "train", global_batch_size=5, training=False, with_keys=True, **kwargs
+        )
+        return sorted(k for _, _, ks in batches.as_numpy_iterator() for k in ks)
+
+    try:
+        streamed = keys(s3_env.root, shard_cache=config)
+        cache = open_cache(config)
+        assert cache.stats.downloads == len(jpeg_dataset.manifest.split("train").shards)
+        assert (tmp_path / "cache" / "shards").is_dir()
+    finally:
+        open_cache(config).close()
+
+    assert streamed == keys(str(jpeg_dataset.root))

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from tfrecord_io.cache import CacheConfig
 from tfrecord_io.decode import DCT_METHODS, OUTPUTS, DecodeConfig, decode_batch, parse_batch
 from tfrecord_io.source import ResolvedSource, ShardFile, is_remote, resolve_source
 
@@ -392,6 +393,7 @@ def make_dataset(
     threads: int | None = None,
     jpeg_dct_method: str = "INTEGER_FAST",
     corruption_counter: CorruptionCounter | None = None,
+    shard_cache: CacheConfig | None = None,
 ) -> tf.data.Dataset:
     """Builds the input pipeline for one split of a dataset.
 
@@ -438,6 +440,9 @@ def make_dataset(
       threads: size of a private thread pool for this pipeline (default: the shared pool).
       jpeg_dct_method: libjpeg IDCT method; ``""`` is the library default.
       corruption_counter: receives the counts when ``skip_corrupt`` is set.
+      shard_cache: the local shard cache for ``s3://`` (and emulated ``gs://``) sources; by
+        default ``$TFRECORD_IO_CACHE_DIR`` (or ``~/.cache/tfrecord_io``) / a hash of the source,
+        holding ``$TFRECORD_IO_CACHE_BYTES`` (default 10 GiB).
 
     Returns:
       A ``tf.data.Dataset`` of ``(images, labels)`` or ``(images, labels, keys)``: images
@@ -480,7 +485,7 @@ def make_dataset(
             "corruption_counter cannot be used with a tf.data service: the pipeline runs in the "
             "service's workers; damage is logged there"
         )
-    resolved = resolve_source(source, split)
+    resolved = resolve_source(source, split, cache=shard_cache)
     batch_size = (
         input_context.get_per_replica_batch_size(global_batch_size)
         if input_context is not None
