@@ -19,19 +19,20 @@ small marker files, using only TensorFlow graph ops:
    read order, ahead of the interleave that reads them.
 2. ``records`` (used inside the interleave function in place of ``TFRecordDataset``) has two
    waits. When the interleave builds the element (and when a checkpoint is restored), if the
-   shard is not on disk yet, it writes ``requests/<name>.want.0`` and polls
-   (``tf.io.matching_files`` in a ``take_while`` over a sleeping ``range``) until
-   ``shards/<name>`` or ``errors/<name>`` exists; this takes no pin. On the element's first
-   read, in tf.data's own thread, it writes ``requests/<name>.need.<id>`` (a random request
-   id) and polls until ``acks/<name>.<id>`` or the error exists; ``TFRecordDataset`` then opens
-   the file in that same step, and after the last record ``requests/<name>.done.<id>`` is
-   written. An error marker fails the step with its text, which names the URI.
+   shard is not on disk yet, it writes ``requests/<name>.want.<id>`` (a random request id)
+   and polls (``tf.io.matching_files`` in a ``take_while`` over a sleeping ``range``) until
+   ``shards/<name>`` or ``errors/<name>`` exists, then writes ``requests/<name>.done.<id>``.
+   On the element's first read, in tf.data's own thread, it writes ``.need.<id>`` (another
+   id) and polls until ``acks/<name>.<id>`` or the error exists; ``TFRecordDataset`` opens the
+   file in that same step, and after the last record that id's ``.done`` is written. An error
+   marker fails the step with its text, which names the URI.
 3. A scanner thread here, woken by inotify, turns markers into download jobs (wanted shards
-   first). It acks a need only once the verified file is in place and *pinned*: a pinned shard
-   is not evicted until its reader is done with it, is seen holding it open (evicting an open
-   file is harmless on POSIX: the reader keeps its descriptor), or ``pin_s`` passes (an
-   abandoned iterator). Elements that ``interleave`` builds ahead hold no pins, so they never
-   keep out the shard the pipeline waits on: a cache of one shard still makes progress.
+   first) and *pins* a shard for each want or need until its done: a pinned shard is not
+   evicted. A need is acked only once the verified file is in place and pinned. Pins also end
+   when the process is seen holding the file open (evicting an open file is harmless on POSIX:
+   the reader keeps its descriptor) or after ``pin_s`` (an abandoned iterator). A want's pin
+   lasts only until its waiter has seen the file, so elements that ``interleave`` builds
+   ahead hold no space: a cache of one shard still makes progress.
 
 **What resumes exactly.** The iterator state that ``tf.train.Checkpoint(iterator=it)`` saves is
 plain tf.data state: file order, prefetch buffer, interleave positions and record offsets.
