@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.metrics import Metrics
 
 from beam_pipelines.elements import Duplicate, PreparedRecord, ShardResult
@@ -149,10 +150,10 @@ def copy_to_filesystem(local_path: str, destination: str) -> tuple[int, str]:
 
 
 class WriteShardFn(beam.DoFn):
-    """``((split, index, count), [PreparedRecord | None]) -> ShardResult`` (+ duplicates).
+    """``((split, index, count), [PreparedRecord]) -> ShardResult`` (+ duplicates).
 
-    The ``None`` placeholders make every planned shard reach this DoFn, so a shard that received
-    no records is still written (empty) and its name is never missing from the set.
+    An empty list writes an empty shard, so a planned shard that received no records still
+    exists and its name is never missing from the set.
     """
 
     def __init__(self, output_dir: str) -> None:
@@ -162,21 +163,18 @@ class WriteShardFn(beam.DoFn):
         self._bytes = Metrics.counter(METRICS_NAMESPACE, "bytes_written")
         self._duplicates = Metrics.counter(METRICS_NAMESPACE, "duplicates")
 
-    def setup(self) -> None:
-        import tensorflow as tf  # noqa: F401  (imported once per worker, not per shard)
-
     def process(self, element):
-        import tensorflow as tf
-
         (split, index, count), values = element
-        records, duplicates = dedupe_sorted(v for v in values if v is not None)
+        records, duplicates = dedupe_sorted(values)
         name = shard_filename(split, index, count)
         fd, local_path = tempfile.mkstemp(suffix=".tfrecord")
         os.close(fd)
         try:
-            with tf.io.TFRecordWriter(local_path) as writer:
+            # Beam's own TFRecord framing (length, masked CRC-32C, data, masked CRC-32C): the
+            # bytes tf.io.TFRecordWriter writes, without importing TensorFlow in every worker.
+            with open(local_path, "wb") as shard:
                 for record in records:
-                    writer.write(record.serialized)
+                    _TFRecordUtil.write_record(shard, record.serialized)
             num_bytes, digest = copy_to_filesystem(
                 local_path, FileSystems.join(self._output_dir, name)
             )
@@ -209,10 +207,11 @@ def _sum_pairs(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
 
 
 class WriteShards(beam.PTransform):
-    """``(split, PreparedRecord) -> ShardResult``, with a ``duplicates`` output of ``Duplicate``.
+    """``(split, PreparedRecord) -> {"shards": ShardResult, "duplicates": Duplicate}``.
 
     Plans each split's shard count from its total bytes, assigns every record to a shard by
-    content hash, groups by shard and writes each shard whole.
+    content hash, groups by shard and writes each shard whole. ``shards`` has one element per
+    planned shard, ``duplicates`` one per input dropped as a byte-identical copy.
     """
 
     def __init__(self, output_dir: str, *, num_shards: int | None, target_shard_bytes: int) -> None:
@@ -238,20 +237,33 @@ class WriteShards(beam.PTransform):
         )
         keyed = records | "AssignShard" >> beam.Map(_keyed_by_shard, beam.pvalue.AsSingleton(plan))
         # ((split, index, count), PreparedRecord)
-        slots = plan | "PlannedShards" >> beam.FlatMap(
-            lambda counts: [((s, i, n), None) for s, n in sorted(counts.items()) for i in range(n)]
-        )
-        # ((split, index, count), None)
-        return (
-            (keyed, slots)
-            | "WithEmptyShards" >> beam.Flatten()
+        written = (
+            keyed
             | "GroupByShard" >> beam.GroupByKey()
-            # ((split, index, count), [PreparedRecord | None])
+            # ((split, index, count), [PreparedRecord])
             | "WriteShard"
             >> beam.ParDo(WriteShardFn(self._output_dir)).with_outputs(
                 DUPLICATES_TAG, main="shards"
             )
         )
+        # A shard whose hash range caught no record is written empty, after the others: the
+        # records themselves never pass through a Flatten (an extra copy on most runners).
+        empty = (
+            plan
+            | "EmptyShards" >> beam.FlatMap(_empty_shards, beam.pvalue.AsList(written.shards))
+            # ((split, index, count), [])
+            | "WriteEmptyShard" >> beam.ParDo(WriteShardFn(self._output_dir))
+        )
+        shards = (written.shards, empty) | "AllShards" >> beam.Flatten()
+        return {"shards": shards, DUPLICATES_TAG: written[DUPLICATES_TAG]}
+
+
+def _empty_shards(counts: Mapping[str, int], written: Iterable[ShardResult]):
+    done = {(s.split, s.index) for s in written}
+    for split, count in sorted(counts.items()):
+        for index in range(count):
+            if (split, index) not in done:
+                yield (split, index, count), []
 
 
 def _keyed_by_shard(element, plan):

@@ -170,7 +170,7 @@ class ImagesToShards(beam.PTransform):
         return {
             "sources": sources,
             "label_names": label_names,
-            "shards": written.shards,
+            "shards": written["shards"],
             "rejected": prepared[REJECTED_TAG],
             "duplicates": written[DUPLICATES_TAG],
         }

@@ -12,6 +12,8 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING, Any
 
+from schemas import example_proto
+
 if TYPE_CHECKING:  # TensorFlow is imported lazily: importing it costs seconds.
     import tensorflow as tf
 
@@ -111,40 +113,42 @@ class ImageRecord:
                 )
 
 
+def _fill(example: Any, record: ImageRecord) -> Any:
+    # ``example`` is a tf.train.Example or schemas.example_proto.Example: the same message.
+    feature = example.features.feature
+    for key, value in (
+        (KEY_ENCODED, record.encoded),
+        (KEY_FORMAT, record.format.encode("ascii")),
+        (KEY_TEXT, record.text.encode("utf-8")),
+        (KEY_FILENAME, record.filename.encode("utf-8")),
+        (KEY_SHA256, record.sha256.encode("ascii")),
+    ):
+        feature[key].bytes_list.value.append(value)
+    for key, number in (
+        (KEY_HEIGHT, record.height),
+        (KEY_WIDTH, record.width),
+        (KEY_CHANNELS, record.channels),
+        (KEY_LABEL, record.label),
+    ):
+        feature[key].int64_list.value.append(number)
+    return example
+
+
 def build_example(record: ImageRecord) -> tf.train.Example:
     """Builds the ``tf.train.Example`` for a record (already validated by construction)."""
     import tensorflow as tf
 
-    def _bytes(value: bytes) -> tf.train.Feature:
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-
-    def _int(value: int) -> tf.train.Feature:
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
-
-    return tf.train.Example(
-        features=tf.train.Features(
-            feature={
-                KEY_ENCODED: _bytes(record.encoded),
-                KEY_FORMAT: _bytes(record.format.encode("ascii")),
-                KEY_HEIGHT: _int(record.height),
-                KEY_WIDTH: _int(record.width),
-                KEY_CHANNELS: _int(record.channels),
-                KEY_LABEL: _int(record.label),
-                KEY_TEXT: _bytes(record.text.encode("utf-8")),
-                KEY_FILENAME: _bytes(record.filename.encode("utf-8")),
-                KEY_SHA256: _bytes(record.sha256.encode("ascii")),
-            }
-        )
-    )
+    return _fill(tf.train.Example(), record)
 
 
 def serialize_record(record: ImageRecord) -> bytes:
-    """Serialises a record to the bytes of one TFRecord entry.
+    """Serialises a record to the bytes of one TFRecord entry, without importing TensorFlow.
 
+    The bytes are those of ``build_example(record).SerializeToString(deterministic=True)``.
     Serialisation is deterministic: the same record always gives the same bytes, which is what
     makes regenerated shards byte-identical.
     """
-    return build_example(record).SerializeToString(deterministic=True)
+    return _fill(example_proto.Example(), record).SerializeToString(deterministic=True)
 
 
 def feature_spec(*, strict: bool = True) -> dict[str, Any]:

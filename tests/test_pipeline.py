@@ -115,6 +115,13 @@ def test_every_shard_matches_its_manifest_entry_and_is_sorted(e2e):
         ]
         assert len(keys) == shard.num_examples
         assert keys == sorted(keys)
+        # The writer frames records without TensorFlow; TensorFlow's writer gives the same bytes.
+        again = output.parent / f"rewritten-{shard.file}"
+        with tf.io.TFRecordWriter(str(again)) as writer:
+            for record in tf.data.TFRecordDataset(str(output / shard.file)):
+                writer.write(record.numpy())
+        assert again.read_bytes() == data
+        again.unlink()
     assert not [p for p in output.iterdir() if ".tmp-" in p.name or p.name.startswith(".staged")]
 
 
@@ -198,6 +205,24 @@ def test_second_run_on_the_multi_process_runner_through_the_cli_is_byte_identica
     assert str(output / "train-00000-of-00002.tfrecord") in done.stdout
     assert "Discarding unparseable args" not in done.stderr
     assert _snapshot(output) == _snapshot(e2e["output"])
+
+
+def test_a_pipeline_run_never_imports_tensorflow(e2e, tmp_path):
+    # In-process, every step runs in this child: TensorFlow costs each worker seconds of CPU.
+    code = (
+        "import sys\n"
+        "from beam_pipelines import images_to_tfrecord\n"
+        f"argv = ['--input', {str(e2e['images'])!r}, '--output', {str(tmp_path / 'out')!r},\n"
+        f"        *{BASE_FLAGS!r}, '--max_bad_fraction', '0.5']\n"
+        "assert images_to_tfrecord.run(argv).published\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'keras'}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+    assert _snapshot(tmp_path / "out") == _snapshot(e2e["output"])
 
 
 def test_existing_dataset_is_refused_and_nothing_changes(e2e):

@@ -1,6 +1,9 @@
 """Tests for the shared example layout and the dataset.json manifest."""
 
 import hashlib
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import tensorflow as tf
@@ -13,6 +16,8 @@ from schemas import (
     Manifest,
     ShardInfo,
     SplitInfo,
+    build_example,
+    example_proto,
     feature_spec,
     parse_shard_filename,
     record_from_example,
@@ -21,6 +26,7 @@ from schemas import (
     validate_example,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 SHA = hashlib.sha256(b"x").hexdigest()
 
 
@@ -45,6 +51,80 @@ def test_round_trip_through_serialised_example():
     data = serialize_record(record)
     assert record_from_example(data) == record
     assert serialize_record(record) == data  # deterministic
+
+
+def _tensorflow_example(record: ImageRecord) -> bytes:
+    """The record as TensorFlow's own ``tf.train.Example``, written out independently."""
+
+    def _bytes(value: bytes) -> tf.train.Feature:
+        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
+
+    def _int(value: int) -> tf.train.Feature:
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+
+    example = tf.train.Example(
+        features=tf.train.Features(
+            feature={
+                "image/encoded": _bytes(record.encoded),
+                "image/format": _bytes(record.format.encode()),
+                "image/height": _int(record.height),
+                "image/width": _int(record.width),
+                "image/channels": _int(record.channels),
+                "image/class/label": _int(record.label),
+                "image/class/text": _bytes(record.text.encode()),
+                "image/filename": _bytes(record.filename.encode()),
+                "image/key/sha256": _bytes(record.sha256.encode()),
+            }
+        )
+    )
+    return example.SerializeToString(deterministic=True)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {"label": 0, "text": "a"},
+        {"label": 2**40, "height": 70000, "width": 1},
+        {"format": "RAW", "height": 2, "width": 3, "channels": 3, "encoded": bytes(range(18))},
+        {"format": "PNG", "channels": 1, "encoded": b"\x89PNG" + bytes(300_000)},
+        {"text": "日本語 クラス", "filename": "s3://b/日本語 クラス/ファイル.jpeg"},
+    ],
+)
+def test_serialised_bytes_equal_tensorflows_example(overrides):
+    record = _record(**overrides)
+    assert serialize_record(record) == _tensorflow_example(record)
+    assert build_example(record).SerializeToString(deterministic=True) == serialize_record(record)
+
+
+def test_example_proto_reads_and_writes_every_feature_kind_like_tensorflow():
+    example = example_proto.Example()
+    feature = example.features.feature
+    feature["b"].bytes_list.value.extend([b"", b"\x00\xff"])
+    feature["f"].float_list.value.extend([1.5, -0.0, 2.0**100])
+    feature["i"].int64_list.value.extend([-1, 0, 2**63 - 1])
+    data = example.SerializeToString(deterministic=True)
+    parsed = tf.train.Example.FromString(data)
+    assert list(parsed.features.feature["b"].bytes_list.value) == [b"", b"\x00\xff"]
+    assert list(parsed.features.feature["f"].float_list.value) == [1.5, -0.0, 2.0**100]
+    assert list(parsed.features.feature["i"].int64_list.value) == [-1, 0, 2**63 - 1]
+    assert parsed.SerializeToString(deterministic=True) == data
+    assert example_proto.Example.FromString(data) == example
+
+
+def test_serialising_a_record_does_not_import_tensorflow():
+    code = (
+        "import sys\n"
+        "from schemas import ImageRecord, serialize_record\n"
+        "record = ImageRecord(encoded=b'x', format='JPEG', height=1, width=1, channels=3,\n"
+        f"    label=0, text='a', filename='a.jpg', sha256='{SHA}')\n"
+        "assert len(serialize_record(record)) > 64\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'tensorflow', 'keras'}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert out.stdout.strip() == "[]"
 
 
 def test_parse_spec_matches_built_example():

@@ -251,7 +251,7 @@ def test_write_shards_writes_every_planned_shard_sorted_and_deduplicated(tmp_pat
             | beam.Create(elements)
             | WriteShards(str(out_dir), num_shards=4, target_shard_bytes=1)
         )
-        assert_that(out.shards, check_shards, label="Shards")
+        assert_that(out["shards"], check_shards, label="Shards")
         assert_that(
             out[DUPLICATES_TAG],
             equal_to([Duplicate("/d/z/copy-of-03.jpg", "/d/c/03.jpg", _sha(3))]),
@@ -272,7 +272,7 @@ def test_write_shards_with_few_records_writes_empty_shards_too(tmp_path):
             | WriteShards(str(tmp_path), num_shards=2, target_shard_bytes=1)
         )
         assert_that(
-            out.shards | beam.Map(lambda r: (r.file, r.num_examples)),
+            out["shards"] | beam.Map(lambda r: (r.file, r.num_examples)),
             # Both hashes fall in the first half of the range: shard 1 is written empty.
             equal_to([("train-00000-of-00002.tfrecord", 2), ("train-00001-of-00002.tfrecord", 0)]),
         )
