@@ -434,3 +434,49 @@ def test_raw_stored_larger_than_output_is_cropped_randomly(tmp_path: Path) -> No
                 ]
                 offsets.update(match)
     assert len(offsets) > 1  # crops come from different places
+
+
+def test_raw_training_flips_about_half_and_otherwise_returns_the_stored_pixels(
+    raw_dataset: WrittenDataset,
+) -> None:
+    stored = {
+        r.sha256: np.frombuffer(r.encoded, np.uint8).reshape(32, 32, 3)
+        for r in raw_dataset.records["train"]
+    }
+    ds = make_dataset(
+        raw_dataset.root,
+        global_batch_size=8,
+        image_size=32,
+        seed=3,
+        with_keys=True,
+        num_epochs=10,
+    )
+    flipped = kept = 0
+    for images, _, keys in ds:
+        for image, key in zip(images.numpy(), keys.numpy(), strict=True):
+            original = stored[key.decode()]
+            if np.array_equal(image, original):
+                kept += 1
+            else:
+                assert np.array_equal(image, original[:, ::-1]), "neither stored nor mirrored"
+                flipped += 1
+    assert flipped + kept == 240
+    assert 80 <= flipped <= 160  # Binomial(240, 1/2): 120 +- 40 is over 5 standard deviations
+
+
+@pytest.mark.parametrize("batch", [1, 5, 16])
+def test_flip_block_matches_its_mask_and_flips_each_position_half_the_time(batch: int) -> None:
+    from tfrecord_io.decode import _flip_block, _flip_mask
+
+    images = tf.reshape(tf.range(batch * 3 * 4 * 3) % 251, [batch, 3, 4, 3])
+    images = tf.cast(images, tf.uint8)
+    counts = np.zeros(batch)
+    draws = 600
+    flip_block = tf.function(_flip_block)
+    for seeds in tf.data.Dataset.random(seed=7).batch(batch).take(draws):
+        mask = _flip_mask(seeds).numpy()
+        expected = np.where(mask[:, None, None, None], images.numpy()[:, :, ::-1], images.numpy())
+        np.testing.assert_array_equal(flip_block(images, seeds).numpy(), expected)
+        counts += mask
+    # Every position, first or last, wrapped or not, is flipped with probability 1/2.
+    assert np.all(np.abs(counts / draws - 0.5) < 0.09), counts / draws

@@ -228,35 +228,74 @@ def _decode_raw(encoded: tf.Tensor, seeds: tf.Tensor | None, config: DecodeConfi
                 tf.image.stateless_random_crop(
                     args[0], [size, size, 3], seed=_element_seed(args[1], 2)
                 ),
-                args[1],
+                args[2],
             ),
-            (images, seeds),
+            (images, seeds, _flip_mask(seeds)),
             fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8),
         )
-    return _random_flip(images, seeds) if config.training else images
+    return _flip_block(images, seeds) if config.training else images
 
 
 def _flip_bit(seed: tf.Tensor) -> tf.Tensor:
-    """Whether to flip an example: one bit of its seed (independent of the crop's hash of it)."""
+    """One bit of an example's seed (independent of the bits its crop hashes)."""
     return tf.equal(tf.bitwise.bitwise_and(tf.bitwise.right_shift(seed, 11), 1), 1)
 
 
-def _maybe_flip(image: tf.Tensor, seed: tf.Tensor) -> tf.Tensor:
-    """Flips one HWC image left-right with probability 1/2.
+def _flip_block_bounds(seeds: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """``(start, count)`` of the block of a batch's positions to flip (see ``_flip_mask``)."""
+    size = tf.shape(seeds, out_type=tf.int64)[0]
+    count = tf.reduce_sum(tf.cast(_flip_bit(seeds), tf.int64))
+    start = tf.math.floormod(tf.bitwise.right_shift(seeds[0], 20), tf.maximum(size, 1))
+    return tf.cast(start, tf.int32), tf.cast(count, tf.int32)
 
-    Done per image under a cond rather than on the whole batch with ``tf.where``: a broadcast
-    select over the batch costs several times more host CPU than reversing only the flipped half.
+
+def _flip_mask(seeds: tf.Tensor) -> tf.Tensor:
+    """Which examples of a batch are flipped left-right: ``[B]`` bool.
+
+    As many examples are flipped as there are seeds with their flip bit set, a Binomial(B, 1/2)
+    count like independent coin flips. They are one block of consecutive positions that starts
+    at a position drawn from other bits of the first seed and wraps around the end of the batch,
+    so every position, whatever the batch order, is flipped with probability exactly 1/2; and a
+    block reverses in one pass over the batch (``_flip_block``) instead of image by image, which
+    on RAW batches costs a third of the per-image way.
     """
-    return tf.cond(_flip_bit(seed), lambda: tf.reverse(image, axis=[1]), lambda: image)
+    start, count = _flip_block_bounds(seeds)
+    size = tf.shape(seeds)[0]
+    return tf.math.floormod(tf.range(size) - start, tf.maximum(size, 1)) < count
 
 
-def _random_flip(images: tf.Tensor, seeds: tf.Tensor) -> tf.Tensor:
-    shape = images.shape[1:]
-    return tf.map_fn(
-        lambda args: _maybe_flip(args[0], args[1]),
-        (images, seeds),
-        fn_output_signature=tf.TensorSpec(shape, images.dtype),
-    )
+def _mirror(images: tf.Tensor) -> tf.Tensor:
+    """Flips a batch of HWC images left-right.
+
+    As ``[rows, width, channels]`` the reversal takes TensorFlow's row-reversal fast path, about
+    four times faster than reversing axis 2 of the 4-D batch.
+    """
+    shape = tf.shape(images)
+    rows = tf.reshape(images, [-1, shape[2], shape[3]])
+    return tf.reshape(tf.reverse(rows, axis=[1]), shape)
+
+
+def _flip_block(images: tf.Tensor, seeds: tf.Tensor) -> tf.Tensor:
+    """Flips the ``_flip_mask`` block of a batch: one reversal and one copy of the batch."""
+    start, count = _flip_block_bounds(seeds)
+    size = tf.shape(images)[0]
+    end = start + count
+
+    def inside() -> tf.Tensor:
+        return tf.concat([images[:start], _mirror(images[start:end]), images[end:]], axis=0)
+
+    def wrapped() -> tf.Tensor:
+        tail = end - size
+        return tf.concat(
+            [_mirror(images[:tail]), images[tail:start], _mirror(images[start:])], axis=0
+        )
+
+    return tf.ensure_shape(tf.cond(end <= size, inside, wrapped), images.shape)
+
+
+def _maybe_flip(image: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
+    """Flips one HWC image left-right if ``flip``."""
+    return tf.cond(flip, lambda: tf.reverse(image, axis=[1]), lambda: image)
 
 
 def _checked_labels(labels: tf.Tensor, config: DecodeConfig) -> tf.Tensor:
@@ -303,8 +342,8 @@ def decode_batch(
         size = config.image_size
         if config.training:
             images = tf.map_fn(
-                lambda args: _maybe_flip(_decode_one(args[0], args[1], config), args[1]),
-                (encoded, seeds),
+                lambda args: _maybe_flip(_decode_one(args[0], args[1], config), args[2]),
+                (encoded, seeds, _flip_mask(seeds)),
                 fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8),
             )
         else:
