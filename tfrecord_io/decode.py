@@ -276,21 +276,20 @@ def _mirror(images: tf.Tensor) -> tf.Tensor:
 
 
 def _flip_block(images: tf.Tensor, seeds: tf.Tensor) -> tf.Tensor:
-    """Flips the ``_flip_mask`` block of a batch: one reversal and one copy of the batch."""
+    """Flips the ``_flip_mask`` block of a batch: one reversal and one copy of the batch.
+
+    ``tf.split`` along the batch axis gives views of the batch, not copies.
+    """
     start, count = _flip_block_bounds(seeds)
     size = tf.shape(images)[0]
-    end = start + count
-
-    def inside() -> tf.Tensor:
-        return tf.concat([images[:start], _mirror(images[start:end]), images[end:]], axis=0)
-
-    def wrapped() -> tf.Tensor:
-        tail = end - size
-        return tf.concat(
-            [_mirror(images[:tail]), images[tail:start], _mirror(images[start:])], axis=0
-        )
-
-    return tf.ensure_shape(tf.cond(end <= size, inside, wrapped), images.shape)
+    # Unwrapped, the block is [start, start + count); wrapped, it is [start, size) + [0, tail).
+    tail = tf.maximum(start + count - size, 0)
+    end = tf.minimum(start + count, size)
+    wrapped, kept, flipped, rest = tf.split(
+        images, tf.stack([tail, start - tail, end - start, size - end]), axis=0
+    )
+    out = tf.concat([_mirror(wrapped), kept, _mirror(flipped), rest], axis=0)
+    return tf.ensure_shape(out, images.shape)
 
 
 def _maybe_flip(image: tf.Tensor, flip: tf.Tensor) -> tf.Tensor:
