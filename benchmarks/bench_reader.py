@@ -33,46 +33,18 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-__all__ = ["baseline_dataset", "bytes_only_dataset", "main", "measure"]
+from benchmarks.common import article_dataset, write_shards
+
+__all__ = ["bytes_only_dataset", "main", "measure"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 IMAGE_SIZE = 224
-MEAN_RGB = (123.675, 116.28, 103.53)
-STDDEV_RGB = (58.395, 57.12, 57.375)
-
-
-def baseline_dataset(image_dir: Path, batch_size: int, seed: int = 0):  # -> tf.data.Dataset
-    """The article's tuned pipeline over the original JPEG files (label from the class folder)."""
-    import tensorflow as tf
-
-    paths = sorted(str(p) for p in image_dir.glob("*/*") if p.is_file())
-    classes = sorted({Path(p).parent.name for p in paths})
-    table = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(
-            tf.constant(classes), tf.range(len(classes), dtype=tf.int32)
-        ),
-        default_value=-1,
-    )
-    mean = tf.constant(MEAN_RGB, tf.float32)
-    std = tf.constant(STDDEV_RGB, tf.float32)
-
-    def load(path: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        image = tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
-        image = tf.image.resize(image, [IMAGE_SIZE, IMAGE_SIZE])
-        label = table.lookup(tf.strings.split(path, os.sep)[-2])
-        return (image - mean) / std, label
-
-    ds = tf.data.Dataset.from_tensor_slices(paths)
-    ds = ds.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def bytes_only_dataset(dataset_dir: Path, batch_size: int):  # -> tf.data.Dataset
@@ -108,29 +80,6 @@ def measure(
     gc.collect()
     examples = batches * batch_size
     return examples / wall, 1000.0 * cpu / examples
-
-
-def _run_pipeline(images: Path, output: Path, extra: Sequence[str], num_shards: int) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "beam_pipelines.images_to_tfrecord",
-        "--input",
-        str(images),
-        "--output",
-        str(output),
-        "--num_shards",
-        str(num_shards),
-        "--max_bad_fraction",
-        "0",
-        "--direct_num_workers=2",
-        "--direct_running_mode=multi_processing",
-        *extra,
-    ]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    if result.returncode != 0 or not (output / "dataset.json").exists():
-        raise RuntimeError(f"pipeline failed ({' '.join(command)}):\n{result.stderr[-3000:]}")
 
 
 def _chart(rows: list[dict], path: Path, title: str) -> None:
@@ -211,12 +160,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         mean_kb = sum(p.stat().st_size for p in photos) / len(photos) / 1024
         shards = max(2, args.n // 125)
         start = time.perf_counter()
-        _run_pipeline(root / "photos", root / "jpeg256", ["--image_size", "256"], shards)
-        _run_pipeline(
+        write_shards(root / "photos", root / "jpeg256", shards, ["--image_size", "256"])
+        write_shards(
             root / "photos",
             root / "raw224",
-            ["--image_size", "224", "--crop", "center", "--encoding", "raw"],
             shards,
+            ["--image_size", "224", "--crop", "center", "--encoding", "raw"],
         )
         prepare = time.perf_counter() - start
 
@@ -226,8 +175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         b = args.batch_size
         builders: dict[str, Callable[[], tf.data.Dataset]] = {
-            "baseline: article pipeline, original JPEGs": lambda: baseline_dataset(
-                root / "photos", b
+            "baseline: article pipeline, original JPEGs": lambda: article_dataset(
+                root / "photos", b, IMAGE_SIZE
             ),
             "reader, JPEG-256 shards": lambda: make_dataset(
                 root / "jpeg256", global_batch_size=b, image_size=IMAGE_SIZE, seed=0

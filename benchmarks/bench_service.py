@@ -36,12 +36,13 @@ import gc
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from benchmarks.common import write_shards
 
 __all__ = ["main", "measure"]
 
@@ -98,30 +99,6 @@ def measure(
     )
 
 
-def _write_shards(photos: Path, output: Path, num_shards: int) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "beam_pipelines.images_to_tfrecord",
-        "--input",
-        str(photos),
-        "--output",
-        str(output),
-        "--image_size",
-        "256",
-        "--num_shards",
-        str(num_shards),
-        "--max_bad_fraction",
-        "0",
-        "--direct_num_workers=2",
-        "--direct_running_mode=multi_processing",
-    ]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    if result.returncode != 0 or not (output / "dataset.json").exists():
-        raise RuntimeError(f"pipeline failed ({' '.join(command)}):\n{result.stderr[-3000:]}")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=512, help="photos to generate (512)")
@@ -144,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         photos = write_imagenet_like_jpegs(root / "photos", args.n, seed=0)
         mean_kb = sum(p.stat().st_size for p in photos) / len(photos) / 1024
         shards = max(4, args.n // 64)
-        _write_shards(root / "photos", root / "jpeg256", shards)
+        write_shards(root / "photos", root / "jpeg256", shards, ["--image_size", "256"])
 
         from tfrecord_io import make_dataset
 

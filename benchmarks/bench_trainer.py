@@ -34,7 +34,6 @@ import dataclasses
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,44 +41,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ArticleInputs", "article_dataset", "main"]
+from benchmarks.common import article_dataset, write_shards
 
-MEAN_RGB = (123.675, 116.28, 103.53)
-STDDEV_RGB = (58.395, 57.12, 57.375)
-
-
-def article_dataset(photos: Path, batch_size: int, image_size: int, seed: int = 0) -> Any:
-    """The article's tuned pipeline over the original JPEGs, as in ``bench_reader``, at any size:
-    list files -> shuffle -> parallel map(read, decode_jpeg, resize, normalise) -> batch ->
-    prefetch. Labels come from the class folder."""
-    import tensorflow as tf
-
-    paths = sorted(str(p) for p in photos.glob("*/*") if p.is_file())
-    classes = sorted({Path(p).parent.name for p in paths})
-    table = tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(
-            tf.constant(classes), tf.range(len(classes), dtype=tf.int32)
-        ),
-        default_value=-1,
-    )
-    mean = tf.constant(MEAN_RGB, tf.float32)
-    std = tf.constant(STDDEV_RGB, tf.float32)
-
-    def load(path: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-        image = tf.io.decode_jpeg(tf.io.read_file(path), channels=3)
-        image = tf.image.resize(image, [image_size, image_size])
-        label = table.lookup(tf.strings.split(path, os.sep)[-2])
-        return (image - mean) / std, label
-
-    ds = tf.data.Dataset.from_tensor_slices(paths)
-    ds = ds.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True).repeat()
-    ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
-    return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+__all__ = ["ArticleInputs", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
 class ArticleInputs:
-    """``trainer.inputs.Inputs`` over the article's pipeline (``bench_reader.baseline_dataset``)."""
+    """``trainer.inputs.Inputs`` over the article's pipeline (``benchmarks.common.article_dataset``)."""
 
     photos: Path
     global_batch_size: int
@@ -104,24 +73,6 @@ class ArticleInputs:
 
     def layout(self) -> dict[str, Any]:
         return {"photos": str(self.photos), "global_batch_size": self.global_batch_size}
-
-
-def _pipeline(images: Path, output: Path, extra: Sequence[str], num_shards: int) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "beam_pipelines.images_to_tfrecord",
-        f"--input={images}",
-        f"--output={output}",
-        f"--num_shards={num_shards}",
-        "--max_bad_fraction=0",
-        *extra,
-    ]
-    result = subprocess.run(
-        command, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    )
-    if result.returncode != 0 or not (output / "dataset.json").exists():
-        raise RuntimeError(f"pipeline failed ({' '.join(command)}):\n{result.stderr[-3000:]}")
 
 
 def _input_alone(dataset: Any, warmup: int, batches: int, batch_size: int) -> float:
@@ -192,12 +143,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         mean_kb = sum(p.stat().st_size for p in photos) / len(photos) / 1024
         shards = max(2, args.n // 125)
         start = time.perf_counter()
-        _pipeline(root / "photos", root / "jpeg256", ["--image_size=256"], shards)
-        _pipeline(
+        write_shards(root / "photos", root / "jpeg256", shards, ["--image_size=256"])
+        write_shards(
             root / "photos",
             root / "raw224",
-            ["--image_size=224", "--crop=center", "--encoding=raw"],
             shards,
+            ["--image_size=224", "--crop=center", "--encoding=raw"],
         )
         prepare = time.perf_counter() - start
 
