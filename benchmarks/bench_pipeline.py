@@ -246,7 +246,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"| {label} | {m['t_n']:.2f} | {m['t_3n']:.2f} | {m['rate']:.0f} | "
             f"{m['cpu_ms']:.2f} | {ratio} | {target} |"
         )
+    cores = os.cpu_count() or 1
+    budget = 1000 * min(cores, 2) / (1.5 * in_process["rate"])
+    work = in_process["cpu_ms"] - plane_in["cpu_ms"]
     print()
+    print(
+        f"2 processes reach 1.5x in-process only if an image costs <= {budget:.2f} CPU-ms on "
+        f"{min(cores, 2)} cores; its work in-process is {work:.2f} (pipeline minus moving records "
+        f"in-process) and moving one record between processes costs {plane_multi['cpu_ms']:.2f}"
+        f" more: {work + plane_multi['cpu_ms']:.2f} CPU-ms"
+    )
     print(
         f"CPU efficiency of the in-process pipeline (pillow CPU ms / pipeline CPU ms per image): "
         f"{baseline['cpu_ms'] / in_process['cpu_ms']:.2f}; load average at end "
