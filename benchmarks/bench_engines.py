@@ -3,8 +3,8 @@
 Inputs are ImageNet-like JPEGs (500x375, about 100 KB, quality 90). Each row runs the real
 pipeline (``beam_pipelines.images_to_tfrecord.run``) once untimed to warm imports and worker
 processes, then on N and on 3N images (``--repeats`` times each, fastest kept); its
-steady-state rate is ``2N / (t(3N) - t(N))``, so start-up, graph submission and the one-time
-TensorFlow import in every worker cancel out.
+steady-state rate is ``2N / (t(3N) - t(N))``, so start-up, graph submission and one-time
+imports in every worker cancel out.
 
 Rows:
   * pillow loop, 1 core: the per-image work with no Beam (the per-element cost floor);

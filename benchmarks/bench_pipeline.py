@@ -7,7 +7,9 @@ so start-up (imports, worker processes, pipeline construction) cancels out.
 Rows:
   * pillow loop: one core, per image: read, sniff and open, ``draft``, EXIF orientation, RGB,
     resize to a 256 shorter side, JPEG q90 encode, SHA-256. No Beam, no TFRecords.
-  * pipeline, in-process: ``python -m beam_pipelines.images_to_tfrecord`` on the DirectRunner.
+  * pipeline, in-process: ``python -m beam_pipelines.images_to_tfrecord`` on the DirectRunner,
+    with ``--num_shards 8`` (the default 128 MB shards would make one shard of these few
+    hundred images, written by a single worker).
   * pipeline, 2 processes: the same with ``--direct_num_workers=2
     --direct_running_mode=multi_processing``.
 
@@ -50,6 +52,9 @@ __all__ = ["pillow_loop", "pipeline_run", "data_plane_run", "steady_rate", "main
 IMAGE_SIZE = 256
 MULTI_PROCESS_FLAGS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 BLOB_BYTES = 32 * 1024
+# At a few hundred images the default 128 MB shard target gives one shard, which one worker
+# would write alone; a real dataset has hundreds of shards, written in parallel.
+NUM_SHARDS = 8
 
 
 def pillow_loop(paths: Sequence[Path]) -> int:
@@ -83,6 +88,8 @@ def pipeline_run(input_dir: Path, output: Path, extra: Sequence[str]) -> int:
             str(output),
             "--image_size",
             str(IMAGE_SIZE),
+            "--num_shards",
+            str(NUM_SHARDS),
             "--max_bad_fraction",
             "0",
             "--overwrite",
@@ -100,7 +107,7 @@ def _blob(index: int) -> tuple[str, bytes]:
 
 
 def _shard_of(record: tuple[str, bytes], total_bytes: int) -> tuple[int, tuple[str, bytes]]:
-    return (int(record[0][:4], 16) * 8) >> 16, record
+    return (int(record[0][:4], 16) * NUM_SHARDS) >> 16, record
 
 
 def data_plane_run(n: int, extra: Sequence[str]) -> int:
