@@ -100,7 +100,11 @@ def test_stager_ships_every_module_and_the_pinned_dependencies(staged, project_c
     }
     assert "beam_pipelines/images_to_tfrecord.py" in modules
     assert modules <= shipped, sorted(modules - shipped)
-    requires_lines = requires.decode().split()
+    # requires.txt lists the install requirements first, then one [extra] section per extra.
+    required, _, extras = requires.decode().partition("\n[")
+    assert not [line for line in required.split() if line.startswith("tensorflow")], required
+    assert "tensorflow]\ntensorflow-cpu==2.21.0" in extras, extras
+    requires_lines = required.split()
     for pin in _dependencies():
         name = pin.split("[")[0].split("==")[0]
         assert any(
