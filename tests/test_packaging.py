@@ -361,3 +361,11 @@ def test_setup_file_that_does_not_exist_is_refused_naming_it(tmp_path):
     options = PipelineOptions(["--setup_file", str(missing)])
     with pytest.raises(RuntimeError, match=str(missing)):
         Stager.create_job_resources(options, str(tmp_path))
+
+
+def test_reader_without_tensorflow_says_which_extra_to_install():
+    # A pipeline-only install has no TensorFlow; None in sys.modules makes its import fail.
+    code = "import sys; sys.modules['tensorflow'] = None; import tfrecord_io"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.returncode == 1
+    assert "pip install 'tfrecord-service[tensorflow]'" in done.stderr, done.stderr[-2000:]

@@ -1,5 +1,13 @@
 """tfrecord_io: the fast, resumable tf.data reader for image TFRecord shards, and verification."""
 
+try:
+    import tensorflow  # noqa: F401  (the reader is tf.data through and through)
+except ImportError as e:  # a pipeline-only install: the package leaves TensorFlow to an extra
+    raise ImportError(
+        "tfrecord_io needs TensorFlow, which the package installs only with its 'tensorflow' "
+        "extra: pip install 'tfrecord-service[tensorflow]' (or pip install -r requirements.txt)"
+    ) from e
+
 from tfrecord_io.cache import (
     CacheConfig,
     CacheDirInUseError,
