@@ -30,25 +30,20 @@ import logging
 import os
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from beam_pipelines.samples import write_imagenet_like_jpegs
-from benchmarks.bench_pipeline import pillow_loop
+from benchmarks.steady_state import (
+    NoisyMeasurement,
+    photo_sets,
+    pillow_loop,
+    pipeline_run,
+    steady_rate,
+)
 from tests.fixtures.dask_cluster import local_dask_cluster
 
-__all__ = [
-    "ENGINES",
-    "NoisyMeasurement",
-    "Row",
-    "cpu_seconds",
-    "pipeline_run",
-    "steady_rate",
-    "measure_engine",
-    "main",
-]
+__all__ = ["ENGINES", "Row", "measure_engine", "main"]
 
 # Fixed across rows so every engine writes the same shards; several shards let the writing
 # step spread over workers too.
@@ -65,77 +60,6 @@ ENGINES: dict[str, tuple[str, int, list[str]]] = {
     "dask1": ("Dask, 1 worker", 1, []),
     "dask2": ("Dask, 2 workers", 2, []),
 }
-
-
-class NoisyMeasurement(RuntimeError):
-    """The 3N run was not slower than the N run: start-up noise swamped the per-image work."""
-
-    def __init__(self, t_n: float, t_3n: float) -> None:
-        super().__init__(f"3N run ({t_3n:.2f}s) was not slower than N run ({t_n:.2f}s)")
-        self.t_n = t_n
-        self.t_3n = t_3n
-
-
-def pipeline_run(input_dir: Path, output: Path, extra: Sequence[str]) -> int:
-    """One run of the pipeline's entry point; returns images written."""
-    from beam_pipelines.images_to_tfrecord import run
-
-    summary = run(
-        ["--input", str(input_dir), "--output", str(output), "--max_bad_fraction", "0"]
-        + ["--overwrite", *extra]
-    )
-    if not summary.published:
-        raise RuntimeError(f"benchmark run was not published: {summary.describe()}")
-    return summary.manifest.counts.written
-
-
-def cpu_seconds(pids: Sequence[int] = ()) -> float:
-    """CPU time (user + system) of this process, its reaped children and the given processes.
-
-    On a shared machine wall time depends on everyone else's load; CPU time per image does
-    not, so it is what the per-element overhead is computed from.
-    """
-    t = os.times()
-    total = t.user + t.system + t.children_user + t.children_system
-    tick = os.sysconf("SC_CLK_TCK")
-    for pid in pids:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    return total
-
-
-def steady_rate(
-    run_n: Callable[[], int],
-    run_3n: Callable[[], int],
-    repeats: int,
-    pids: Sequence[int] = (),
-) -> tuple[float, float, float, float]:
-    """Times both sizes ``repeats`` times and keeps the fastest of each (the least disturbed
-    by other load).
-
-    Returns:
-      ``(rate, cpu_ms, t_n, t_3n)``: extra images per extra wall second, and extra CPU
-      milliseconds (this process, its children and ``pids``) per extra image.
-
-    Raises:
-      NoisyMeasurement: the 3N run was not slower than the N run (noise swamped the signal).
-    """
-    best: dict[str, tuple[float, int, float]] = {}
-    for _ in range(repeats):
-        for size, fn in (("n", run_n), ("3n", run_3n)):
-            cpu = cpu_seconds(pids)
-            start = time.perf_counter()
-            done = fn()
-            elapsed = time.perf_counter() - start
-            cpu = cpu_seconds(pids) - cpu
-            if size not in best or elapsed < best[size][0]:
-                best[size] = (elapsed, done, cpu)
-    (t_n, done_n, cpu_n), (t_3n, done_3n, cpu_3n) = best["n"], best["3n"]
-    if t_3n <= t_n:
-        raise NoisyMeasurement(t_n, t_3n)
-    extra = done_3n - done_n
-    return extra / (t_3n - t_n), 1000 * (cpu_3n - cpu_n) / extra, t_n, t_3n
 
 
 @dataclass(frozen=True)
@@ -233,10 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
         small, large = work / "n", work / "3n"
-        # Disjoint seeds: the 3N set shares no bytes with the N set (no duplicates).
-        paths_n = write_imagenet_like_jpegs(small, n, seed=1)
-        paths_3n = write_imagenet_like_jpegs(large, 3 * n, seed=2)
-        mean_kb = sum(p.stat().st_size for p in paths_3n) / len(paths_3n) / 1024
+        paths_n, paths_3n, mean_kb = photo_sets(work, n)
         print(
             f"{n} + {3 * n} ImageNet-like JPEGs, 500x375, mean {mean_kb:.0f} KB, q90; "
             f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start",

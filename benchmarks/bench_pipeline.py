@@ -32,73 +32,40 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import io
 import logging
 import math
 import os
-import resource
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from PIL import Image, ImageOps
+from benchmarks.steady_state import (
+    IMAGE_SIZE,
+    NoisyMeasurement,
+    photo_sets,
+    pillow_loop,
+    pipeline_run,
+    steady_rate,
+)
 
-from beam_pipelines.samples import write_imagenet_like_jpegs
+__all__ = ["data_plane_run", "main"]
 
-__all__ = ["pillow_loop", "pipeline_run", "data_plane_run", "steady_rate", "main"]
-
-IMAGE_SIZE = 256
 MULTI_PROCESS_FLAGS = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 BLOB_BYTES = 32 * 1024
 # At a few hundred images the default 128 MB shard target gives one shard, which one worker
 # would write alone; a real dataset has hundreds of shards, written in parallel.
 NUM_SHARDS = 8
+PIPELINE_FLAGS = ["--image_size", str(IMAGE_SIZE), "--num_shards", str(NUM_SHARDS)]
 
 
-def pillow_loop(paths: Sequence[Path]) -> int:
-    """The baseline: the pipeline's per-image work as a plain loop; returns images done."""
-    for path in paths:
-        data = path.read_bytes()
-        hashlib.sha256(data).hexdigest()
-        image = Image.open(io.BytesIO(data))
-        image.draft("RGB", (IMAGE_SIZE, IMAGE_SIZE))
-        image = ImageOps.exif_transpose(image).convert("RGB")
-        width, height = image.size
-        scale = IMAGE_SIZE / min(width, height)
-        image = image.resize(
-            (max(1, round(width * scale)), max(1, round(height * scale))),
-            Image.Resampling.BICUBIC,
-        )
-        out = io.BytesIO()
-        image.save(out, format="JPEG", quality=90)
-    return len(paths)
-
-
-def pipeline_run(input_dir: Path, output: Path, extra: Sequence[str]) -> int:
-    """One pipeline run through its entry point; returns images written."""
-    from beam_pipelines import images_to_tfrecord
-
-    summary = images_to_tfrecord.run(
-        [
-            "--input",
-            str(input_dir),
-            "--output",
-            str(output),
-            "--image_size",
-            str(IMAGE_SIZE),
-            "--num_shards",
-            str(NUM_SHARDS),
-            "--max_bad_fraction",
-            "0",
-            "--overwrite",
-            *extra,
-        ]
-    )
-    if not summary.published:
-        raise RuntimeError(f"benchmark run was not published: {summary.describe()}")
-    return summary.manifest.counts.written
+def _measure(run_n: Callable[[], int], run_3n: Callable[[], int], repeats: int) -> dict[str, float]:
+    """``steady_rate`` as a row: rate and CPU-ms are NaN when noise swamped the signal."""
+    try:
+        rate, cpu_ms, t_n, t_3n = steady_rate(run_n, run_3n, repeats)
+    except NoisyMeasurement as e:
+        return {"rate": math.nan, "cpu_ms": math.nan, "t_n": e.t_n, "t_3n": e.t_3n}
+    return {"rate": rate, "cpu_ms": cpu_ms, "t_n": t_n, "t_3n": t_3n}
 
 
 def _blob(index: int) -> tuple[str, bytes]:
@@ -127,49 +94,6 @@ def data_plane_run(n: int, extra: Sequence[str]) -> int:
     return n
 
 
-def _clock() -> tuple[float, float]:
-    """``(wall seconds, CPU seconds of this process and its finished children)``."""
-    own = resource.getrusage(resource.RUSAGE_SELF)
-    children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
-    return time.perf_counter(), cpu
-
-
-def _timed(run: Callable[[], int]) -> tuple[int, float, float]:
-    wall0, cpu0 = _clock()
-    done = run()
-    wall1, cpu1 = _clock()
-    return done, wall1 - wall0, cpu1 - cpu0
-
-
-def steady_rate(
-    run_n: Callable[[], int], run_3n: Callable[[], int], repeats: int = 1
-) -> dict[str, float]:
-    """Times both sizes ``repeats`` times, keeping the fastest of each.
-
-    Returns:
-      ``rate`` (extra images per extra wall second), ``cpu_ms`` (extra CPU ms per extra image,
-      children included), and the kept ``t_n`` and ``t_3n``.
-
-    Both are NaN when the 3N run was not slower than the N run (noise swamped the signal).
-    """
-    best_n = best_3n = None
-    for _ in range(repeats):
-        n = _timed(run_n)
-        large = _timed(run_3n)
-        best_n = n if best_n is None or n[1] < best_n[1] else best_n
-        best_3n = large if best_3n is None or large[1] < best_3n[1] else best_3n
-    (done_n, t_n, cpu_n), (done_3n, t_3n, cpu_3n) = best_n, best_3n
-    extra = done_3n - done_n
-    # On a busy machine the N run can take longer than the 3N run: no rate can be derived then.
-    return {
-        "rate": extra / (t_3n - t_n) if t_3n > t_n else math.nan,
-        "cpu_ms": 1000 * (cpu_3n - cpu_n) / extra if cpu_3n > cpu_n else math.nan,
-        "t_n": t_n,
-        "t_3n": t_3n,
-    }
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=200, help="N; runs use N and 3N images (200)")
@@ -186,10 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.workdir) as work:
         root = Path(work)
         small, large = root / "n", root / "3n"
-        # Disjoint seeds: the 3N set shares no bytes with the N set (no duplicates, no cache).
-        paths_n = write_imagenet_like_jpegs(small, n, seed=1)
-        paths_3n = write_imagenet_like_jpegs(large, 3 * n, seed=2)
-        mean_kb = sum(p.stat().st_size for p in paths_3n) / len(paths_3n) / 1024
+        paths_n, paths_3n, mean_kb = photo_sets(root, n)
         print(
             f"{3 * n} + {n} ImageNet-like JPEGs, 500x375, mean {mean_kb:.0f} KB, q90; "
             f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start"
@@ -200,9 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append(
             (
                 "pillow loop, 1 core",
-                steady_rate(
-                    lambda: pillow_loop(paths_n), lambda: pillow_loop(paths_3n), args.repeats
-                ),
+                _measure(lambda: pillow_loop(paths_n), lambda: pillow_loop(paths_3n), args.repeats),
             )
         )
         for label, extra in (
@@ -210,10 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("pipeline, 2 processes", MULTI_PROCESS_FLAGS),
         ):
             # An untimed run first: one-time imports (TensorFlow, Beam) must not count as N's.
-            pipeline_run(small, root / "warm", extra)
-            measured = steady_rate(
-                lambda e=extra: pipeline_run(small, root / "out_n", e),
-                lambda e=extra: pipeline_run(large, root / "out_3n", e),
+            flags = [*PIPELINE_FLAGS, *extra]
+            pipeline_run(small, root / "warm", flags)
+            measured = _measure(
+                lambda f=flags: pipeline_run(small, root / "out_n", f),
+                lambda f=flags: pipeline_run(large, root / "out_3n", f),
                 args.repeats,
             )
             rows.append((label, measured))
@@ -222,7 +142,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("records only, 2 processes", MULTI_PROCESS_FLAGS),
         ):
             data_plane_run(n, extra)
-            measured = steady_rate(
+            measured = _measure(
                 lambda e=extra: data_plane_run(n, e),
                 lambda e=extra: data_plane_run(3 * n, e),
                 args.repeats,
