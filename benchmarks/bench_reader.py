@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.common import article_dataset, write_shards
+from benchmarks.common import JPEG_256, RAW_224, article_dataset, write_shards
 
 __all__ = ["bytes_only_dataset", "main", "measure"]
 
@@ -162,12 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         mean_kb = sum(p.stat().st_size for p in photos) / len(photos) / 1024
         shards = max(2, args.n // 125)
         start = time.perf_counter()
-        write_shards(root / "photos", root / "jpeg256", shards, ["--image_size", "256"])
+        write_shards(root / "photos", root / "jpeg256", shards, JPEG_256)
         write_shards(
             root / "photos",
             root / "raw224",
             shards,
-            ["--image_size", "224", "--crop", "center", "--encoding", "raw"],
+            RAW_224,
         )
         prepare = time.perf_counter() - start
 

@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.common import write_shards
+from benchmarks.common import JPEG_256, write_shards
 
 __all__ = ["main", "measure"]
 
@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         photos = write_imagenet_like_jpegs(root / "photos", args.n, seed=0)
         mean_kb = sum(p.stat().st_size for p in photos) / len(photos) / 1024
         shards = max(4, args.n // 64)
-        write_shards(root / "photos", root / "jpeg256", shards, ["--image_size", "256"])
+        write_shards(root / "photos", root / "jpeg256", shards, JPEG_256)
 
         from tfrecord_io import make_dataset
 

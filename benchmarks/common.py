@@ -15,10 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MEAN_RGB", "STDDEV_RGB", "article_dataset", "write_shards"]
+__all__ = ["JPEG_256", "MEAN_RGB", "RAW_224", "STDDEV_RGB", "article_dataset", "write_shards"]
 
 MEAN_RGB = (123.675, 116.28, 103.53)
 STDDEV_RGB = (58.395, 57.12, 57.375)
+# The two datasets the reading benchmarks compare, as ``write_shards`` flags.
+JPEG_256 = ("--image_size", "256")
+RAW_224 = ("--image_size", "224", "--crop", "center", "--encoding", "raw")
 
 
 def article_dataset(photos: Path, batch_size: int, image_size: int = 224, seed: int = 0) -> Any:
