@@ -257,7 +257,7 @@ def _flip_mask(seeds: tf.Tensor) -> tf.Tensor:
     at a position drawn from other bits of the first seed and wraps around the end of the batch,
     so every position, whatever the batch order, is flipped with probability exactly 1/2; and a
     block reverses in one pass over the batch (``_flip_block``) instead of image by image, which
-    on RAW batches costs a third of the per-image way.
+    on RAW batches costs about half of the per-image way.
     """
     start, count = _flip_block_bounds(seeds)
     size = tf.shape(seeds)[0]
@@ -276,7 +276,7 @@ def _mirror(images: tf.Tensor) -> tf.Tensor:
 
 
 def _flip_block(images: tf.Tensor, seeds: tf.Tensor) -> tf.Tensor:
-    """Flips the ``_flip_mask`` block of a batch: one reversal and one copy of the batch.
+    """Flips the ``_flip_mask`` block of a batch: the block reversed, the batch copied once.
 
     ``tf.split`` along the batch axis gives views of the batch, not copies.
     """
