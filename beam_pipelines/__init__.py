@@ -42,6 +42,7 @@ from beam_pipelines.shards import (
     assign_shard,
     assign_split,
     dedupe_sorted,
+    fixed_shard_counts,
     plan_shard_counts,
 )
 from beam_pipelines.sources import LabelNames, ListSources, is_listing, parse_listing_line
@@ -84,6 +85,7 @@ __all__ = [
     "assign_shard",
     "assign_split",
     "dedupe_sorted",
+    "fixed_shard_counts",
     "plan_shard_counts",
     "LabelNames",
     "ListSources",

@@ -38,8 +38,9 @@ class PipelineConfig:
       output: the dataset directory/prefix; ``dataset.json`` is written there last.
       image: how each image is prepared.
       validation_fraction: share of examples (by content hash) put in the ``validation`` split.
-      num_shards: shard count for ``train`` (validation gets a proportional count); None to
-        derive counts from ``target_shard_mb``.
+      num_shards: shard count for ``train``, fixed before the run (validation gets
+        ``ceil(num_shards * f / (1 - f))`` for ``validation_fraction`` f); None to plan counts
+        from the prepared bytes and ``target_shard_mb``, which costs a wait for all records.
       target_shard_mb: wanted shard size in MiB when ``num_shards`` is None.
       max_bad_fraction: largest rejected/input ratio that still publishes the dataset.
       overwrite: replace an existing dataset at ``output``.
@@ -151,8 +152,8 @@ class ImagesToTFRecordOptions(PipelineOptions):
             "--num_shards",
             type=int,
             default=None,
-            help="train shard count (validation gets a proportional count); default: from "
-            "--target_shard_mb",
+            help="train shard count, fixed up front (validation gets a proportional count); "
+            "the fastest way to shard. Default: planned from --target_shard_mb",
         )
         parser.add_argument(
             "--target_shard_mb", type=float, default=128.0, help="wanted shard size in MiB (128)"

@@ -31,6 +31,7 @@ __all__ = [
     "DUPLICATES_TAG",
     "assign_split",
     "assign_shard",
+    "fixed_shard_counts",
     "plan_shard_counts",
     "dedupe_sorted",
     "copy_to_filesystem",
@@ -71,28 +72,39 @@ def assign_shard(sha256: str, num_shards: int) -> int:
     return (int(sha256[:16], 16) * num_shards) >> 64
 
 
+def fixed_shard_counts(num_shards: int, validation_fraction: float) -> dict[str, int]:
+    """Each split's shard count from ``--num_shards``, known before any record exists.
+
+    ``train`` gets ``num_shards``; ``validation`` (when ``validation_fraction`` > 0) gets
+    ``ceil(num_shards * f / (1 - f))``, the count that gives its shards the size of train's.
+    Knowing the counts up front lets records go from the image step straight to the group-by-
+    shard: no step has to wait for all records to be prepared before any can be placed.
+    """
+    if not 1 <= num_shards <= 99999:
+        raise ValueError(f"num_shards must be in [1, 99999], got {num_shards!r}")
+    if not 0.0 <= validation_fraction < 1.0:
+        raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction!r}")
+    counts = {TRAIN: num_shards}
+    if validation_fraction > 0:
+        wanted = math.ceil(num_shards * validation_fraction / (1.0 - validation_fraction))
+        counts[VALIDATION] = min(wanted, 99999)
+    return counts
+
+
 def plan_shard_counts(
-    stats: Mapping[str, tuple[int, int]], *, num_shards: int | None, target_shard_bytes: int
+    stats: Mapping[str, tuple[int, int]], *, target_shard_bytes: int
 ) -> dict[str, int]:
     """Chooses each split's shard count from its ``(num_examples, num_bytes)``.
 
-    With ``num_shards`` the train split gets that many shards and every other split a count in
-    proportion to its bytes (at least 1). Otherwise each split gets
-    ``ceil(num_bytes / target_shard_bytes)``. No split gets more shards than examples, and an
-    empty split gets none.
+    Each split gets ``ceil(num_bytes / target_shard_bytes)``, never more than it has examples
+    and at least 1; an empty split gets none.
     """
     counts: dict[str, int] = {}
-    train_bytes = stats.get(TRAIN, (0, 0))[1]
     for split, (examples, size) in sorted(stats.items()):
         if examples == 0:
             counts[split] = 0
             continue
-        if num_shards is None:
-            wanted = math.ceil(size / target_shard_bytes)
-        elif split == TRAIN or train_bytes == 0:
-            wanted = num_shards
-        else:
-            wanted = math.ceil(num_shards * size / train_bytes)
+        wanted = math.ceil(size / target_shard_bytes)
         counts[split] = max(1, min(wanted, examples, 99999))
     return counts
 
@@ -209,34 +221,63 @@ def _sum_pairs(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
 class WriteShards(beam.PTransform):
     """``(split, PreparedRecord) -> {"shards": ShardResult, "duplicates": Duplicate}``.
 
-    Plans each split's shard count from its total bytes, assigns every record to a shard by
-    content hash, groups by shard and writes each shard whole. ``shards`` has one element per
-    planned shard, ``duplicates`` one per input dropped as a byte-identical copy.
+    Assigns every record to a shard by content hash, groups by shard and writes each shard
+    whole. ``shards`` has one element per shard of every split that received records,
+    ``duplicates`` one per input dropped as a byte-identical copy.
+
+    Shard counts come one of two ways:
+      * ``shard_counts`` (``{split: count}``, e.g. from ``fixed_shard_counts``): fixed before
+        the pipeline runs. Records are placed as soon as they are prepared and cross between
+        workers once, in the group-by-shard.
+      * ``target_shard_bytes``: each split's count is planned from its total bytes, which are
+        known only when every record is prepared. Records wait for that plan (a side input),
+        which every runner pays for by holding all records once more before the group-by-shard.
+
+    Raises:
+      ValueError: unless exactly one of ``shard_counts`` and ``target_shard_bytes`` is given,
+        and (while running) for a record of a split ``shard_counts`` does not name.
     """
 
-    def __init__(self, output_dir: str, *, num_shards: int | None, target_shard_bytes: int) -> None:
+    def __init__(
+        self,
+        output_dir: str,
+        *,
+        shard_counts: Mapping[str, int] | None = None,
+        target_shard_bytes: int | None = None,
+    ) -> None:
         super().__init__()
+        if (shard_counts is None) == (target_shard_bytes is None):
+            raise ValueError(
+                "WriteShards needs exactly one of shard_counts and target_shard_bytes, got "
+                f"shard_counts={shard_counts!r}, target_shard_bytes={target_shard_bytes!r}"
+            )
+        if shard_counts is not None and not all(
+            isinstance(n, int) and n >= 1 for n in shard_counts.values()
+        ):
+            raise ValueError(f"shard_counts must map splits to counts >= 1, got {shard_counts!r}")
         self._output_dir = output_dir
-        self._num_shards = num_shards
+        self._counts = dict(shard_counts) if shard_counts is not None else None
         self._target = target_shard_bytes
 
     def expand(self, records):
-        num_shards, target = self._num_shards, self._target
-        plan = (
-            _split_stats(records)
-            # (split, (num_examples, num_bytes))
-            | "StatsToDict" >> beam.combiners.ToDict()
-            # {split: (num_examples, num_bytes)}
-            | "PlanShards"
-            >> beam.Map(
-                lambda stats: plan_shard_counts(
-                    stats, num_shards=num_shards, target_shard_bytes=target
-                )
+        if self._counts is not None:
+            counts = self._counts
+            plan = records.pipeline | "FixedShardCounts" >> beam.Create([counts])
+            keyed = records | "AssignShard" >> beam.Map(_keyed_by_shard, counts)
+        else:
+            target = self._target
+            plan = (
+                _split_stats(records)
+                # (split, (num_examples, num_bytes))
+                | "StatsToDict" >> beam.combiners.ToDict()
+                # {split: (num_examples, num_bytes)}
+                | "PlanShards"
+                >> beam.Map(lambda stats: plan_shard_counts(stats, target_shard_bytes=target))
             )
-            # {split: num_shards}
-        )
-        keyed = records | "AssignShard" >> beam.Map(_keyed_by_shard, beam.pvalue.AsSingleton(plan))
-        # ((split, index, count), PreparedRecord)
+            keyed = records | "AssignShard" >> beam.Map(
+                _keyed_by_shard, beam.pvalue.AsSingleton(plan)
+            )
+        # plan: {split: num_shards}; keyed: ((split, index, count), PreparedRecord)
         written = (
             keyed
             | "GroupByShard" >> beam.GroupByKey()
@@ -260,7 +301,10 @@ class WriteShards(beam.PTransform):
 
 def _empty_shards(counts: Mapping[str, int], written: Iterable[ShardResult]):
     done = {(s.split, s.index) for s in written}
+    splits_with_records = {split for split, _ in done}
     for split, count in sorted(counts.items()):
+        if split not in splits_with_records:
+            continue  # a split that received no record gets no shards
         for index in range(count):
             if (split, index) not in done:
                 yield (split, index, count), []
@@ -268,5 +312,11 @@ def _empty_shards(counts: Mapping[str, int], written: Iterable[ShardResult]):
 
 def _keyed_by_shard(element, plan):
     split, record = element
-    count = plan[split]
+    try:
+        count = plan[split]
+    except KeyError:
+        raise ValueError(
+            f"no shard count for split {split!r} (of {record.uri}); "
+            f"the shard counts name only {sorted(plan)}"
+        ) from None
     return (split, assign_shard(record.sha256, count), count), record

@@ -22,6 +22,7 @@ from beam_pipelines.shards import (
     METRICS_NAMESPACE,
     WriteShards,
     assign_split,
+    fixed_shard_counts,
 )
 from beam_pipelines.sources import LabelNames, ListSources
 from schemas.image_example import ImageRecord, serialize_record
@@ -162,11 +163,12 @@ class ImagesToShards(beam.PTransform):
             lambda record: (assign_split(record.sha256, fraction), record)
         )
         # (split, PreparedRecord)
-        written = by_split | "WriteShards" >> WriteShards(
-            config.output,
-            num_shards=config.num_shards,
-            target_shard_bytes=config.target_shard_bytes,
-        )
+        if config.num_shards is not None:
+            # Counts known now: records go straight from the image step to the group-by-shard.
+            sharding = {"shard_counts": fixed_shard_counts(config.num_shards, fraction)}
+        else:
+            sharding = {"target_shard_bytes": config.target_shard_bytes}
+        written = by_split | "WriteShards" >> WriteShards(config.output, **sharding)
         return {
             "sources": sources,
             "label_names": label_names,

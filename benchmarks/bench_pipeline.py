@@ -12,13 +12,17 @@ Rows:
     hundred images, written by a single worker).
   * pipeline, 2 processes: the same with ``--direct_num_workers=2
     --direct_running_mode=multi_processing``.
+  * pipeline, 2 processes, counts from bytes: ``--target_shard_mb 1`` instead of
+    ``--num_shards``, so shard counts are planned from the prepared bytes and every record waits
+    for that plan (about 10 shards at N=300, as many as the fixed row's 8).
 
 Targets: in-process >= 80% of the Pillow loop; 2 processes >= 1.5x in-process.
 
-Two more rows explain the second ratio. They run a pipeline of the writer's shape (Reshuffle,
-a side input planned from all records, GroupByKey by shard) over 32 KB blobs made on the
-workers, with no image work at all: the rate at which each runner mode moves records of the
-size our JPEG examples have. No pipeline of this shape can go faster than that on that mode.
+Three more rows explain the second ratio. They run a pipeline of the writer's shape (Reshuffle,
+then GroupByKey by shard) over 32 KB blobs made on the workers, with no image work at all: the
+rate at which each runner mode moves records of the size our JPEG examples have. The last one
+has the byte-planned shape, where the shard of each record needs a side input computed from
+all records. No pipeline of a shape can go faster than its row on that mode.
 
 Besides wall-clock rates the table gives CPU milliseconds per image (this process and its
 worker processes), which stays meaningful when other jobs share the machine.
@@ -57,6 +61,8 @@ BLOB_BYTES = 32 * 1024
 # would write alone; a real dataset has hundreds of shards, written in parallel.
 NUM_SHARDS = 8
 PIPELINE_FLAGS = ["--image_size", str(IMAGE_SIZE), "--num_shards", str(NUM_SHARDS)]
+# About 32 KB per record: ~10 shards of 1 MiB at N=300, planned from the prepared bytes.
+BYTE_PLANNED_FLAGS = ["--image_size", str(IMAGE_SIZE), "--target_shard_mb", "1"]
 
 
 def _measure(run_n: Callable[[], int], run_3n: Callable[[], int], repeats: int) -> dict[str, float]:
@@ -77,17 +83,24 @@ def _shard_of(record: tuple[str, bytes], total_bytes: int) -> tuple[int, tuple[s
     return (int(record[0][:4], 16) * NUM_SHARDS) >> 16, record
 
 
-def data_plane_run(n: int, extra: Sequence[str]) -> int:
-    """Moves ``n`` blobs of ``BLOB_BYTES`` through the writer's graph shape; returns ``n``."""
+def data_plane_run(n: int, extra: Sequence[str], *, planned: bool = False) -> int:
+    """Moves ``n`` blobs of ``BLOB_BYTES`` through the writer's graph shape; returns ``n``.
+
+    ``planned``: the shard of each blob takes a side input computed from all blobs, as when
+    the writer plans shard counts from bytes.
+    """
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
     with beam.Pipeline(options=PipelineOptions(list(extra))) as p:
         records = p | beam.Create(range(n)) | beam.Reshuffle() | beam.Map(_blob)
-        total = records | "Size" >> beam.Map(lambda r: len(r[1])) | beam.CombineGlobally(sum)
+        if planned:
+            total = records | "Size" >> beam.Map(lambda r: len(r[1])) | beam.CombineGlobally(sum)
+            keyed = records | "AssignShard" >> beam.Map(_shard_of, beam.pvalue.AsSingleton(total))
+        else:
+            keyed = records | "AssignShard" >> beam.Map(_shard_of, 0)
         _ = (
-            records
-            | "AssignShard" >> beam.Map(_shard_of, beam.pvalue.AsSingleton(total))
+            keyed
             | beam.GroupByKey()
             | "Write" >> beam.Map(lambda kv: sum(len(r[1]) for r in kv[1]))
         )
@@ -124,12 +137,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _measure(lambda: pillow_loop(paths_n), lambda: pillow_loop(paths_3n), args.repeats),
             )
         )
-        for label, extra in (
-            ("pipeline, in-process", []),
-            ("pipeline, 2 processes", MULTI_PROCESS_FLAGS),
+        for label, flags in (
+            ("pipeline, in-process", PIPELINE_FLAGS),
+            ("pipeline, 2 processes", [*PIPELINE_FLAGS, *MULTI_PROCESS_FLAGS]),
+            (
+                "pipeline, 2 processes, counts from bytes",
+                [*BYTE_PLANNED_FLAGS, *MULTI_PROCESS_FLAGS],
+            ),
         ):
             # An untimed run first: one-time imports (TensorFlow, Beam) must not count as N's.
-            flags = [*PIPELINE_FLAGS, *extra]
             pipeline_run(small, root / "warm", flags)
             measured = _measure(
                 lambda f=flags: pipeline_run(small, root / "out_n", f),
@@ -137,19 +153,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.repeats,
             )
             rows.append((label, measured))
-        for label, extra in (
-            ("records only, in-process", []),
-            ("records only, 2 processes", MULTI_PROCESS_FLAGS),
+        for label, extra, planned in (
+            ("records only, in-process", [], False),
+            ("records only, 2 processes", MULTI_PROCESS_FLAGS, False),
+            ("records only, 2 processes, counts from bytes", MULTI_PROCESS_FLAGS, True),
         ):
-            data_plane_run(n, extra)
+            data_plane_run(n, extra, planned=planned)
             measured = _measure(
-                lambda e=extra: data_plane_run(n, e),
-                lambda e=extra: data_plane_run(3 * n, e),
+                lambda e=extra, pl=planned: data_plane_run(n, e, planned=pl),
+                lambda e=extra, pl=planned: data_plane_run(3 * n, e, planned=pl),
                 args.repeats,
             )
             rows.append((label, measured))
 
-    baseline, in_process, multi, plane_in, plane_multi = (r[1] for r in rows)
+    baseline, in_process, multi, planned, plane_in, plane_multi, plane_planned = (
+        r[1] for r in rows
+    )
     print()
     print(
         f"| row | t(N={n}) s | t(3N={3 * n}) s | steady images/s | CPU ms/image | ratio | target |"
@@ -159,9 +178,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("1.00 (baseline)", "-"),
         (f"{in_process['rate'] / baseline['rate']:.2f} of pillow loop", ">= 0.80 of pillow loop"),
         (f"{multi['rate'] / in_process['rate']:.2f}x in-process", ">= 1.5x in-process"),
+        (f"{planned['rate'] / in_process['rate']:.2f}x in-process", "-"),
         ("no image work: the mode's ceiling", "-"),
         (
             f"no image work: {plane_multi['rate'] / in_process['rate']:.2f}x "
+            "the in-process pipeline",
+            "-",
+        ),
+        (
+            f"no image work: {plane_planned['rate'] / in_process['rate']:.2f}x "
             "the in-process pipeline",
             "-",
         ),

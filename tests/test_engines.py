@@ -31,7 +31,7 @@ _PIPELINE_FLAGS = [
     "--validation_fraction",
     "0.25",
     "--num_shards",
-    "3",
+    "4",
     "--max_bad_fraction",
     "0.5",
 ]
@@ -298,7 +298,7 @@ def test_engine_writes_byte_identical_dataset(
         assert files[name] == data, f"{engine}: {name} differs from the in-process run"
     manifest = Manifest.from_json(files[MANIFEST_NAME].decode("utf-8"))
     assert manifest == reference.manifest
-    assert len(manifest.all_shards()) == 5
+    assert len(manifest.all_shards()) == 6  # 4 train, ceil(4 * 0.25 / 0.75) = 2 validation
     # Beam counters come back from every engine, the Dask workers included.
     assert summary.metrics == reference.metrics
     assert summary.metrics["images_written"] == 18

@@ -22,6 +22,7 @@ from beam_pipelines.shards import (
     assign_shard,
     assign_split,
     dedupe_sorted,
+    fixed_shard_counts,
     plan_shard_counts,
 )
 from beam_pipelines.sources import LabelNames, ListSources, parse_listing_line, source_from_path
@@ -99,18 +100,32 @@ def test_shard_assignment_is_a_range_partition_of_the_hash():
 def test_plan_shard_counts():
     mib = 1024 * 1024
     stats = {TRAIN: (1000, 300 * mib), VALIDATION: (50, 15 * mib)}
-    assert plan_shard_counts(stats, num_shards=None, target_shard_bytes=128 * mib) == {
-        TRAIN: 3,
-        VALIDATION: 1,
-    }
-    assert plan_shard_counts(stats, num_shards=40, target_shard_bytes=128 * mib) == {
-        TRAIN: 40,
-        VALIDATION: 2,
-    }
+    assert plan_shard_counts(stats, target_shard_bytes=128 * mib) == {TRAIN: 3, VALIDATION: 1}
     # Never more shards than examples; an empty split gets none.
-    assert plan_shard_counts(
-        {TRAIN: (3, 10), VALIDATION: (0, 0)}, num_shards=16, target_shard_bytes=1
-    ) == {TRAIN: 3, VALIDATION: 0}
+    assert plan_shard_counts({TRAIN: (3, 10), VALIDATION: (0, 0)}, target_shard_bytes=1) == {
+        TRAIN: 3,
+        VALIDATION: 0,
+    }
+
+
+def test_fixed_shard_counts():
+    assert fixed_shard_counts(40, 0.0) == {TRAIN: 40}
+    # Validation shards the size of train's: 40 * 0.05 / 0.95 = 2.1 -> 3.
+    assert fixed_shard_counts(40, 0.05) == {TRAIN: 40, VALIDATION: 3}
+    assert fixed_shard_counts(2, 0.3) == {TRAIN: 2, VALIDATION: 1}
+    with pytest.raises(ValueError, match="num_shards must be in"):
+        fixed_shard_counts(0, 0.1)
+    with pytest.raises(ValueError, match="validation_fraction must be in"):
+        fixed_shard_counts(4, 1.0)
+
+
+def test_write_shards_needs_exactly_one_way_to_count():
+    with pytest.raises(ValueError, match="exactly one of shard_counts and target_shard_bytes"):
+        WriteShards("/out")
+    with pytest.raises(ValueError, match="exactly one of shard_counts and target_shard_bytes"):
+        WriteShards("/out", shard_counts={TRAIN: 2}, target_shard_bytes=1)
+    with pytest.raises(ValueError, match="counts >= 1"):
+        WriteShards("/out", shard_counts={TRAIN: 0})
 
 
 def test_dedupe_keeps_the_first_uri_of_identical_bytes():
@@ -246,11 +261,7 @@ def test_write_shards_writes_every_planned_shard_sorted_and_deduplicated(tmp_pat
             assert payloads == [rec.serialized for rec in expected]
 
     with test_pipeline.TestPipeline() as p:
-        out = (
-            p
-            | beam.Create(elements)
-            | WriteShards(str(out_dir), num_shards=4, target_shard_bytes=1)
-        )
+        out = p | beam.Create(elements) | WriteShards(str(out_dir), shard_counts={TRAIN: 4})
         assert_that(out["shards"], check_shards, label="Shards")
         assert_that(
             out[DUPLICATES_TAG],
@@ -266,17 +277,63 @@ def test_write_shards_with_few_records_writes_empty_shards_too(tmp_path):
         (TRAIN, PreparedRecord("1" + "0" * 63, "/b.jpg", b"b")),
     ]
     with test_pipeline.TestPipeline() as p:
-        out = (
-            p
-            | beam.Create(elements)
-            | WriteShards(str(tmp_path), num_shards=2, target_shard_bytes=1)
-        )
+        out = p | beam.Create(elements) | WriteShards(str(tmp_path), shard_counts={TRAIN: 2})
         assert_that(
             out["shards"] | beam.Map(lambda r: (r.file, r.num_examples)),
             # Both hashes fall in the first half of the range: shard 1 is written empty.
             equal_to([("train-00000-of-00002.tfrecord", 2), ("train-00001-of-00002.tfrecord", 0)]),
         )
     assert (tmp_path / "train-00001-of-00002.tfrecord").stat().st_size == 0
+
+
+def _shard_files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_byte_planned_and_fixed_counts_write_the_same_shards(tmp_path):
+    # 12 records of 100 bytes with a 400-byte target: ceil(1200 / 400) = 3 train shards,
+    # exactly what shard_counts={train: 3} asks for, and written byte for byte the same.
+    elements = [
+        (TRAIN, PreparedRecord(_sha(i), f"/c/{i}.jpg", bytes([i]) * 100)) for i in range(12)
+    ]
+    planned, fixed = tmp_path / "planned", tmp_path / "fixed"
+    for out_dir, sharding in (
+        (planned, {"target_shard_bytes": 400}),
+        (fixed, {"shard_counts": {TRAIN: 3}}),
+    ):
+        with test_pipeline.TestPipeline() as p:
+            out = p | beam.Create(elements) | WriteShards(str(out_dir), **sharding)
+            assert_that(
+                out["shards"] | beam.Map(lambda r: (r.index, r.count)),
+                equal_to([(0, 3), (1, 3), (2, 3)]),
+            )
+    assert _shard_files(planned) == _shard_files(fixed)
+    assert len(_shard_files(fixed)) == 3
+
+
+def test_fixed_counts_write_no_shards_for_a_split_without_records(tmp_path):
+    elements = [(TRAIN, PreparedRecord(_sha(i), f"/c/{i}.jpg", b"x")) for i in range(4)]
+    with test_pipeline.TestPipeline() as p:
+        out = (
+            p
+            | beam.Create(elements)
+            | WriteShards(str(tmp_path), shard_counts={TRAIN: 2, VALIDATION: 3})
+        )
+        assert_that(
+            out["shards"] | beam.Map(lambda r: r.file),
+            equal_to(["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]),
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "train-00000-of-00002.tfrecord",
+        "train-00001-of-00002.tfrecord",
+    ]
+
+
+def test_fixed_counts_refuse_a_split_they_do_not_name(tmp_path):
+    elements = [(VALIDATION, PreparedRecord(_sha(1), "/c/odd.jpg", b"x"))]
+    with pytest.raises(Exception, match=r"no shard count for split 'validation' \(of /c/odd.jpg\)"):
+        with test_pipeline.TestPipeline() as p:
+            _ = p | beam.Create(elements) | WriteShards(str(tmp_path), shard_counts={TRAIN: 2})
 
 
 def test_result_and_rejection_tuples_serialise():
