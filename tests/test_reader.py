@@ -328,6 +328,32 @@ def test_damaged_shard_fails_naming_the_file(
             make_dataset(dataset.root, "validation", global_batch_size=4, training=False)
 
 
+def test_shard_resized_before_reading_fails_naming_it(
+    jpeg_dataset: WrittenDataset, tmp_path: Path
+) -> None:
+    # A whole extra record appended, valid CRCs and all: reading stops at the committed count,
+    # so the size is what tells this file is not the one committed.
+    dataset = copy_dataset(jpeg_dataset, tmp_path / "ds")
+    shard, other = dataset.shard_paths("validation")[0], dataset.shard_paths("validation")[1]
+    shard.write_bytes(shard.read_bytes() + other.read_bytes())
+    with pytest.raises(ValueError, match=f"shard {shard} is .* bytes, but its manifest entry"):
+        make_dataset(dataset.root, "validation", global_batch_size=4, training=False)
+    counter = CorruptionCounter()
+    ds = make_dataset(
+        dataset.root,
+        "validation",
+        global_batch_size=4,
+        training=False,
+        with_keys=True,
+        skip_corrupt=True,
+        corruption_counter=counter,
+    )
+    _, _, keys, _ = _collect(ds)
+    assert counter.as_dict()["damaged_shards"] == 1
+    shard_of = dataset.shard_of("validation")
+    assert sorted(keys) == sorted(k for k, f in shard_of.items() if f != shard.name)
+
+
 def test_skip_corrupt_logs_and_counts(
     jpeg_dataset: WrittenDataset,
     tmp_path: Path,

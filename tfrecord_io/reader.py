@@ -48,7 +48,6 @@ _FOREIGN_SHUFFLE_BUFFER = 2_048
 _DEFAULT_CYCLE_LENGTH = 16
 # TFRecord framing: 8-byte length, 4-byte length CRC, payload, 4-byte payload CRC.
 _RECORD_OVERHEAD = 16
-_CHECK_BLOCK = 32
 SHARDING_POLICIES = ("files", "records", "auto")
 
 
@@ -176,15 +175,23 @@ def _read_shard(
     skip_corrupt: bool,
     counter: CorruptionCounter | None,
     guard_missing: bool,
+    counts_known: bool,
     resolved: ResolvedSource | None = None,
 ) -> tf.data.Dataset:
     """Reads one shard and checks it was read whole.
 
     TensorFlow's ``DataLossError`` does not name the file it came from, and ``tf.data`` has no
     way to catch and re-raise. So each file is read with errors ignored (a damaged TFRecord file
-    ends at its first bad record), the bytes and records read are counted, and at the end of the
-    file the count is compared with the committed size: a short read fails with an error that
-    names the shard, or with ``skip_corrupt`` is logged and counted.
+    ends at its first bad record) and a scan counts the bytes and records read. The count is
+    compared with the committed one at the file's last record (when ``counts_known``), or at an
+    empty end marker appended to the file, which a short read reaches early: a damaged file
+    fails with an error that names the shard, or with ``skip_corrupt`` is logged and counted.
+
+    With known counts a whole file stops at its last record (``take``), so the end marker is
+    never read and nothing has to filter it out; bytes after the last committed record are not
+    read (``_present_shards`` checks local shard sizes when the pipeline is built; streamed
+    shards are checked whole, size and SHA-256, by the shard cache). A shard the manifest says
+    is empty is not opened.
     """
     if resolved is not None and resolved.streamed:
         # Object-store shards come through the shard cache, which downloads, checks SHA-256 and
@@ -200,24 +207,24 @@ def _read_shard(
             # damage.
             names = names.filter(lambda name: tf.size(tf.io.matching_files(name)) > 0)
         records = tf.data.TFRecordDataset(names, buffer_size=read_buffer_bytes).ignore_errors()
-    # Count in blocks: a scan over single records costs a function call per record (a third of
-    # the RAW path's host CPU); over blocks of _CHECK_BLOCK it is nearly free. An empty block,
-    # which no real read produces, marks the end of the file.
-    blocks = records.batch(_CHECK_BLOCK)
-    marked = blocks.concatenate(tf.data.Dataset.from_tensors(tf.constant([], tf.string)))
+    # A record of our shards is never empty (an example always has features), so an empty one
+    # can mark the end. The scan runs per record: about half what counting in batched blocks
+    # cost (the batch and unbatch touch every record again).
+    marked = records.concatenate(tf.data.Dataset.from_tensors(tf.constant("", tf.string)))
 
-    def step(state: tuple[tf.Tensor, tf.Tensor], block: tf.Tensor) -> Any:
+    def step(state: tuple[tf.Tensor, tf.Tensor], record: tf.Tensor) -> Any:
         read_bytes, read_records = state
-        count = tf.size(block, out_type=tf.int64)
-        is_end = tf.equal(count, 0)
-        lengths = tf.cast(tf.strings.length(block), tf.int64)
-        read_bytes += tf.reduce_sum(lengths) + _RECORD_OVERHEAD * count
-        read_records += count
+        length = tf.cast(tf.strings.length(record), tf.int64)
+        is_end = tf.equal(length, 0)
+        real = 1 - tf.cast(is_end, tf.int64)
+        read_bytes += (length + _RECORD_OVERHEAD) * real
+        read_records += real
+        checkpoint = tf.logical_or(is_end, tf.equal(read_records, num_examples))
         whole = tf.logical_and(
             tf.equal(read_bytes, num_bytes),
             tf.logical_or(tf.less(num_examples, 0), tf.equal(read_records, num_examples)),
         )
-        damaged = tf.logical_and(is_end, tf.logical_not(whole))
+        damaged = tf.logical_and(checkpoint, tf.logical_not(whole))
         details = [
             path,
             "read",
@@ -253,7 +260,7 @@ def _read_shard(
 
             done = tf.cond(damaged, report, lambda: tf.constant(True))
             with tf.control_dependencies([done]):
-                block = tf.identity(block)
+                record = tf.identity(record)
         else:
             check = tf.debugging.Assert(
                 tf.logical_not(damaged),
@@ -266,11 +273,17 @@ def _read_shard(
                 summarize=16,
             )
             with tf.control_dependencies([check]):
-                block = tf.identity(block)
-        return (read_bytes, read_records), block
+                record = tf.identity(record)
+        return (read_bytes, read_records), record
 
     zero = tf.constant(0, tf.int64)
-    return marked.scan((zero, zero), step).unbatch()
+    checked = marked.scan((zero, zero), step)
+    if counts_known:
+        checked = checked.take(num_examples)
+    if skip_corrupt or not counts_known:
+        # The end marker reaches the output: always without counts, after damage when skipping.
+        checked = checked.filter(lambda record: tf.strings.length(record) > 0)
+    return checked
 
 
 def _pipeline_shards(
@@ -309,28 +322,46 @@ def _pipeline_shards(
 def _present_shards(
     shards: tuple[ShardFile, ...], skip_corrupt: bool, counter: CorruptionCounter | None
 ) -> tuple[tuple[ShardFile, ...], bool]:
-    """Checks local shards exist before reading; returns the shards and whether to guard in-graph.
+    """Checks local shards exist and have their committed size; returns the shards to read and
+    whether to guard in-graph.
 
-    Local files are checked here so a missing shard fails at once, naming it. Remote shards are
+    Local files are checked here so a missing or resized shard fails at once, naming it. Remote
+    shards are
     not (one request per shard would slow start-up); the pipeline guards them as it opens them,
     which needs paths free of glob characters.
     """
     kept = []
     for shard in shards:
-        if is_remote(shard.path) or (os.path.isfile(shard.path) and os.access(shard.path, os.R_OK)):
+        if is_remote(shard.path):
             kept.append(shard)
             continue
-        if not skip_corrupt:
-            raise FileNotFoundError(
-                f"shard {shard.path} is missing or unreadable (pass skip_corrupt=True to skip it)"
+        if not (os.path.isfile(shard.path) and os.access(shard.path, os.R_OK)):
+            if not skip_corrupt:
+                raise FileNotFoundError(
+                    f"shard {shard.path} is missing or unreadable (pass skip_corrupt=True to skip "
+                    "it)"
+                )
+            _log.warning("skipping missing or unreadable shard %s", shard.path)
+        elif (size := os.path.getsize(shard.path)) != shard.num_bytes:
+            # Reading stops at a shard's committed record count, so bytes appended to a whole
+            # shard would go unread and unreported: its size is checked here instead.
+            if not skip_corrupt:
+                raise ValueError(
+                    f"shard {shard.path} is {size} bytes, but its manifest entry says "
+                    f"{shard.num_bytes}: damaged or replaced (pass skip_corrupt=True to skip it)"
+                )
+            _log.warning(
+                "skipping shard %s: %d bytes, manifest says %d", shard.path, size, shard.num_bytes
             )
-        _log.warning("skipping missing or unreadable shard %s", shard.path)
+        else:
+            kept.append(shard)
+            continue
         if counter is not None:
             counter.damaged_shards.assign_add(1)
             counter.bytes_skipped.assign_add(shard.num_bytes)
             counter.records_skipped.assign_add(max(shard.num_examples, 0))
     if not kept:
-        raise FileNotFoundError("every shard of the split is missing or unreadable")
+        raise FileNotFoundError("every shard of the split is missing, unreadable or resized")
     guard = not any(c in s.path for s in kept for c in "*?[\\")
     return tuple(kept), guard
 
@@ -510,6 +541,7 @@ def make_dataset(
         deterministic_order = True
 
     shards, guard_missing = _present_shards(shards, config.skip_corrupt, corruption_counter)
+    counts_known = all(s.num_examples >= 0 for s in shards)
     files = tf.data.Dataset.from_tensor_slices(
         (
             tf.constant([s.path for s in shards], tf.string),
@@ -535,6 +567,7 @@ def make_dataset(
             skip_corrupt=config.skip_corrupt,
             counter=corruption_counter,
             guard_missing=guard_missing,
+            counts_known=counts_known,
             resolved=resolved,
         )
 
