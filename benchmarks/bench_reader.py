@@ -17,9 +17,12 @@ interleaved round by round (the machine is shared, so rows see the same noise):
     a seeded pipeline keeps for exact resume.
   * (--extra) the reader with float32 output, normalised on the host like the baseline.
 
-Each measurement builds a fresh iterator, discards warm-up batches (graph building, autotune
-ramp-up), then times a fixed number of batches: examples/s from wall time, and host CPU-ms per
-example from the process CPU time (all threads). The median over rounds is reported.
+Each measurement runs in a fresh process, as a trainer runs one input pipeline: rows measured
+one after another in one process swung by a third with what the rows before them had left in
+the allocator. The process builds the row's pipeline once untimed (tracing, thread pools), then
+a fresh iterator, discards warm-up batches (autotune ramp-up) and times a fixed number of
+batches: examples/s from wall time, host CPU-ms per example from the process CPU time (all
+threads). Rounds visit every row in turn; the median over rounds is reported.
 
 Targets: JPEG reader >= 2x baseline; RAW reader >= 4x baseline and >= 50% of bytes only.
 
@@ -35,6 +38,7 @@ import gc
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -43,7 +47,7 @@ from pathlib import Path
 
 from benchmarks.common import JPEG_256, RAW_224, article_dataset, write_shards
 
-__all__ = ["bytes_only_dataset", "main", "measure"]
+__all__ = ["ROWS", "EXTRA_ROWS", "build_row", "bytes_only_dataset", "main", "measure"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 IMAGE_SIZE = 224
@@ -65,6 +69,76 @@ def bytes_only_dataset(dataset_dir: Path, batch_size: int):  # -> tf.data.Datase
         deterministic=False,
     )
     return records.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+# Row name -> (dataset directory under the work root, how the row builds its pipeline).
+ROWS: dict[str, tuple[str, str]] = {
+    "baseline: article pipeline, original JPEGs": ("photos", "article"),
+    "reader, JPEG-256 shards": ("jpeg256", "reader"),
+    "reader, RAW-224 shards": ("raw224", "reader"),
+    "bytes only, RAW-224 shards": ("raw224", "bytes"),
+    # Seeded pipelines keep a deterministic order (exact resume); this row shows what that
+    # costs against the bytes-only read, which has no order to keep.
+    "reader, RAW-224, deterministic=False": ("raw224", "reader-unordered"),
+}
+EXTRA_ROWS: dict[str, tuple[str, str]] = {
+    "reader, JPEG-256, float32 out": ("jpeg256", "reader-float32"),
+    "reader, RAW-224, float32 out": ("raw224", "reader-float32"),
+}
+
+
+def build_row(name: str, root: Path, batch_size: int):  # -> tf.data.Dataset
+    """The pipeline a row measures, over the datasets written under ``root``."""
+    from tfrecord_io import make_dataset
+
+    directory, kind = {**ROWS, **EXTRA_ROWS}[name]
+    data = root / directory
+    if kind == "article":
+        return article_dataset(data, batch_size, IMAGE_SIZE)
+    if kind == "bytes":
+        return bytes_only_dataset(data, batch_size)
+    options = {
+        "reader-unordered": {"deterministic": False},
+        "reader-float32": {"output": "float32"},
+    }
+    return make_dataset(
+        data, global_batch_size=batch_size, image_size=IMAGE_SIZE, seed=0, **options.get(kind, {})
+    )
+
+
+def _measure_in_child(name: str, root: Path, args: argparse.Namespace) -> tuple[float, float]:
+    """Runs ``measure`` for one row in a fresh Python process; returns (ex/s, CPU-ms/ex)."""
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.bench_reader",
+        "--measure_row",
+        name,
+        "--measure_root",
+        str(root),
+        "--batch_size",
+        str(args.batch_size),
+        "--batches",
+        str(args.batches),
+        "--warmup",
+        str(args.warmup),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring {name!r} failed:\n{done.stderr[-4000:]}")
+    rate, cpu_ms = json.loads(done.stdout.strip().splitlines()[-1])
+    return rate, cpu_ms
+
+
+def _child_main(args: argparse.Namespace) -> int:
+    root, b = Path(args.measure_root), args.batch_size
+    # Untimed first: the first pipeline of a process pays one-off costs (tracing, thread pools).
+    measure(lambda: build_row(args.measure_row, root, b), b, args.warmup, 1)
+    rate, cpu_ms = measure(
+        lambda: build_row(args.measure_row, root, b), b, args.warmup, args.batches
+    )
+    print(json.dumps([rate, cpu_ms]))
+    return 0
 
 
 def measure(
@@ -143,7 +217,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"PNG chart path, '' for none (default {RESULTS_DIR / 'reader.png'}; "
         "with --quick, a temporary file)",
     )
+    # A child process measuring one row (see _measure_in_child).
+    parser.add_argument("--measure_row", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--measure_root", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.measure_row is not None:
+        return _child_main(args)
     if args.chart is None:
         args.chart = str(
             Path(tempfile.gettempdir()) / "bench_reader_quick.png"
@@ -173,46 +252,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         import tensorflow as tf
 
-        from tfrecord_io import make_dataset
-
         b = args.batch_size
-        builders: dict[str, Callable[[], tf.data.Dataset]] = {
-            "baseline: article pipeline, original JPEGs": lambda: article_dataset(
-                root / "photos", b, IMAGE_SIZE
-            ),
-            "reader, JPEG-256 shards": lambda: make_dataset(
-                root / "jpeg256", global_batch_size=b, image_size=IMAGE_SIZE, seed=0
-            ),
-            "reader, RAW-224 shards": lambda: make_dataset(
-                root / "raw224", global_batch_size=b, image_size=IMAGE_SIZE, seed=0
-            ),
-            "bytes only, RAW-224 shards": lambda: bytes_only_dataset(root / "raw224", b),
-            # Seeded pipelines keep a deterministic order (exact resume); this row shows what
-            # that costs against the bytes-only read, which has no order to keep.
-            "reader, RAW-224, deterministic=False": lambda: make_dataset(
-                root / "raw224",
-                global_batch_size=b,
-                image_size=IMAGE_SIZE,
-                seed=0,
-                deterministic=False,
-            ),
-        }
-        if args.extra:
-            builders["reader, JPEG-256, float32 out"] = lambda: make_dataset(
-                root / "jpeg256", global_batch_size=b, seed=0, output="float32"
-            )
-            builders["reader, RAW-224, float32 out"] = lambda: make_dataset(
-                root / "raw224", global_batch_size=b, seed=0, output="float32"
-            )
-        # One untimed pass per row: the first pipeline of each kind in this process pays one-off
-        # costs (tracing, thread pools, the allocator growing its arenas).
-        for build in builders.values():
-            measure(build, b, args.warmup, 1)
+        names = list(ROWS) + (list(EXTRA_ROWS) if args.extra else [])
         load_start = os.getloadavg()[0]
-        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in builders}
+        samples: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
         for _ in range(args.rounds):
-            for name, build in builders.items():
-                samples[name].append(measure(build, b, args.warmup, args.batches))
+            for name in names:
+                samples[name].append(_measure_in_child(name, root, args))
         load_end = os.getloadavg()[0]
 
     rows = []
@@ -232,7 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ceiling = by_name["bytes only, RAW-224 shards"]["examples_per_s"]
     conditions = (
         f"{args.n} ImageNet-like JPEGs, 500x375, mean {mean_kb:.0f} KB, q90; {shards} shards per "
-        f"dataset; batch {b}; {args.rounds} interleaved rounds x {args.batches} batches; "
+        f"dataset; batch {b}; {args.rounds} interleaved rounds x {args.batches} batches, "
+        "a process per measurement; "
         f"{os.cpu_count()} CPUs, load average {load_start:.1f} -> {load_end:.1f}; "
         f"TensorFlow {tf.__version__}"
     )
