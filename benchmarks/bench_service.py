@@ -21,8 +21,16 @@ Metrics, per row:
   * examples/s through the consumer. On this 2-core machine the workers and the consumer
     share the same cores, so this measures the service's overhead, not a scaled-out cluster.
 
-Rows are interleaved round by round (the machine is shared, so they see the same noise) and the
-median over rounds is reported. Each service measurement uses its own job.
+Warm-up is 20 batches and 100 are timed: the consumer's heap needs some batches to grow to what
+it holds in flight, and until then received batches still land in fresh pages (a run with 10 +
+60 measured half again as much system time for the NONE row).
+
+Each measurement runs in a fresh consumer process, as each row is a trainer of its own: the
+service rows first make glibc keep freed memory for reuse, as ``python -m trainer.train`` does
+with ``--data_service`` (``trainer/host_memory.py``); the in-process row keeps the defaults, as
+the trainer does without the service. Rows are interleaved round by round (the machine is
+shared, so they see the same noise) and the median over rounds is reported. Each service
+measurement uses its own job.
 
 Usage::
 
@@ -33,9 +41,11 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -99,16 +109,99 @@ def measure(
     )
 
 
+# Row name -> service compression, or None for the in-process reader.
+ROWS: dict[str, str | None] = {
+    "in-process reader": None,
+    "service, compression AUTO": "AUTO",
+    "service, compression NONE": "NONE",
+}
+
+
+def _measure_in_child(
+    name: str,
+    root: Path,
+    address: str,
+    worker_pids: Sequence[int],
+    job: int,
+    args: argparse.Namespace,
+) -> tuple[float, ...]:
+    """Runs one row's measurement in a fresh consumer process; returns ``measure``'s tuple."""
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.bench_service",
+        "--measure_row",
+        name,
+        "--measure_root",
+        str(root),
+        "--measure_service",
+        address,
+        "--measure_job",
+        f"bench-{job}",
+        "--measure_worker_pids",
+        ",".join(str(p) for p in worker_pids),
+        "--batch_size",
+        str(args.batch_size),
+        "--batches",
+        str(args.batches),
+        "--warmup",
+        str(args.warmup),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"measuring {name!r} failed:\n{done.stderr[-4000:]}")
+    return tuple(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def _child_main(args: argparse.Namespace) -> int:
+    compression = ROWS[args.measure_row]
+    if compression is not None:
+        # What the trainer does with --data_service, before TensorFlow starts any thread.
+        from trainer.host_memory import keep_freed_memory
+
+        keep_freed_memory()
+    from tfrecord_io import make_dataset
+
+    root, b = Path(args.measure_root), args.batch_size
+    pids = [int(p) for p in args.measure_worker_pids.split(",")]
+    jobs = iter(range(2))
+
+    def build() -> object:
+        if compression is None:
+            return make_dataset(
+                root / "jpeg256", global_batch_size=b, image_size=IMAGE_SIZE, seed=0
+            )
+        return make_dataset(
+            root / "jpeg256",
+            global_batch_size=b,
+            image_size=IMAGE_SIZE,
+            seed=0,
+            service=args.measure_service,
+            service_job_name=f"{args.measure_job}-{next(jobs)}",
+            service_compression=compression,
+        )
+
+    # Untimed first: the first pipeline of a process, and a job's start, pay one-off costs.
+    measure(build, b, args.warmup, 1, pids)
+    print(json.dumps(measure(build, b, args.warmup, args.batches, pids)))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=512, help="photos to generate (512)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (3)")
     parser.add_argument("--batch_size", type=int, default=128, help="batch size (128)")
-    parser.add_argument("--batches", type=int, default=24, help="timed batches per row (24)")
-    parser.add_argument("--warmup", type=int, default=6, help="untimed batches per row (6)")
+    parser.add_argument("--batches", type=int, default=100, help="timed batches per row (100)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed batches per row (20)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 64 photos, tiny runs")
     parser.add_argument("--workdir", default=None, help="where to put photos, shards and logs")
+    # A child process measuring one row (see _measure_in_child).
+    for hidden in ("row", "root", "service", "job", "worker_pids"):
+        parser.add_argument(f"--measure_{hidden}", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.measure_row is not None:
+        return _child_main(args)
     if args.quick:
         args.n, args.rounds, args.batch_size, args.batches, args.warmup = 64, 1, 16, 4, 2
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -123,40 +216,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         shards = max(4, args.n // 64)
         write_shards(root / "photos", root / "jpeg256", shards, JPEG_256)
 
-        from tfrecord_io import make_dataset
-
-        b = args.batch_size
         with running_cluster(root / "service", num_workers=2) as cluster:
             pids = [w.popen.pid for w in cluster.workers]
-            jobs = iter(range(1_000_000))
-
-            def through_service(compression: str) -> Callable[[], object]:
-                return lambda: make_dataset(
-                    root / "jpeg256",
-                    global_batch_size=b,
-                    image_size=IMAGE_SIZE,
-                    seed=0,
-                    service=cluster.address,
-                    service_job_name=f"bench-{compression}-{next(jobs)}",
-                    service_compression=compression,
-                )
-
-            builders: dict[str, Callable[[], object]] = {
-                "in-process reader": lambda: make_dataset(
-                    root / "jpeg256", global_batch_size=b, image_size=IMAGE_SIZE, seed=0
-                ),
-                "service, compression AUTO": through_service("AUTO"),
-                "service, compression NONE": through_service("NONE"),
-            }
-            # One untimed pass per row: the first job on fresh workers, and the first pipeline
-            # in this process, pay one-off start-up costs.
-            for build in builders.values():
-                measure(build, b, args.warmup, 1, pids)
             load_start = os.getloadavg()[0]
-            samples: dict[str, list[tuple[float, ...]]] = {n: [] for n in builders}
+            samples: dict[str, list[tuple[float, ...]]] = {n: [] for n in ROWS}
+            jobs = iter(range(1_000_000))
             for _ in range(args.rounds):
-                for name, build in builders.items():
-                    samples[name].append(measure(build, b, args.warmup, args.batches, pids))
+                for name in ROWS:
+                    samples[name].append(
+                        _measure_in_child(name, root, cluster.address, pids, next(jobs), args)
+                    )
             load_end = os.getloadavg()[0]
             statuses = cluster.stop()
         if any(statuses.values()):
@@ -170,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base_cpu = base_user + base_system
     print(
         f"\n{args.n} ImageNet-like JPEGs (mean {mean_kb:.0f} KB) -> {shards} JPEG-256 shards; "
-        f"training pipeline, {IMAGE_SIZE}px uint8 batches of {b}; median of {args.rounds} "
+        f"training pipeline, {IMAGE_SIZE}px uint8 batches of {args.batch_size}; median of {args.rounds} "
         f"round(s) x {args.batches} timed batches; dispatcher + 2 workers on loopback; "
         f"{os.cpu_count()} cores, load average {load_start:.1f} -> {load_end:.1f} (shared machine)\n"
     )

@@ -25,6 +25,9 @@ __all__ = [
     "precision_policy",
     "slurm_cluster_resolver",
     "split_batch",
+    # host
+    "AllocatorSettings",
+    "keep_freed_memory",
     # model, optimiser, data
     "build_model",
     "build_optimizer",
@@ -58,6 +61,8 @@ _HOME = {
     "precision_policy": "trainer.strategy",
     "slurm_cluster_resolver": "trainer.strategy",
     "split_batch": "trainer.strategy",
+    "AllocatorSettings": "trainer.host_memory",
+    "keep_freed_memory": "trainer.host_memory",
     "build_model": "trainer.models",
     "build_optimizer": "trainer.optim",
     "learning_rate_at": "trainer.optim",

@@ -158,6 +158,8 @@ class RuntimeConfig:
       mixed_precision: ``mixed_float16`` on GPU, ``mixed_bfloat16`` on TPU and CPU.
       tpu: TPU name or address for the TPU cluster resolver ("" means the local TPU VM).
       slurm_port_base: first port for workers when the cluster comes from Slurm.
+      keep_freed_memory: tune glibc's malloc to reuse freed memory (``trainer.host_memory``);
+        None applies it exactly when batches come from the tf.data service.
     """
 
     strategy: str = "auto"
@@ -165,9 +167,14 @@ class RuntimeConfig:
     mixed_precision: bool = False
     tpu: str | None = None
     slurm_port_base: int = 8888
+    keep_freed_memory: bool | None = None
 
     def __post_init__(self) -> None:
         _choice("strategy", self.strategy, STRATEGIES)
+        if self.keep_freed_memory not in (None, True, False):
+            raise ValueError(
+                f"keep_freed_memory must be True, False or None, got {self.keep_freed_memory!r}"
+            )
         _positive_int("cpu_replicas", self.cpu_replicas)
         if not 1024 <= self.slurm_port_base <= 65000:
             raise ValueError(

@@ -104,6 +104,13 @@ def _parser() -> argparse.ArgumentParser:
     )
     runtime.add_argument("--tpu", default=None, help="TPU name or address ('' = local TPU VM)")
     runtime.add_argument("--slurm_port_base", type=int, default=8888)
+    runtime.add_argument(
+        "--keep_freed_memory",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="make glibc's malloc reuse freed memory rather than return it to the kernel "
+        "(received batches then stop faulting in fresh pages); default: on with --data_service",
+    )
     runtime.add_argument("--log_level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
     return p
 
@@ -150,6 +157,7 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
                 mixed_precision=args.mixed_precision,
                 tpu=args.tpu,
                 slurm_port_base=args.slurm_port_base,
+                keep_freed_memory=args.keep_freed_memory,
             ),
         )
     except (ValueError, TypeError) as e:
@@ -170,6 +178,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     for noisy in ("tensorflow", "absl"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(log_level)))
     log = logging.getLogger("trainer.train")
+
+    keep = config.runtime.keep_freed_memory
+    if keep or (keep is None and config.data.data_service):
+        # Before TensorFlow starts any thread (see trainer/host_memory.py).
+        from trainer.host_memory import keep_freed_memory
+
+        if keep_freed_memory():
+            log.info("malloc keeps freed memory for reuse (one arena, no trimming)")
+        else:
+            log.warning("--keep_freed_memory needs glibc; the allocator is left as it is")
 
     # Devices are configured before anything else touches TensorFlow's runtime.
     from trainer.inputs import ReaderInputs
