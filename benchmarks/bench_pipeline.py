@@ -24,7 +24,11 @@ rate at which each runner mode moves records of the size our JPEG examples have.
 has the byte-planned shape, where the shard of each record needs a side input computed from
 all records. No pipeline of a shape can go faster than its row on that mode.
 
-Besides wall-clock rates the table gives CPU milliseconds per image (this process and its
+Every run is a fresh process (``python -m beam_pipelines.images_to_tfrecord``, as a user runs
+it): runs made one after another in one process left the allocator's heaps as earlier runs had
+grown them, and measured the 2-process rows up to a third slower.
+
+Besides wall-clock rates the table gives CPU milliseconds per image (the run's process and its
 worker processes), which stays meaningful when other jobs share the machine.
 
 Usage::
@@ -39,6 +43,7 @@ import hashlib
 import logging
 import math
 import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -84,11 +89,21 @@ def _shard_of(record: tuple[str, bytes], total_bytes: int) -> tuple[int, tuple[s
 
 
 def data_plane_run(n: int, extra: Sequence[str], *, planned: bool = False) -> int:
-    """Moves ``n`` blobs of ``BLOB_BYTES`` through the writer's graph shape; returns ``n``.
+    """Moves ``n`` blobs of ``BLOB_BYTES`` through the writer's graph shape in a fresh process
+    (as ``pipeline_run`` runs the pipeline); returns ``n``.
 
     ``planned``: the shard of each blob takes a side input computed from all blobs, as when
     the writer plans shard counts from bytes.
     """
+    command = [sys.executable, "-m", "benchmarks.bench_pipeline", "--data_plane_n", str(n)]
+    command += ["--data_plane_planned"] if planned else []
+    done = subprocess.run([*command, *extra], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"data-plane run failed:\n{done.stderr[-4000:]}")
+    return n
+
+
+def _data_plane_in_this_process(n: int, extra: Sequence[str], *, planned: bool) -> None:
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -104,7 +119,6 @@ def data_plane_run(n: int, extra: Sequence[str], *, planned: bool = False) -> in
             | beam.GroupByKey()
             | "Write" >> beam.Map(lambda kv: sum(len(r[1]) for r in kv[1]))
         )
-    return n
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -113,7 +127,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke run: N=16")
     parser.add_argument("--repeats", type=int, default=2, help="keep the fastest of R runs (2)")
     parser.add_argument("--workdir", default=None, help="where to put images and outputs")
-    args = parser.parse_args(argv)
+    # A child process running one data-plane pipeline (see data_plane_run); the rest of the
+    # command line is Beam's options.
+    parser.add_argument("--data_plane_n", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--data_plane_planned", action="store_true", help=argparse.SUPPRESS)
+    args, beam_flags = parser.parse_known_args(argv)
+    if args.data_plane_n is not None:
+        _data_plane_in_this_process(args.data_plane_n, beam_flags, planned=args.data_plane_planned)
+        return 0
+    if beam_flags:
+        parser.error(f"unrecognized arguments: {' '.join(beam_flags)}")
     # Workers' start-up chatter, forwarded by the runner, would bury the table.
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
     n = 16 if args.quick else args.n
@@ -145,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 [*BYTE_PLANNED_FLAGS, *MULTI_PROCESS_FLAGS],
             ),
         ):
-            # An untimed run first: one-time imports (TensorFlow, Beam) must not count as N's.
+            # An untimed run first: it warms the page cache with the input files.
             pipeline_run(small, root / "warm", flags)
             measured = _measure(
                 lambda f=flags: pipeline_run(small, root / "out_n", f),
