@@ -4,9 +4,9 @@ Through the service the trainer receives every batch as one large message: 19 MB
 images of 224x224 RGB. gRPC reads it into buffers allocated on its own threads, TensorFlow
 frees them on others, and with glibc's defaults the freed memory goes back to the kernel (a
 per-thread arena's heap is released once empty). The next batch then lands in fresh pages the
-kernel must fault in and zero: measured here, about half of the trainer's own input CPU
-(``benchmarks/bench_service.py``). With one arena, no trimming and large blocks kept off
-``mmap``, the pages of one batch take the next.
+kernel must fault in and zero: a third of the trainer's own input CPU in a profile here
+(``benchmarks/bench_service.py`` measures the whole). With one arena, no trimming and large
+blocks kept off ``mmap``, the pages of one batch take the next.
 
 The cost: the process does not hand freed memory back to the kernel (its resident size stays
 at its peak), and all threads share one malloc lock. A service-fed trainer host allocates
