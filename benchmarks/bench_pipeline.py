@@ -43,12 +43,12 @@ import hashlib
 import logging
 import math
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from benchmarks.common import run_module
 from benchmarks.steady_state import (
     IMAGE_SIZE,
     NoisyMeasurement,
@@ -95,11 +95,8 @@ def data_plane_run(n: int, extra: Sequence[str], *, planned: bool = False) -> in
     ``planned``: the shard of each blob takes a side input computed from all blobs, as when
     the writer plans shard counts from bytes.
     """
-    command = [sys.executable, "-m", "benchmarks.bench_pipeline", "--data_plane_n", str(n)]
-    command += ["--data_plane_planned"] if planned else []
-    done = subprocess.run([*command, *extra], capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"data-plane run failed:\n{done.stderr[-4000:]}")
+    flags = ["--data_plane_n", str(n), *(["--data_plane_planned"] if planned else []), *extra]
+    run_module("benchmarks.bench_pipeline", flags)
     return n
 
 

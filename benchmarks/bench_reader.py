@@ -38,14 +38,13 @@ import gc
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.common import JPEG_256, RAW_224, article_dataset, write_shards
+from benchmarks.common import JPEG_256, RAW_224, article_dataset, run_module, write_shards
 
 __all__ = ["ROWS", "EXTRA_ROWS", "build_row", "bytes_only_dataset", "main", "measure"]
 
@@ -108,10 +107,7 @@ def build_row(name: str, root: Path, batch_size: int):  # -> tf.data.Dataset
 
 def _measure_in_child(name: str, root: Path, args: argparse.Namespace) -> tuple[float, float]:
     """Runs ``measure`` for one row in a fresh Python process; returns (ex/s, CPU-ms/ex)."""
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.bench_reader",
+    flags = [
         "--measure_row",
         name,
         "--measure_root",
@@ -123,10 +119,8 @@ def _measure_in_child(name: str, root: Path, args: argparse.Namespace) -> tuple[
         "--warmup",
         str(args.warmup),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"measuring {name!r} failed:\n{done.stderr[-4000:]}")
-    rate, cpu_ms = json.loads(done.stdout.strip().splitlines()[-1])
+    out = run_module("benchmarks.bench_reader", flags)
+    rate, cpu_ms = json.loads(out.strip().splitlines()[-1])
     return rate, cpu_ms
 
 

@@ -45,14 +45,13 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.common import JPEG_256, write_shards
+from benchmarks.common import JPEG_256, run_module, write_shards
 
 __all__ = ["main", "measure"]
 
@@ -126,10 +125,7 @@ def _measure_in_child(
     args: argparse.Namespace,
 ) -> tuple[float, ...]:
     """Runs one row's measurement in a fresh consumer process; returns ``measure``'s tuple."""
-    command = [
-        sys.executable,
-        "-m",
-        "benchmarks.bench_service",
+    flags = [
         "--measure_row",
         name,
         "--measure_root",
@@ -147,10 +143,8 @@ def _measure_in_child(
         "--warmup",
         str(args.warmup),
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"measuring {name!r} failed:\n{done.stderr[-4000:]}")
-    return tuple(json.loads(done.stdout.strip().splitlines()[-1]))
+    out = run_module("benchmarks.bench_service", flags)
+    return tuple(json.loads(out.strip().splitlines()[-1]))
 
 
 def _child_main(args: argparse.Namespace) -> int:

@@ -4,6 +4,8 @@
   the baseline every reading benchmark compares against.
 * ``write_shards``: runs the project's pipeline (``python -m beam_pipelines.images_to_tfrecord``,
   two worker processes) over a photo folder, as a user would, and checks it published.
+* ``run_module``: ``python -m MODULE ...`` in a fresh process, failing with its stderr; the
+  benchmarks measure in fresh processes, as users run pipelines and trainers.
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["JPEG_256", "MEAN_RGB", "RAW_224", "STDDEV_RGB", "article_dataset", "write_shards"]
+__all__ = [
+    "JPEG_256",
+    "MEAN_RGB",
+    "RAW_224",
+    "STDDEV_RGB",
+    "article_dataset",
+    "run_module",
+    "write_shards",
+]
 
 MEAN_RGB = (123.675, 116.28, 103.53)
 STDDEV_RGB = (58.395, 57.12, 57.375)
@@ -56,6 +66,21 @@ def article_dataset(photos: Path, batch_size: int, image_size: int = 224, seed: 
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
+def run_module(module: str, args: Sequence[str], env: dict[str, str] | None = None) -> str:
+    """Runs ``python -m module *args`` in a fresh process; returns its stdout.
+
+    Raises:
+      RuntimeError: naming the command, with the end of its stderr, if it exited non-zero.
+    """
+    command = [sys.executable, "-m", module, *args]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-4000:]}"
+        )
+    return done.stdout
+
+
 def write_shards(photos: Path, output: Path, num_shards: int, extra: Sequence[str] = ()) -> None:
     """Writes ``photos`` as a dataset at ``output`` with the project's pipeline.
 
@@ -68,10 +93,7 @@ def write_shards(photos: Path, output: Path, num_shards: int, extra: Sequence[st
     Raises:
       RuntimeError: with the end of the pipeline's stderr, if it failed or did not publish.
     """
-    command = [
-        sys.executable,
-        "-m",
-        "beam_pipelines.images_to_tfrecord",
+    args = [
         "--input",
         str(photos),
         "--output",
@@ -85,6 +107,6 @@ def write_shards(photos: Path, output: Path, num_shards: int, extra: Sequence[st
         *extra,
     ]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    result = subprocess.run(command, capture_output=True, text=True, env=env)
-    if result.returncode != 0 or not (output / "dataset.json").exists():
-        raise RuntimeError(f"pipeline failed ({' '.join(command)}):\n{result.stderr[-3000:]}")
+    run_module("beam_pipelines.images_to_tfrecord", args, env)
+    if not (output / "dataset.json").exists():
+        raise RuntimeError(f"the pipeline did not publish a dataset at {output}")

@@ -11,8 +11,6 @@ from __future__ import annotations
 import hashlib
 import io
 import os
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +18,7 @@ from pathlib import Path
 from PIL import Image, ImageOps
 
 from beam_pipelines.samples import write_imagenet_like_jpegs
+from benchmarks.common import run_module
 from schemas.manifest import MANIFEST_NAME, Manifest
 
 __all__ = [
@@ -67,10 +66,7 @@ def pipeline_run(input_dir: Path, output: Path, extra: Sequence[str]) -> int:
     slower (its runner process moves every record). Its imports and start-up are in every run,
     so they cancel out of ``steady_rate``'s difference.
     """
-    command = [
-        sys.executable,
-        "-m",
-        "beam_pipelines.images_to_tfrecord",
+    args = [
         "--input",
         str(input_dir),
         "--output",
@@ -80,9 +76,7 @@ def pipeline_run(input_dir: Path, output: Path, extra: Sequence[str]) -> int:
         "--overwrite",
         *extra,
     ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"benchmark run failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    run_module("beam_pipelines.images_to_tfrecord", args)
     manifest = Manifest.from_json((output / MANIFEST_NAME).read_text(encoding="utf-8"))
     return manifest.counts.written
 
