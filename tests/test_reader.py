@@ -491,18 +491,21 @@ def test_raw_training_flips_about_half_and_otherwise_returns_the_stored_pixels(
 
 
 @pytest.mark.parametrize("batch", [1, 5, 16])
-def test_flip_block_matches_its_mask_and_flips_each_position_half_the_time(batch: int) -> None:
-    from tfrecord_io.decode import _flip_block, _flip_mask
+def test_flip_follows_its_mask_and_flips_each_position_half_the_time(batch: int) -> None:
+    from tfrecord_io.decode import _flip, _flip_mask
 
     images = tf.reshape(tf.range(batch * 3 * 4 * 3) % 251, [batch, 3, 4, 3])
     images = tf.cast(images, tf.uint8)
     counts = np.zeros(batch)
+    together = 0
     draws = 600
-    flip_block = tf.function(_flip_block)
     for seeds in tf.data.Dataset.random(seed=7).batch(batch).take(draws):
         mask = _flip_mask(seeds).numpy()
         expected = np.where(mask[:, None, None, None], images.numpy()[:, :, ::-1], images.numpy())
-        np.testing.assert_array_equal(flip_block(images, seeds).numpy(), expected)
+        np.testing.assert_array_equal(_flip(images, mask).numpy(), expected)
         counts += mask
-    # Every position, first or last, wrapped or not, is flipped with probability 1/2.
+        together += int(batch > 1 and mask[0] == mask[-1])
+    # Every position is flipped with probability 1/2, independently of the others.
     assert np.all(np.abs(counts / draws - 0.5) < 0.09), counts / draws
+    if batch > 1:
+        assert abs(together / draws - 0.5) < 0.09, together / draws

@@ -24,7 +24,14 @@ import numpy as np
 import tensorflow as tf
 
 from tfrecord_io.cache import CacheConfig
-from tfrecord_io.decode import DCT_METHODS, OUTPUTS, DecodeConfig, decode_batch, parse_batch
+from tfrecord_io.decode import (
+    DCT_METHODS,
+    OUTPUTS,
+    DecodeConfig,
+    decode_batch,
+    parse_batch,
+    shard_damage_record,
+)
 from tfrecord_io.source import ResolvedSource, ShardFile, is_remote, resolve_source
 
 __all__ = [
@@ -189,10 +196,19 @@ def _shuffle_buffer(
     return int(min(_MAX_SHUFFLE_BUFFER, by_bytes, total_records))
 
 
+def _damage_message(shard: ShardFile) -> str:
+    return (
+        "damaged, missing or unreadable TFRecord shard (DataLossError / CRC mismatch / "
+        f"truncated; pass skip_corrupt=True to skip it): {shard.path} ended before the "
+        f"{shard.num_examples} records dataset.json commits"
+    )
+
+
 def _read_shard(
     path: tf.Tensor,
     num_bytes: tf.Tensor,
     num_examples: tf.Tensor,
+    damage_record: tf.Tensor,
     *,
     read_buffer_bytes: int,
     skip_corrupt: bool,
@@ -206,16 +222,20 @@ def _read_shard(
 
     TensorFlow's ``DataLossError`` does not name the file it came from, and ``tf.data`` has no
     way to catch and re-raise. So each file is read with errors ignored (a damaged TFRecord file
-    ends at its first bad record) and a scan counts the bytes and records read. The count is
-    compared with the committed one at the file's last record (when ``counts_known``), or at an
-    empty end marker appended to the file, which a short read reaches early: a damaged file
-    fails with an error that names the shard, or with ``skip_corrupt`` is logged and counted.
+    ends at its first bad record), followed by an end marker that only a short read reaches:
 
-    With known counts a whole file stops at its last record (``take``), so the end marker is
-    never read and nothing has to filter it out; bytes after the last committed record are not
-    read (``_present_shards`` checks local shard sizes when the pipeline is built; streamed
-    shards are checked whole, size and SHA-256, by the shard cache). A shard the manifest says
-    is empty is not opened.
+    * With known counts and no ``skip_corrupt`` (shards this project writes): the marker is
+      ``damage_record`` and the file stops at its committed count (``take``). A whole file never
+      reaches the marker; a short one passes it on, and ``decode_batch`` fails naming the shard.
+      Nothing runs per record, so reading costs no more than the records themselves.
+    * Otherwise the marker is an empty record and a scan counts the bytes and records read,
+      checking them at the file's last record or at the marker: a damaged file fails with an
+      error that names the shard and what was read, or with ``skip_corrupt`` is logged, counted
+      and skipped.
+
+    Bytes after the last committed record are not read (``_present_shards`` checks local shard
+    sizes when the pipeline is built; streamed shards are checked whole, size and SHA-256, by
+    the shard cache). A shard the manifest says is empty is not opened.
     """
     if resolved is not None and resolved.streamed:
         # Object-store shards come through the shard cache, which downloads, checks SHA-256 and
@@ -231,6 +251,9 @@ def _read_shard(
             # damage.
             names = names.filter(lambda name: tf.size(tf.io.matching_files(name)) > 0)
         records = tf.data.TFRecordDataset(names, buffer_size=read_buffer_bytes).ignore_errors()
+    if counts_known and not skip_corrupt:
+        marker = tf.data.Dataset.from_tensors(damage_record)
+        return records.concatenate(marker).take(num_examples).prefetch(readahead)
     # A record of our shards is never empty (an example always has features), so an empty one
     # can mark the end. The scan runs per record: about half what counting in batched blocks
     # cost (the batch and unbatch touch every record again).
@@ -304,9 +327,8 @@ def _read_shard(
     checked = marked.scan((zero, zero), step)
     if counts_known:
         checked = checked.take(num_examples)
-    if skip_corrupt or not counts_known:
-        # The end marker reaches the output: always without counts, after damage when skipping.
-        checked = checked.filter(lambda record: tf.strings.length(record) > 0)
+    # The end marker reaches the output: always without counts, after damage when skipping.
+    checked = checked.filter(lambda record: tf.strings.length(record) > 0)
     return checked.prefetch(readahead)
 
 
@@ -572,6 +594,7 @@ def make_dataset(
             tf.constant([s.path for s in shards], tf.string),
             tf.constant([s.num_bytes for s in shards], tf.int64),
             tf.constant([s.num_examples for s in shards], tf.int64),
+            tf.constant([shard_damage_record(_damage_message(s)) for s in shards], tf.string),
         )
     )
     epochs = config.num_epochs if training else (config.num_epochs or 1)
@@ -583,11 +606,14 @@ def make_dataset(
         files = files.repeat(epochs)
     files = resolved.prepare_files(files, path_index=0)  # download-ahead for streamed shards
 
-    def read(path: tf.Tensor, num_bytes: tf.Tensor, num_examples: tf.Tensor) -> tf.data.Dataset:
+    def read(
+        path: tf.Tensor, num_bytes: tf.Tensor, num_examples: tf.Tensor, damage: tf.Tensor
+    ) -> tf.data.Dataset:
         return _read_shard(
             path,
             num_bytes,
             num_examples,
+            damage,
             read_buffer_bytes=config.read_buffer_bytes,
             skip_corrupt=config.skip_corrupt,
             counter=corruption_counter,

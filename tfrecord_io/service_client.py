@@ -196,8 +196,8 @@ def training_job_name(dataset: tf.data.Dataset) -> str:
     functions. ``Dataset.fingerprint()`` cannot serve: it differs between processes for the
     same pipeline. Names of functions, nodes and arguments, and dataset op metadata, carry
     per-process counters (``..._lambda_134``, ``BatchDatasetV2:7``), and functions carry the
-    device of the process that traced them (``/job:worker/task:1``), so those are normalised
-    away, and the function library is sorted, before hashing. Trainer processes that build the
+    device and session config of the process that traced them (``/job:worker/task:1``), so
+    those are normalised away, and the function library is sorted, before hashing. Trainer processes that build the
     same pipeline with the same seed therefore share one job, and a run with another seed or
     other data gets another.
     """
@@ -209,10 +209,13 @@ def training_job_name(dataset: tf.data.Dataset) -> str:
         strip_device_assignment=True,
     )
     graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
-    # Each dataset op's "metadata" names it with another process-wide counter.
+    # Each dataset op's "metadata" names it with another process-wide counter, and a call of
+    # a function compiled with XLA carries the session config of the process ("config_proto",
+    # which names its task).
     for node in [*graph.node, *(n for f in graph.library.function for n in f.node_def)]:
-        if "metadata" in node.attr:
-            del node.attr["metadata"]
+        for process_attr in ("metadata", "config_proto"):
+            if process_attr in node.attr:
+                del node.attr[process_attr]
     texts = [
         "\n".join(
             _without_counters(line)
