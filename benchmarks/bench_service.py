@@ -26,8 +26,9 @@ it holds in flight, and until then received batches still land in fresh pages (a
 60 measured half again as much system time for the NONE row).
 
 Each measurement runs in a fresh consumer process, as each row is a trainer of its own: the
-service rows first make glibc keep freed memory for reuse, as ``python -m trainer.train`` does
-with ``--data_service`` (``trainer/host_memory.py``); the in-process row keeps the defaults, as
+service rows first make glibc keep freed memory for reuse and gRPC read large messages in bulk,
+as ``python -m trainer.train`` does with ``--data_service`` (``trainer/host_memory.py``,
+``tfrecord_io.service_client.enable_bulk_reads``); the in-process row keeps the defaults, as
 the trainer does without the service. Rows are interleaved round by round (the machine is
 shared, so they see the same noise) and the median over rounds is reported. Each service
 measurement uses its own job.
@@ -155,6 +156,12 @@ def _child_main(args: argparse.Namespace) -> int:
 
         keep_freed_memory()
     from tfrecord_io import make_dataset
+
+    if compression is not None:
+        # And, as it does, gRPC reads each batch in few wakeups (before any gRPC use).
+        from tfrecord_io.service_client import enable_bulk_reads
+
+        enable_bulk_reads()
 
     root, b = Path(args.measure_root), args.batch_size
     pids = [int(p) for p in args.measure_worker_pids.split(",")]

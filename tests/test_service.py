@@ -376,6 +376,7 @@ def test_two_trainer_workers_train_through_one_service_job(
         assert f"done at step {steps}" in log, log
         # Received batches reuse freed memory: on by default with --data_service.
         assert "malloc keeps freed memory for reuse" in log, log
+        assert "gRPC reads large messages in bulk" in log, log
         match = re.search(r"reading training input through tf.data service \S+: job (\S+),", log)
         assert match, log
         jobs.add(match.group(1))

@@ -21,10 +21,12 @@ from tfrecord_io.cache import (
 from tfrecord_io.decode import MEAN_RGB, STDDEV_RGB, DecodeConfig
 from tfrecord_io.reader import CorruptionCounter, ReaderConfig, make_dataset
 from tfrecord_io.service_client import (
+    BULK_READ_EXPERIMENTS,
     COMPRESSIONS,
     DistributeOptions,
     ServiceAddress,
     distribute_dataset,
+    enable_bulk_reads,
     training_job_name,
 )
 from tfrecord_io.source import (
@@ -64,10 +66,12 @@ __all__ = [
     "ShardReport",
     "VerifyReport",
     "verify_dataset",
+    "BULK_READ_EXPERIMENTS",
     "COMPRESSIONS",
     "DistributeOptions",
     "ServiceAddress",
     "distribute_dataset",
+    "enable_bulk_reads",
     "training_job_name",
     "CacheConfig",
     "CacheDirInUseError",

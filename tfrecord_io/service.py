@@ -7,20 +7,24 @@ point means ``python -m`` runs it without a second copy of the library.
 """
 
 from tfrecord_io.service_client import (
+    BULK_READ_EXPERIMENTS,
     COMPRESSIONS,
     DEFAULT_COMPRESSION,
     DistributeOptions,
     ServiceAddress,
     distribute_dataset,
+    enable_bulk_reads,
     training_job_name,
 )
 
 __all__ = [
+    "BULK_READ_EXPERIMENTS",
     "COMPRESSIONS",
     "DEFAULT_COMPRESSION",
     "DistributeOptions",
     "ServiceAddress",
     "distribute_dataset",
+    "enable_bulk_reads",
     "training_job_name",
 ]
 

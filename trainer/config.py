@@ -160,6 +160,9 @@ class RuntimeConfig:
       slurm_port_base: first port for workers when the cluster comes from Slurm.
       keep_freed_memory: tune glibc's malloc to reuse freed memory (``trainer.host_memory``);
         None applies it exactly when batches come from the tf.data service.
+      bulk_reads: have gRPC read large messages in few wakeups
+        (``tfrecord_io.service_client.enable_bulk_reads``); None applies it exactly when
+        batches come from the tf.data service.
     """
 
     strategy: str = "auto"
@@ -168,13 +171,14 @@ class RuntimeConfig:
     tpu: str | None = None
     slurm_port_base: int = 8888
     keep_freed_memory: bool | None = None
+    bulk_reads: bool | None = None
 
     def __post_init__(self) -> None:
         _choice("strategy", self.strategy, STRATEGIES)
-        if self.keep_freed_memory not in (None, True, False):
-            raise ValueError(
-                f"keep_freed_memory must be True, False or None, got {self.keep_freed_memory!r}"
-            )
+        for name in ("keep_freed_memory", "bulk_reads"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ValueError(f"{name} must be True, False or None, got {value!r}")
         _positive_int("cpu_replicas", self.cpu_replicas)
         if not 1024 <= self.slurm_port_base <= 65000:
             raise ValueError(

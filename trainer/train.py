@@ -111,6 +111,13 @@ def _parser() -> argparse.ArgumentParser:
         help="make glibc's malloc reuse freed memory rather than return it to the kernel "
         "(received batches then stop faulting in fresh pages); default: on with --data_service",
     )
+    runtime.add_argument(
+        "--bulk_reads",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="have gRPC read large messages in few wakeups (gRPC experiments tcp_rcv_lowat "
+        "and tcp_frame_size_tuning); default: on with --data_service",
+    )
     runtime.add_argument("--log_level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
     return p
 
@@ -158,6 +165,7 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
                 tpu=args.tpu,
                 slurm_port_base=args.slurm_port_base,
                 keep_freed_memory=args.keep_freed_memory,
+                bulk_reads=args.bulk_reads,
             ),
         )
     except (ValueError, TypeError) as e:
@@ -188,6 +196,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             log.info("malloc keeps freed memory for reuse (one arena, no trimming)")
         else:
             log.warning("--keep_freed_memory needs glibc; the allocator is left as it is")
+
+    bulk = config.runtime.bulk_reads
+    if bulk or (bulk is None and config.data.data_service):
+        # Before this process first uses gRPC (a multi-worker strategy's server, the service).
+        from tfrecord_io.service_client import enable_bulk_reads
+
+        if enable_bulk_reads():
+            log.info(
+                "gRPC reads large messages in bulk (GRPC_EXPERIMENTS=%s)",
+                os.environ["GRPC_EXPERIMENTS"],
+            )
+        else:
+            log.warning(
+                "--bulk_reads: GRPC_EXPERIMENTS=%s turns it off; left as it is",
+                os.environ.get("GRPC_EXPERIMENTS"),
+            )
 
     # Devices are configured before anything else touches TensorFlow's runtime.
     from trainer.inputs import ReaderInputs
