@@ -9,8 +9,6 @@ import sys
 import pytest
 
 from tfrecord_io.service_client import BULK_READ_EXPERIMENTS, enable_bulk_reads
-from trainer.config import RuntimeConfig
-from trainer.train import parse_config
 
 
 def test_requests_both_experiments_in_an_empty_environment():
@@ -76,12 +74,3 @@ def test_grpc_turns_the_experiments_on_only_when_asked():
     for name in BULK_READ_EXPERIMENTS:
         assert f"{name}:on" in on, on
         assert f"{name}:on" not in off, off
-
-
-def test_trainer_flag_defaults_to_following_the_data_service():
-    base = ["--data", "d", "--model_dir", "m", "--steps", "1"]
-    assert parse_config(base)[0].runtime.bulk_reads is None
-    assert parse_config([*base, "--bulk_reads"])[0].runtime.bulk_reads is True
-    assert parse_config([*base, "--no-bulk_reads"])[0].runtime.bulk_reads is False
-    with pytest.raises(ValueError, match="bulk_reads must be True, False or None, got 1"):
-        RuntimeConfig(bulk_reads=1)

@@ -8,9 +8,7 @@ import textwrap
 
 import pytest
 
-from trainer.config import RuntimeConfig
 from trainer.host_memory import AllocatorSettings
-from trainer.train import parse_config
 
 # A thread produces "batches" of 76 blocks of 256 KiB (19 MiB, like a 128 x 224 x 224 x 3
 # uint8 batch arriving in gRPC's read buffers) and the main thread frees them: the pattern of a
@@ -77,12 +75,3 @@ def test_kept_memory_stops_received_batches_faulting_in_fresh_pages():
 def test_settings_name_the_bad_value(kwargs, message):
     with pytest.raises(ValueError, match=message):
         AllocatorSettings(**kwargs)
-
-
-def test_flag_defaults_to_following_the_data_service():
-    base = ["--data", "d", "--model_dir", "m", "--steps", "1"]
-    assert parse_config(base)[0].runtime.keep_freed_memory is None
-    assert parse_config([*base, "--keep_freed_memory"])[0].runtime.keep_freed_memory is True
-    assert parse_config([*base, "--no-keep_freed_memory"])[0].runtime.keep_freed_memory is False
-    with pytest.raises(ValueError, match="keep_freed_memory must be True, False or None"):
-        RuntimeConfig(keep_freed_memory="yes")

@@ -223,3 +223,13 @@ def test_data_service_compression_and_cache_are_checked():
     assert (
         DataConfig(source="/data", data_service="grpc://h:5050", cache="memory").cache == "memory"
     )
+
+
+@pytest.mark.parametrize(("flag", "bad"), [("keep_freed_memory", "yes"), ("bulk_reads", 1)])
+def test_host_setting_flags_default_to_following_the_data_service(flag: str, bad: object) -> None:
+    base = ["--data", "d", "--model_dir", "m", "--steps", "1"]
+    assert getattr(parse_config(base)[0].runtime, flag) is None
+    assert getattr(parse_config([*base, f"--{flag}"])[0].runtime, flag) is True
+    assert getattr(parse_config([*base, f"--no-{flag}"])[0].runtime, flag) is False
+    with pytest.raises(ValueError, match=f"{flag} must be True, False or None, got {bad!r}"):
+        RuntimeConfig(**{flag: bad})

@@ -173,6 +173,11 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
     return config, args.log_level
 
 
+def _follows_service(setting: bool | None, data_service: str | None) -> bool:
+    """Whether a host setting applies: as its flag says, or (unset) with ``--data_service``."""
+    return bool(data_service) if setting is None else setting
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs training; returns the process exit status."""
     config, log_level = parse_config(argv)
@@ -187,8 +192,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(log_level)))
     log = logging.getLogger("trainer.train")
 
-    keep = config.runtime.keep_freed_memory
-    if keep or (keep is None and config.data.data_service):
+    service = config.data.data_service
+    if _follows_service(config.runtime.keep_freed_memory, service):
         # Before TensorFlow starts any thread (see trainer/host_memory.py).
         from trainer.host_memory import keep_freed_memory
 
@@ -197,8 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             log.warning("--keep_freed_memory needs glibc; the allocator is left as it is")
 
-    bulk = config.runtime.bulk_reads
-    if bulk or (bulk is None and config.data.data_service):
+    if _follows_service(config.runtime.bulk_reads, service):
         # Before this process first uses gRPC (a multi-worker strategy's server, the service).
         from tfrecord_io.service_client import enable_bulk_reads
 
