@@ -1,0 +1,55 @@
+"""The dataset catalog (one Parquet row per example) and per-shard index files.
+
+A bottom package: it imports only ``schemas``, ``pyarrow`` and ``numpy``, so the pipeline's
+workers, the reader and the tools can all use it.
+"""
+
+from catalog.index_files import (
+    FRAME_OVERHEAD,
+    INDEX_SUFFIX,
+    check_contiguous,
+    entries_from_payload_sizes,
+    format_index,
+    frame_length,
+    index_filename,
+    parse_index,
+)
+from catalog.table import (
+    CATALOG_VERSION,
+    COLUMNS,
+    LOCATION_COLUMNS,
+    ROW_GROUP_SIZE,
+    SCHEMA,
+    CatalogWriter,
+    build_table,
+    catalog_filename,
+    check_schema,
+    empty_table,
+    merge_fragments,
+    read_table,
+    write_table,
+)
+
+__all__ = [
+    "FRAME_OVERHEAD",
+    "INDEX_SUFFIX",
+    "check_contiguous",
+    "entries_from_payload_sizes",
+    "format_index",
+    "frame_length",
+    "index_filename",
+    "parse_index",
+    "CATALOG_VERSION",
+    "COLUMNS",
+    "LOCATION_COLUMNS",
+    "ROW_GROUP_SIZE",
+    "SCHEMA",
+    "CatalogWriter",
+    "build_table",
+    "catalog_filename",
+    "check_schema",
+    "empty_table",
+    "merge_fragments",
+    "read_table",
+    "write_table",
+]
