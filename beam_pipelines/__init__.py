@@ -10,7 +10,14 @@ from beam_pipelines.config import (
     config_from_options,
     parse_background,
 )
-from beam_pipelines.elements import Duplicate, PreparedRecord, Rejection, ShardResult, SourceFile
+from beam_pipelines.elements import (
+    CatalogMeta,
+    Duplicate,
+    PreparedRecord,
+    Rejection,
+    ShardResult,
+    SourceFile,
+)
 from beam_pipelines.images import (
     REASONS,
     STILL_FORMATS,
@@ -52,6 +59,7 @@ __all__ = [
     "PipelineConfig",
     "parse_background",
     "Duplicate",
+    "CatalogMeta",
     "PreparedRecord",
     "Rejection",
     "ShardResult",

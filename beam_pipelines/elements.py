@@ -9,7 +9,14 @@ from __future__ import annotations
 import json
 from typing import NamedTuple
 
-__all__ = ["SourceFile", "Rejection", "Duplicate", "PreparedRecord", "ShardResult"]
+__all__ = [
+    "SourceFile",
+    "Rejection",
+    "Duplicate",
+    "CatalogMeta",
+    "PreparedRecord",
+    "ShardResult",
+]
 
 
 class SourceFile(NamedTuple):
@@ -49,12 +56,37 @@ class Duplicate(NamedTuple):
         )
 
 
+class CatalogMeta(NamedTuple):
+    """What the catalog records about an example besides its key, URI and place in a shard.
+
+    One flat tuple of plain values, made by the image step, so that it travels with the
+    example (or with a small location of it) to the shard writer at little cost. ``None`` marks
+    a value that is not known (it becomes a null in the catalog).
+    """
+
+    label: int
+    text: str
+    height: int
+    width: int
+    format: str
+    source_format: str | None = None
+    source_bytes: int | None = None
+    source_height: int | None = None
+    source_width: int | None = None
+    phash: int | None = None
+
+
 class PreparedRecord(NamedTuple):
-    """A validated, serialised example and what the shard writer needs to place it."""
+    """A validated, serialised example and what the shard writer needs to place it.
+
+    ``meta`` is the example's catalog row (without its location); None leaves those catalog
+    columns null.
+    """
 
     sha256: str
     uri: str
     serialized: bytes
+    meta: CatalogMeta | None = None
 
 
 class ShardResult(NamedTuple):

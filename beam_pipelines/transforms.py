@@ -14,7 +14,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from beam_pipelines.config import PipelineConfig
-from beam_pipelines.elements import PreparedRecord, Rejection, SourceFile
+from beam_pipelines.elements import CatalogMeta, PreparedRecord, Rejection, SourceFile
 from beam_pipelines.images import ImageOptions, RejectedImage, prepare_image
 from beam_pipelines.object_store_io import read_with_retries
 from beam_pipelines.shards import (
@@ -114,7 +114,18 @@ class PrepareImageFn(beam.DoFn):
         except ValueError as e:
             raise RejectedImage("invalid_record", f"example breaks the schema: {e}") from e
         self._prepared.inc()
-        return PreparedRecord(sha256, source.uri, serialize_record(record))
+        meta = CatalogMeta(
+            label=record.label,
+            text=record.text,
+            height=record.height,
+            width=record.width,
+            format=record.format,
+            source_format=prepared.source_format,
+            source_bytes=len(data),
+            source_height=prepared.source_size[1],
+            source_width=prepared.source_size[0],
+        )
+        return PreparedRecord(sha256, source.uri, serialize_record(record), meta)
 
 
 class PrepareImages(beam.PTransform):
