@@ -10,6 +10,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipelines.images import ImageOptions
+from beam_pipelines.shards import LABEL_CONFLICT_POLICIES
 
 __all__ = ["PipelineConfig", "ImagesToTFRecordOptions", "config_from_options", "parse_background"]
 
@@ -42,8 +43,13 @@ class PipelineConfig:
         ``ceil(num_shards * f / (1 - f))`` for ``validation_fraction`` f); None to plan counts
         from the prepared bytes and ``target_shard_mb``, which costs a wait for all records.
       target_shard_mb: wanted shard size in MiB when ``num_shards`` is None.
-      max_bad_fraction: largest rejected/input ratio that still publishes the dataset.
+      max_bad_fraction: largest bad fraction that still publishes the dataset: inputs rejected
+        for any reason but ``no_label``, over inputs inside a class (see ``StagedResult``).
       overwrite: replace an existing dataset at ``output``.
+      label_conflicts: what to do with byte-identical files under different classes, one of
+        ``LABEL_CONFLICT_POLICIES``: keep the first copy (in URI order), drop every copy, or
+        keep the first and refuse to publish.
+      stratify_validation: give every class its share of ``validation`` (``splits``).
 
     Raises:
       ValueError: naming the bad field and value.
@@ -57,6 +63,8 @@ class PipelineConfig:
     target_shard_mb: float = 128.0
     max_bad_fraction: float = 0.01
     overwrite: bool = False
+    label_conflicts: str = "keep_first"
+    stratify_validation: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.input, str) or not self.input:
@@ -75,6 +83,11 @@ class PipelineConfig:
             raise ValueError(f"--target_shard_mb must be > 0, got {self.target_shard_mb!r}")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ValueError(f"--max_bad_fraction must be in [0, 1], got {self.max_bad_fraction!r}")
+        if self.label_conflicts not in LABEL_CONFLICT_POLICIES:
+            raise ValueError(
+                f"--label_conflicts must be one of {', '.join(LABEL_CONFLICT_POLICIES)}, "
+                f"got {self.label_conflicts!r}"
+            )
         out = self.output.rstrip("/")
         if out == self.input.rstrip("/") or out.startswith(self.input.rstrip("/") + "/"):
             raise ValueError(
@@ -104,6 +117,8 @@ class PipelineConfig:
             "num_shards": self.num_shards,
             "target_shard_mb": self.target_shard_mb,
             "max_bad_fraction": self.max_bad_fraction,
+            "label_conflicts": self.label_conflicts,
+            "stratify_validation": self.stratify_validation,
         }
 
 
@@ -149,6 +164,13 @@ class ImagesToTFRecordOptions(PipelineOptions):
             help="share of examples, chosen by content hash, in the validation split (0)",
         )
         parser.add_argument(
+            "--stratify_validation",
+            action="store_true",
+            default=False,
+            help="give every class its share of the validation split (still chosen by content "
+            "hash); records then wait until every class is counted",
+        )
+        parser.add_argument(
             "--num_shards",
             type=int,
             default=None,
@@ -162,7 +184,15 @@ class ImagesToTFRecordOptions(PipelineOptions):
             "--max_bad_fraction",
             type=float,
             default=0.01,
-            help="largest rejected/input ratio that still publishes the dataset (0.01)",
+            help="largest share of bad input that still publishes the dataset: rejected files "
+            "(not counting no_label ones) over files inside a class folder (0.01)",
+        )
+        parser.add_argument(
+            "--label_conflicts",
+            choices=LABEL_CONFLICT_POLICIES,
+            default="keep_first",
+            help="the same bytes under two classes: keep the first copy (in URI order), drop "
+            "every copy, or keep the first and refuse to publish (keep_first)",
         )
         parser.add_argument(
             "--overwrite",
@@ -204,4 +234,6 @@ def config_from_options(options: PipelineOptions) -> PipelineConfig:
         target_shard_mb=own.target_shard_mb,
         max_bad_fraction=own.max_bad_fraction,
         overwrite=own.overwrite,
+        label_conflicts=own.label_conflicts,
+        stratify_validation=own.stratify_validation,
     )

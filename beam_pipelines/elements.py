@@ -42,18 +42,24 @@ class Rejection(NamedTuple):
 
 
 class Duplicate(NamedTuple):
-    """An input whose bytes equal an earlier (in URI order) input's; one line of ``duplicates.jsonl``."""
+    """An input dropped because another input has the same bytes; one line of ``duplicates.jsonl``.
+
+    ``kept_uri`` is the copy that was kept (the first in URI order), ``label`` and ``kept_label``
+    the class names of the two. ``label_conflict`` marks bytes found under different classes:
+    a labelling error. With ``--label_conflicts drop_both`` no copy is kept (``kept_uri`` and
+    ``kept_label`` are None) and every copy has a line; the lines of one conflict share the
+    ``sha256``.
+    """
 
     uri: str
-    kept_uri: str
+    kept_uri: str | None
     sha256: str
+    label: str | None = None
+    kept_label: str | None = None
+    label_conflict: bool = False
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"uri": self.uri, "kept_uri": self.kept_uri, "sha256": self.sha256},
-            ensure_ascii=False,
-            sort_keys=True,
-        )
+        return json.dumps(self._asdict(), ensure_ascii=False, sort_keys=True)
 
 
 class CatalogMeta(NamedTuple):

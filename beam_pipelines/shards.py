@@ -8,6 +8,7 @@ input therefore write byte-identical shards on any runner, whatever order worker
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import os
 import tempfile
@@ -29,6 +30,7 @@ __all__ = [
     "VALIDATION",
     "METRICS_NAMESPACE",
     "DUPLICATES_TAG",
+    "LABEL_CONFLICT_POLICIES",
     "assign_split",
     "assign_shard",
     "fixed_shard_counts",
@@ -43,6 +45,8 @@ TRAIN = "train"
 VALIDATION = "validation"
 METRICS_NAMESPACE = "images_to_tfrecord"
 DUPLICATES_TAG = "duplicates"
+# What happens to byte-identical inputs under different classes (--label_conflicts).
+LABEL_CONFLICT_POLICIES = ("keep_first", "drop_both", "fail")
 
 _COPY_CHUNK = 8 * 1024 * 1024
 
@@ -109,22 +113,48 @@ def plan_shard_counts(
     return counts
 
 
+def _class_name(record: PreparedRecord) -> str | None:
+    return record.meta.text if record.meta is not None else None
+
+
 def dedupe_sorted(
-    records: Iterable[PreparedRecord],
+    records: Iterable[PreparedRecord], *, label_conflicts: str = "keep_first"
 ) -> tuple[list[PreparedRecord], list[Duplicate]]:
     """Sorts records by ``(sha256, uri)`` and keeps the first of each run of equal hashes.
 
+    Copies found under different classes are a label conflict, flagged in their ``Duplicate``.
+    ``label_conflicts`` says what is written then: ``keep_first`` (and ``fail``, which the
+    launcher turns into a refusal to publish) keeps the first copy, as for any duplicate;
+    ``drop_both`` keeps none.
+
     Returns:
       ``(kept, duplicates)``: the records to write, in write order, and the dropped ones, each
-      naming the URI that was kept instead (the first in URI order).
+      naming the URI that was kept instead (the first in URI order), or None under
+      ``drop_both``.
+
+    Raises:
+      ValueError: for a ``label_conflicts`` not in ``LABEL_CONFLICT_POLICIES``.
     """
+    if label_conflicts not in LABEL_CONFLICT_POLICIES:
+        raise ValueError(
+            f"label_conflicts must be one of {LABEL_CONFLICT_POLICIES}, got {label_conflicts!r}"
+        )
     kept: list[PreparedRecord] = []
     duplicates: list[Duplicate] = []
-    for record in sorted(records, key=lambda r: (r.sha256, r.uri)):
-        if kept and kept[-1].sha256 == record.sha256:
-            duplicates.append(Duplicate(record.uri, kept[-1].uri, record.sha256))
-        else:
-            kept.append(record)
+    ordered = sorted(records, key=lambda r: (r.sha256, r.uri))
+    for sha256, run in itertools.groupby(ordered, key=lambda r: r.sha256):
+        first, *copies = run
+        label = _class_name(first)
+        if label_conflicts == "drop_both" and any(_class_name(c) != label for c in copies):
+            duplicates.extend(
+                Duplicate(r.uri, None, sha256, _class_name(r), None, True) for r in (first, *copies)
+            )
+            continue
+        kept.append(first)
+        duplicates.extend(
+            Duplicate(c.uri, first.uri, sha256, _class_name(c), label, _class_name(c) != label)
+            for c in copies
+        )
     return kept, duplicates
 
 
@@ -168,8 +198,9 @@ class WriteShardFn(beam.DoFn):
     exists and its name is never missing from the set.
     """
 
-    def __init__(self, output_dir: str) -> None:
+    def __init__(self, output_dir: str, *, label_conflicts: str = "keep_first") -> None:
         self._output_dir = output_dir
+        self._label_conflicts = label_conflicts
         self._shards = Metrics.counter(METRICS_NAMESPACE, "shards_written")
         self._written = Metrics.counter(METRICS_NAMESPACE, "images_written")
         self._bytes = Metrics.counter(METRICS_NAMESPACE, "bytes_written")
@@ -177,7 +208,7 @@ class WriteShardFn(beam.DoFn):
 
     def process(self, element):
         (split, index, count), values = element
-        records, duplicates = dedupe_sorted(values)
+        records, duplicates = dedupe_sorted(values, label_conflicts=self._label_conflicts)
         name = shard_filename(split, index, count)
         fd, local_path = tempfile.mkstemp(suffix=".tfrecord")
         os.close(fd)
@@ -223,7 +254,8 @@ class WriteShards(beam.PTransform):
 
     Assigns every record to a shard by content hash, groups by shard and writes each shard
     whole. ``shards`` has one element per shard of every split that received records,
-    ``duplicates`` one per input dropped as a byte-identical copy.
+    ``duplicates`` one per input dropped as a byte-identical copy (``label_conflicts`` as in
+    ``dedupe_sorted``).
 
     Shard counts come one of two ways:
       * ``shard_counts`` (``{split: count}``, e.g. from ``fixed_shard_counts``): fixed before
@@ -244,6 +276,7 @@ class WriteShards(beam.PTransform):
         *,
         shard_counts: Mapping[str, int] | None = None,
         target_shard_bytes: int | None = None,
+        label_conflicts: str = "keep_first",
     ) -> None:
         super().__init__()
         if (shard_counts is None) == (target_shard_bytes is None):
@@ -258,6 +291,7 @@ class WriteShards(beam.PTransform):
         self._output_dir = output_dir
         self._counts = dict(shard_counts) if shard_counts is not None else None
         self._target = target_shard_bytes
+        self._label_conflicts = label_conflicts
 
     def expand(self, records):
         if self._counts is not None:
@@ -283,9 +317,9 @@ class WriteShards(beam.PTransform):
             | "GroupByShard" >> beam.GroupByKey()
             # ((split, index, count), [PreparedRecord])
             | "WriteShard"
-            >> beam.ParDo(WriteShardFn(self._output_dir)).with_outputs(
-                DUPLICATES_TAG, main="shards"
-            )
+            >> beam.ParDo(
+                WriteShardFn(self._output_dir, label_conflicts=self._label_conflicts)
+            ).with_outputs(DUPLICATES_TAG, main="shards")
         )
         # A shard whose hash range caught no record is written empty, after the others: the
         # records themselves never pass through a Flatten (an extra copy on most runners).

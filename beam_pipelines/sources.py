@@ -2,8 +2,11 @@
 
 A directory (or object-store prefix) is laid out as ``<class name>/<image file>``; files nested
 deeper take the class of their top-level directory, and files directly under the root have no
-class (they are reported as ``no_label``, never dropped). A ``.csv`` or ``.jsonl`` listing names
-each file and its class; relative URIs are resolved against the listing's directory.
+class (they are reported as ``no_label``, never dropped). Hidden files and folders (``.*``) and
+what file managers leave behind (``__MACOSX``, ``Thumbs.db``, ``desktop.ini``) are skipped: they
+are counted as skipped, never read and never reported as bad input. A ``.csv`` or ``.jsonl``
+listing names each file and its class, and is taken as it is (nothing skipped); relative URIs are
+resolved against the listing's directory.
 
 Class names are NFC-normalised (macOS writes decomposed names) and may hold spaces and any
 Unicode letters. Label indices are positions in the sorted list of distinct class names.
@@ -24,7 +27,9 @@ from beam_pipelines.elements import SourceFile
 
 __all__ = [
     "LISTING_SUFFIXES",
+    "SKIPPED_TAG",
     "is_listing",
+    "is_skipped",
     "source_from_path",
     "parse_listing_line",
     "ListSources",
@@ -32,6 +37,9 @@ __all__ = [
 ]
 
 LISTING_SUFFIXES = (".csv", ".jsonl")
+SKIPPED_TAG = "skipped"
+# Left by file managers and archivers, never images: a path with one of these parts is skipped.
+_SYSTEM_NAMES = frozenset({"__macosx", "thumbs.db", "desktop.ini"})
 
 
 def is_listing(input_path: str) -> bool:
@@ -42,6 +50,16 @@ def is_listing(input_path: str) -> bool:
 def _normalise_label(label: str) -> str | None:
     label = unicodedata.normalize("NFC", label).strip()
     return label or None
+
+
+def is_skipped(relative_path: str) -> bool:
+    """True if a path under the input root is hidden (any part starts with ``.``) or a file
+    manager's own file (``__MACOSX``, ``Thumbs.db``, ``desktop.ini``, in any case)."""
+    return any(
+        part.startswith(".") or part.lower() in _SYSTEM_NAMES
+        for part in relative_path.split("/")
+        if part
+    )
 
 
 def source_from_path(path: str, root: str) -> SourceFile:
@@ -108,8 +126,27 @@ def parse_listing_line(line: str, *, jsonl: bool, base: str) -> SourceFile | Non
     return SourceFile(_resolve(uri.strip(), base), _normalise_label(label))
 
 
+class _ClassFromPath(beam.DoFn):
+    """``FileMetadata -> SourceFile``; the path on the ``skipped`` output when it is skipped."""
+
+    def __init__(self, root: str) -> None:
+        self._root = root
+
+    def process(self, meta):
+        path = meta.path
+        source = source_from_path(path, self._root)
+        if is_skipped(path[len(self._root) + 1 :]):
+            yield beam.pvalue.TaggedOutput(SKIPPED_TAG, path)
+        else:
+            yield source
+
+
 class ListSources(beam.PTransform):
-    """``PBegin -> SourceFile``: every input file with its class, spread for decoding."""
+    """``PBegin -> {"sources": SourceFile, "skipped": str}``.
+
+    ``sources``: every input file with its class, spread for decoding. ``skipped``: the URI of
+    every hidden or system file of a directory input (none for a listing).
+    """
 
     def __init__(self, input_path: str) -> None:
         super().__init__()
@@ -127,17 +164,20 @@ class ListSources(beam.PTransform):
                 >> beam.Map(lambda line: parse_listing_line(line, jsonl=jsonl, base=base))
                 | "DropBlank" >> beam.Filter(lambda s: s is not None)
             )
+            skipped = pbegin | "NothingSkipped" >> beam.Create([])
         else:
             root = self._input.rstrip("/")
-            sources = (
+            listed = (
                 pbegin
                 | "MatchFiles"
                 >> fileio.MatchFiles(FileSystems.join(root, "**"), empty_match_treatment=_DISALLOW)
-                # FileMetadata -> SourceFile
-                | "ClassFromPath" >> beam.Map(lambda meta: source_from_path(meta.path, root))
+                # FileMetadata -> SourceFile, and str (skipped path) on the skipped output
+                | "ClassFromPath"
+                >> beam.ParDo(_ClassFromPath(root)).with_outputs(SKIPPED_TAG, main="sources")
             )
+            sources, skipped = listed.sources, listed[SKIPPED_TAG]
         # Matching yields files in one bundle; reshuffling lets decoding fan out over workers.
-        return sources | "Reshuffle" >> beam.Reshuffle()
+        return {"sources": sources | "Reshuffle" >> beam.Reshuffle(), SKIPPED_TAG: skipped}
 
 
 _DISALLOW = fileio.EmptyMatchTreatment.DISALLOW

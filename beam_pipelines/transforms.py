@@ -21,10 +21,10 @@ from beam_pipelines.shards import (
     DUPLICATES_TAG,
     METRICS_NAMESPACE,
     WriteShards,
-    assign_split,
     fixed_shard_counts,
 )
-from beam_pipelines.sources import LabelNames, ListSources
+from beam_pipelines.sources import SKIPPED_TAG, LabelNames, ListSources
+from beam_pipelines.splits import AssignSplits
 from schemas.image_example import ImageRecord, serialize_record
 
 __all__ = [
@@ -152,6 +152,7 @@ class ImagesToShards(beam.PTransform):
 
     Returns a dict with:
       ``sources``: ``SourceFile`` for every input;
+      ``skipped``: the URI of every hidden or system file skipped (never an input);
       ``label_names``: one element, the sorted class names;
       ``shards``: ``ShardResult`` for every shard written;
       ``rejected``: ``Rejection`` for every input that did not become an example;
@@ -164,14 +165,15 @@ class ImagesToShards(beam.PTransform):
 
     def expand(self, pbegin):
         config = self._config
-        sources = pbegin | "ListSources" >> ListSources(config.input)
+        listed = pbegin | "ListSources" >> ListSources(config.input)
+        sources = listed["sources"]
         # SourceFile
         label_names = sources | "LabelNames" >> LabelNames()
         # tuple[str, ...], one element
         prepared = sources | "PrepareImages" >> PrepareImages(config.image, label_names)
         fraction = config.validation_fraction
-        by_split = prepared.records | "AssignSplit" >> beam.Map(
-            lambda record: (assign_split(record.sha256, fraction), record)
+        by_split = prepared.records | "AssignSplit" >> AssignSplits(
+            fraction, stratify=config.stratify_validation
         )
         # (split, PreparedRecord)
         if config.num_shards is not None:
@@ -179,9 +181,12 @@ class ImagesToShards(beam.PTransform):
             sharding = {"shard_counts": fixed_shard_counts(config.num_shards, fraction)}
         else:
             sharding = {"target_shard_bytes": config.target_shard_bytes}
-        written = by_split | "WriteShards" >> WriteShards(config.output, **sharding)
+        written = by_split | "WriteShards" >> WriteShards(
+            config.output, label_conflicts=config.label_conflicts, **sharding
+        )
         return {
             "sources": sources,
+            "skipped": listed[SKIPPED_TAG],
             "label_names": label_names,
             "shards": written["shards"],
             "rejected": prepared[REJECTED_TAG],

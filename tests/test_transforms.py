@@ -150,7 +150,7 @@ def test_list_sources_and_label_names_from_a_directory(tmp_path):
     expected = [SourceFile(str(p), name) for name, paths in written.items() for p in paths]
     expected.append(SourceFile(str(root / "README.txt"), None))
     with test_pipeline.TestPipeline() as p:
-        sources = p | ListSources(str(root))
+        sources = (p | ListSources(str(root)))["sources"]
         assert_that(sources, equal_to(expected), label="Sources")
         labels = sources | LabelNames()
         assert_that(labels, equal_to([("cat", "dög", "red fox")]), label="Labels")
@@ -165,7 +165,7 @@ def test_list_sources_from_csv_and_jsonl_listings(tmp_path):
         json.dumps({"uri": "imgs/a.jpg", "label": "dög"}) + "\n", encoding="utf-8"
     )
     with test_pipeline.TestPipeline() as p:
-        from_csv = p | "Csv" >> ListSources(str(csv_listing))
+        from_csv = (p | "Csv" >> ListSources(str(csv_listing)))["sources"]
         assert_that(
             from_csv,
             equal_to(
@@ -176,7 +176,7 @@ def test_list_sources_from_csv_and_jsonl_listings(tmp_path):
             ),
             label="CsvSources",
         )
-        from_jsonl = p | "Jsonl" >> ListSources(str(jsonl_listing))
+        from_jsonl = (p | "Jsonl" >> ListSources(str(jsonl_listing)))["sources"]
         assert_that(
             from_jsonl,
             equal_to([SourceFile(str(tmp_path / "imgs/a.jpg"), "dög")]),

@@ -4,7 +4,7 @@ This is the one place where a ``source`` argument becomes files TensorFlow can o
 either a dataset root (or its ``dataset.json``) written by the pipeline, or a glob of TFRecord
 files in TensorFlow's ImageNet key convention with no manifest ("foreign" shards). Local paths
 and globs are handled directly. ``s3://`` (and ``gs://`` when ``STORAGE_EMULATOR_HOST`` is set),
-which TensorFlow cannot open, go through ``tfrecord_io.storage`` and their shards are streamed
+which TensorFlow cannot open, go through ``objstore`` and their shards are streamed
 through the bounded local shard cache (``tfrecord_io.cache``); any other URI goes through
 ``tf.io.gfile``.
 """
@@ -20,8 +20,8 @@ import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from objstore import ObjectStore, get_store, has_glob, is_object_store_uri
 from schemas import MANIFEST_NAME, Manifest
-from tfrecord_io import storage
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -41,10 +41,9 @@ __all__ = [
     "num_classes",
     "open_binary",
     "read_bytes",
+    "reads_natively",
     "resolve_source",
 ]
-
-_GLOB_CHARS = frozenset("*?[")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,10 +142,25 @@ def is_remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
-def _object_store(path: str) -> storage.ObjectStore | None:
+def reads_natively(path: str) -> bool:
+    """True if TensorFlow should open ``path`` itself rather than through the shard cache.
+
+    Local paths and ``file://`` are read directly. ``gs://`` is read by TensorFlow's own GCS
+    filesystem, except when ``STORAGE_EMULATOR_HOST`` is set (TensorFlow ignores it and would go
+    to Google). TensorFlow 2.21 has no ``s3://`` filesystem, so S3 always goes through the cache.
+    """
+    scheme = path.partition("://")[0] if "://" in path else ""
+    if scheme == "s3":
+        return False
+    if scheme == "gs":
+        return not os.environ.get("STORAGE_EMULATOR_HOST")
+    return True
+
+
+def _object_store(path: str) -> ObjectStore | None:
     """The store for URIs TensorFlow cannot open itself, else None."""
-    if storage.is_object_store_uri(path) and not storage.reads_natively(path):
-        return storage.get_store(path)
+    if is_object_store_uri(path) and not reads_natively(path):
+        return get_store(path)
     return None
 
 
@@ -259,7 +273,7 @@ def _glob(pattern: str) -> list[str]:
 
 def _manifest_path(source: str) -> str | None:
     """The ``dataset.json`` a source points at, or None if it is not a dataset root."""
-    if any(c in source for c in _GLOB_CHARS):
+    if has_glob(source):
         return None
     stripped = source.rstrip("/")
     if posixpath.basename(stripped) == MANIFEST_NAME:
@@ -362,7 +376,7 @@ def resolve_source(
             cache_config=cache,
         )
 
-    if any(c in text for c in _GLOB_CHARS):
+    if has_glob(text):
         paths = _glob(text)
         if not paths:
             raise FileNotFoundError(f"no TFRecord files match {text!r}")
