@@ -96,7 +96,8 @@ class PreparedRecord(NamedTuple):
 
 
 class ShardResult(NamedTuple):
-    """A shard file written and committed under its final name."""
+    """A shard file written and committed under its final name, with its index file's size and
+    hash (the index file is named after the shard, ``catalog.index_files.index_filename``)."""
 
     split: str
     index: int
@@ -105,3 +106,5 @@ class ShardResult(NamedTuple):
     num_examples: int
     num_bytes: int
     sha256: str
+    index_bytes: int = 0
+    index_sha256: str = ""

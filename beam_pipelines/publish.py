@@ -19,12 +19,15 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from beam_pipelines.catalog_io import CatalogResult
 from beam_pipelines.elements import ShardResult
 from beam_pipelines.object_store_io import create_empty_file
+from catalog.index_files import index_filename
 from schemas.manifest import (
     MANIFEST_NAME,
     REJECTED_NAME,
     Counts,
+    FileInfo,
     ImageSpec,
     Manifest,
     ShardInfo,
@@ -96,7 +99,7 @@ class _StageFn(beam.DoFn):
         self._output_dir = output_dir
         self._run_id = run_id
 
-    def process(self, _, input_count, label_names, shards, rejected, duplicates):
+    def process(self, _, input_count, label_names, shards, rejected, duplicates, catalogs=()):
         rejected = sorted(rejected)
         duplicates = sorted(duplicates)
         write_text(
@@ -114,6 +117,7 @@ class _StageFn(beam.DoFn):
             "input": input_count,
             "label_names": list(label_names),
             "shards": [s._asdict() for s in sorted(shards)],
+            "catalogs": [c._asdict() for c in sorted(catalogs)],
             "rejected": len(rejected),
             "rejected_by_reason": dict(sorted(reasons.items())),
             "duplicates": len(duplicates),
@@ -148,6 +152,7 @@ class StageResults(beam.PTransform):
                 as_list(results["shards"]),
                 as_list(results["rejected"]),
                 as_list(results["duplicates"]),
+                *([as_list(results["catalogs"])] if "catalogs" in results else []),
             )
         )
 
@@ -162,6 +167,9 @@ class StagedResult:
         self.rejected: int = data["rejected"]
         self.rejected_by_reason: dict[str, int] = dict(data["rejected_by_reason"])
         self.duplicates: int = data["duplicates"]
+        self.catalogs: tuple[CatalogResult, ...] = tuple(
+            CatalogResult(**c) for c in data.get("catalogs", ())
+        )
 
     @property
     def written(self) -> int:
@@ -251,15 +259,23 @@ def build_manifest(
     by_split: dict[str, list[ShardResult]] = {name: [] for name in splits}
     for shard in staged.shards:
         by_split.setdefault(shard.split, []).append(shard)
+    catalogs = {c.split: FileInfo(c.file, c.num_bytes, c.sha256) for c in staged.catalogs}
     split_infos = {
         name: SplitInfo(
             num_examples=sum(s.num_examples for s in shards),
             shards=tuple(
                 ShardInfo(
-                    file=s.file, num_examples=s.num_examples, num_bytes=s.num_bytes, sha256=s.sha256
+                    file=s.file,
+                    num_examples=s.num_examples,
+                    num_bytes=s.num_bytes,
+                    sha256=s.sha256,
+                    index=FileInfo(index_filename(s.file), s.index_bytes, s.index_sha256)
+                    if s.index_sha256
+                    else None,
                 )
                 for s in sorted(shards, key=lambda s: s.index)
             ),
+            catalog=catalogs.get(name),
         )
         for name, shards in by_split.items()
     }

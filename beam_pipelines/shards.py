@@ -21,8 +21,10 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.metrics import Metrics
 
+from beam_pipelines.catalog_io import write_index_and_fragment
 from beam_pipelines.elements import Duplicate, PreparedRecord, ShardResult
 from beam_pipelines.object_store_io import create_empty_file
+from catalog.index_files import frame_length
 from schemas.manifest import shard_filename
 
 __all__ = [
@@ -37,6 +39,7 @@ __all__ = [
     "plan_shard_counts",
     "dedupe_sorted",
     "copy_to_filesystem",
+    "write_shard_file",
     "WriteShardFn",
     "WriteShards",
 ]
@@ -191,10 +194,32 @@ def copy_to_filesystem(local_path: str, destination: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def write_shard_file(payloads: Iterable[bytes], local_path: str) -> list[tuple[int, int]]:
+    """Writes records to a local TFRecord file, in order; returns each one's place in it.
+
+    Uses Beam's own TFRecord framing (length, masked CRC-32C, data, masked CRC-32C): the bytes
+    ``tf.io.TFRecordWriter`` writes, without importing TensorFlow in every worker.
+
+    Returns:
+      ``(offset, length)`` per record: where its frame starts and its whole frame's size, the
+      rows of the shard's index file (``catalog.index_files``), counted while writing.
+    """
+    entries: list[tuple[int, int]] = []
+    offset = 0
+    with open(local_path, "wb") as shard:
+        for payload in payloads:
+            _TFRecordUtil.write_record(shard, payload)
+            length = frame_length(len(payload))
+            entries.append((offset, length))
+            offset += length
+    return entries
+
+
 class WriteShardFn(beam.DoFn):
     """``((split, index, count), [PreparedRecord]) -> ShardResult`` (+ duplicates).
 
-    An empty list writes an empty shard, so a planned shard that received no records still
+    Writes the shard, its index file and its catalog fragment (``catalog_io``). An empty list
+    writes an empty shard, so a planned shard that received no records still
     exists and its name is never missing from the set.
     """
 
@@ -213,23 +238,25 @@ class WriteShardFn(beam.DoFn):
         fd, local_path = tempfile.mkstemp(suffix=".tfrecord")
         os.close(fd)
         try:
-            # Beam's own TFRecord framing (length, masked CRC-32C, data, masked CRC-32C): the
-            # bytes tf.io.TFRecordWriter writes, without importing TensorFlow in every worker.
-            with open(local_path, "wb") as shard:
-                for record in records:
-                    _TFRecordUtil.write_record(shard, record.serialized)
+            entries = write_shard_file((r.serialized for r in records), local_path)
             num_bytes, digest = copy_to_filesystem(
                 local_path, FileSystems.join(self._output_dir, name)
             )
         finally:
             os.remove(local_path)
+        # After the shard is committed: its index file, then its catalog rows.
+        index_bytes, index_sha256 = write_index_and_fragment(
+            self._output_dir, split, name, records, entries
+        )
         self._shards.inc()
         self._written.inc(len(records))
         self._bytes.inc(num_bytes)
         self._duplicates.inc(len(duplicates))
         for duplicate in duplicates:
             yield beam.pvalue.TaggedOutput(DUPLICATES_TAG, duplicate)
-        yield ShardResult(split, index, count, name, len(records), num_bytes, digest)
+        yield ShardResult(
+            split, index, count, name, len(records), num_bytes, digest, index_bytes, index_sha256
+        )
 
 
 def _split_stats(records):

@@ -13,6 +13,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from beam_pipelines.catalog_io import MergeCatalogs
 from beam_pipelines.config import PipelineConfig
 from beam_pipelines.elements import CatalogMeta, PreparedRecord, Rejection, SourceFile
 from beam_pipelines.images import ImageOptions, RejectedImage, prepare_image
@@ -156,7 +157,8 @@ class ImagesToShards(beam.PTransform):
       ``label_names``: one element, the sorted class names;
       ``shards``: ``ShardResult`` for every shard written;
       ``rejected``: ``Rejection`` for every input that did not become an example;
-      ``duplicates``: ``Duplicate`` for every input dropped as a byte-identical copy.
+      ``duplicates``: ``Duplicate`` for every input dropped as a byte-identical copy;
+      ``catalogs``: ``CatalogResult`` for every split's merged catalog.
     """
 
     def __init__(self, config: PipelineConfig) -> None:
@@ -184,6 +186,8 @@ class ImagesToShards(beam.PTransform):
         written = by_split | "WriteShards" >> WriteShards(
             config.output, label_conflicts=config.label_conflicts, **sharding
         )
+        catalogs = written["shards"] | "MergeCatalogs" >> MergeCatalogs(config.output)
+        # CatalogResult, one per split
         return {
             "sources": sources,
             "skipped": listed[SKIPPED_TAG],
@@ -191,4 +195,5 @@ class ImagesToShards(beam.PTransform):
             "shards": written["shards"],
             "rejected": prepared[REJECTED_TAG],
             "duplicates": written[DUPLICATES_TAG],
+            "catalogs": catalogs,
         }

@@ -26,6 +26,7 @@ __all__ = [
     "ShardInfo",
     "SplitInfo",
     "Counts",
+    "FileInfo",
     "ImageSpec",
     "Manifest",
     "shard_filename",
@@ -77,37 +78,74 @@ def _require_int(name: str, value: Any, minimum: int = 0) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
+def _require_relative(what: str, file: Any) -> None:
+    if not isinstance(file, str) or not file or file.startswith("/") or ".." in file.split("/"):
+        raise ValueError(f"{what} file must be a relative path inside the dataset, got {file!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class FileInfo:
+    """A file that describes the shards (an index file, a catalog): its path relative to the
+    dataset root, its size and its hash."""
+
+    file: str
+    num_bytes: int
+    sha256: str
+
+    def __post_init__(self) -> None:
+        _require_relative("listed", self.file)
+        _require_int("num_bytes", self.num_bytes)
+        if not isinstance(self.sha256, str) or not _SHA256_RE.match(self.sha256):
+            raise ValueError(
+                f"{self.file} sha256 must be 64 lowercase hex digits, got {self.sha256!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, data: Any) -> FileInfo | None:
+        return None if data is None else cls(**data)
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardInfo:
-    """One shard file: its path relative to the dataset root, record count, size and hash."""
+    """One shard file: its path relative to the dataset root, record count, size and hash, and
+    its index file (``<stem>.idx``, one ``"<offset> <length>"`` line per record) if it has one."""
 
     file: str
     num_examples: int
     num_bytes: int
     sha256: str
+    index: FileInfo | None = None
 
     def __post_init__(self) -> None:
-        if (
-            not isinstance(self.file, str)
-            or not self.file
-            or self.file.startswith("/")
-            or ".." in self.file.split("/")
-        ):
-            raise ValueError(
-                f"shard file must be a relative path inside the dataset, got {self.file!r}"
-            )
+        _require_relative("shard", self.file)
         _require_int("num_examples", self.num_examples)
         _require_int("num_bytes", self.num_bytes)
         if not isinstance(self.sha256, str) or not _SHA256_RE.match(self.sha256):
             raise ValueError(f"shard sha256 must be 64 lowercase hex digits, got {self.sha256!r}")
+        if self.index is not None and not isinstance(self.index, FileInfo):
+            raise ValueError(f"shard index must be a FileInfo, got {self.index!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        if self.index is None:
+            del data["index"]  # datasets without index files keep their earlier JSON
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ShardInfo:
+        fields = dict(data)
+        index = FileInfo.from_dict(fields.pop("index", None))
+        return cls(**fields, index=index)
 
 
 @dataclasses.dataclass(frozen=True)
 class SplitInfo:
-    """A split (``train``, ``validation``) and its shards, in read order."""
+    """A split (``train``, ``validation``) and its shards, in read order, and its catalog
+    (``catalog-<split>.parquet``, one row per example) if it has one."""
 
     num_examples: int
     shards: tuple[ShardInfo, ...]
+    catalog: FileInfo | None = None
 
     def __post_init__(self) -> None:
         _require_int("num_examples", self.num_examples)
@@ -171,6 +209,10 @@ class Manifest:
     image: ImageSpec
     rejected_file: str = REJECTED_NAME
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Where the shard files are when they are not next to dataset.json (shards adopted in place
+    # by ``tfrecord_io.adopt --output``): a directory or URI. Index files and catalogs are
+    # always relative to dataset.json's directory.
+    shard_root: str | None = None
     schema_version: int = SCHEMA_VERSION
     tool: str = TOOL_NAME
     tool_version: str = TOOL_VERSION
@@ -216,13 +258,19 @@ class Manifest:
             "splits": {
                 name: {
                     "num_examples": split.num_examples,
-                    "shards": [dataclasses.asdict(s) for s in split.shards],
+                    "shards": [s.to_dict() for s in split.shards],
+                    **(
+                        {"catalog": dataclasses.asdict(split.catalog)}
+                        if split.catalog is not None
+                        else {}
+                    ),
                 }
                 for name, split in sorted(self.splits.items())
             },
             "counts": dataclasses.asdict(self.counts),
             "rejected_file": self.rejected_file,
             "options": dict(self.options),
+            **({"shard_root": self.shard_root} if self.shard_root is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -240,7 +288,8 @@ class Manifest:
             splits = {
                 name: SplitInfo(
                     num_examples=split["num_examples"],
-                    shards=tuple(ShardInfo(**shard) for shard in split["shards"]),
+                    shards=tuple(ShardInfo.from_dict(shard) for shard in split["shards"]),
+                    catalog=FileInfo.from_dict(split.get("catalog")),
                 )
                 for name, split in data["splits"].items()
             }
@@ -254,6 +303,7 @@ class Manifest:
                 schema_version=data["schema_version"],
                 tool=data.get("tool", TOOL_NAME),
                 tool_version=data.get("tool_version", "unknown"),
+                shard_root=data.get("shard_root"),
             )
         except KeyError as e:
             raise ValueError(f"dataset.json is missing field {e}") from e

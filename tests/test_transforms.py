@@ -287,7 +287,12 @@ def test_write_shards_with_few_records_writes_empty_shards_too(tmp_path):
 
 
 def _shard_files(directory: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+    # Shards, their index files and (under .staging/done) their catalog fragments.
+    return {
+        str(p.relative_to(directory)): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_byte_planned_and_fixed_counts_write_the_same_shards(tmp_path):
@@ -308,7 +313,8 @@ def test_byte_planned_and_fixed_counts_write_the_same_shards(tmp_path):
                 equal_to([(0, 3), (1, 3), (2, 3)]),
             )
     assert _shard_files(planned) == _shard_files(fixed)
-    assert len(_shard_files(fixed)) == 3
+    assert len([name for name in _shard_files(fixed) if name.endswith(".tfrecord")]) == 3
+    assert len([name for name in _shard_files(fixed) if name.endswith(".idx")]) == 3
 
 
 def test_fixed_counts_write_no_shards_for_a_split_without_records(tmp_path):
@@ -323,9 +329,13 @@ def test_fixed_counts_write_no_shards_for_a_split_without_records(tmp_path):
             out["shards"] | beam.Map(lambda r: r.file),
             equal_to(["train-00000-of-00002.tfrecord", "train-00001-of-00002.tfrecord"]),
         )
-    assert sorted(p.name for p in tmp_path.iterdir()) == [
+    assert sorted(p.name for p in tmp_path.glob("*.tfrecord")) == [
         "train-00000-of-00002.tfrecord",
         "train-00001-of-00002.tfrecord",
+    ]
+    assert sorted(p.name for p in tmp_path.glob("*.idx")) == [
+        "train-00000-of-00002.idx",
+        "train-00001-of-00002.idx",
     ]
 
 

@@ -1,0 +1,240 @@
+"""The shard writer's by-products: index files, catalog fragments, and each split's catalog.
+
+For every shard the writer commits, in this order:
+
+1. the shard (``train-00003-of-00016.tfrecord``), by ``shards.WriteShardFn``;
+2. its index file (``train-00003-of-00016.idx``, ``catalog.index_files``), next to it, from the
+   offsets the writer counted while writing: no second scan;
+3. its catalog rows as a fragment (``.staging/done/train-00003-of-00016.catalog.parquet``).
+
+``MergeCatalogs`` then concatenates each split's fragments in shard order into
+``catalog-<split>.parquet``, streaming one row group at a time. All three depend only on the
+records a shard holds, so they are byte-identical across runners, as the shards are.
+Every write goes through Beam FileSystems under a temporary name, then a rename.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import tempfile
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from beam_pipelines.elements import CatalogMeta, ShardResult
+from beam_pipelines.object_store_io import create_empty_file
+from catalog.index_files import format_index, index_filename
+from catalog.table import build_table, catalog_filename, merge_fragments, write_table
+
+__all__ = [
+    "STAGING_DIR",
+    "CatalogResult",
+    "fragment_path",
+    "fragment_table",
+    "write_file",
+    "write_index_and_fragment",
+    "merge_split_catalog",
+    "MergeCatalogs",
+]
+
+STAGING_DIR = ".staging"
+_UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
+_COPY_CHUNK = 8 * 1024 * 1024
+
+
+class CatalogResult(NamedTuple):
+    """A split's catalog, committed under its final name."""
+
+    split: str
+    file: str
+    num_examples: int
+    num_bytes: int
+    sha256: str
+
+
+def fragment_path(output_dir: str, shard_name: str) -> str:
+    """Where a shard's catalog fragment is staged until the split's catalog is merged."""
+    stem = index_filename(shard_name)[: -len(".idx")]
+    return FileSystems.join(output_dir, STAGING_DIR, "done", f"{stem}.catalog.parquet")
+
+
+def write_file(destination: str, data: bytes | None = None, *, local_path: str | None = None):
+    """Writes ``data`` (or streams the file at ``local_path``) to any FileSystems path.
+
+    The bytes go under a temporary name next to ``destination``, then are renamed, so nobody
+    listing the directory sees a partial file under the final name.
+
+    Returns:
+      ``(num_bytes, sha256 hex)`` of what was written.
+    """
+    if (data is None) == (local_path is None):
+        raise ValueError("write_file needs exactly one of data and local_path")
+    directory, name = FileSystems.split(destination)
+    temporary = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
+    digest = hashlib.sha256()
+    size = 0
+    with contextlib.ExitStack() as stack:
+        source = (
+            io.BytesIO(data) if data is not None else stack.enter_context(open(local_path, "rb"))
+        )
+        chunk = source.read(_COPY_CHUNK)
+        if not chunk:
+            create_empty_file(temporary)  # Beam's S3 writer cannot make an empty object
+        else:
+            with FileSystems.create(temporary, compression_type=_UNCOMPRESSED) as sink:
+                while chunk:
+                    digest.update(chunk)
+                    size += len(chunk)
+                    sink.write(chunk)
+                    chunk = source.read(_COPY_CHUNK)
+    try:
+        if FileSystems.exists(destination):
+            FileSystems.delete([destination])
+        FileSystems.rename([temporary], [destination])
+    except Exception:
+        FileSystems.delete([temporary])
+        raise
+    return size, digest.hexdigest()
+
+
+def fragment_table(
+    split: str, shard_name: str, records: Sequence[Any], entries: Sequence[tuple[int, int]]
+):
+    """A shard's catalog rows (``pyarrow.Table``), ``index`` holding the position in the shard.
+
+    Args:
+      split, shard_name: the shard.
+      records: what the shard holds, in order; anything with ``sha256``, ``uri`` and ``meta``
+        (a ``CatalogMeta`` or None) attributes: ``PreparedRecord`` or a location of one.
+      entries: each record's ``(offset, length)`` in the shard, as ``write_shard_file`` returns.
+
+    Raises:
+      ValueError: if ``records`` and ``entries`` differ in length, or a value breaks the
+        catalog schema.
+    """
+    if len(records) != len(entries):
+        raise ValueError(f"{shard_name}: {len(records)} records but {len(entries)} index entries")
+    n = len(records)
+    columns: dict[str, list[Any]] = {
+        "key": [r.sha256 for r in records],
+        "uri": [r.uri for r in records],
+        "split": [split] * n,
+        "index": list(range(n)),
+        "shard": [shard_name] * n,
+        "record": list(range(n)),
+        "offset": [int(e[0]) for e in entries],
+        "length": [int(e[1]) for e in entries],
+    }
+    for field in CatalogMeta._fields:
+        columns[field] = [None if r.meta is None else getattr(r.meta, field) for r in records]
+    return build_table(columns)
+
+
+def write_index_and_fragment(
+    output_dir: str,
+    split: str,
+    shard_name: str,
+    records: Sequence[Any],
+    entries: Sequence[tuple[int, int]],
+) -> tuple[int, str]:
+    """Commits a written shard's index file, then its catalog fragment.
+
+    Returns:
+      ``(num_bytes, sha256)`` of the index file.
+    """
+    index = write_file(
+        FileSystems.join(output_dir, index_filename(shard_name)), format_index(entries)
+    )
+    table = fragment_table(split, shard_name, records, entries)
+    buffer = io.BytesIO()  # one shard's rows: a few MB at most
+    write_table(table, buffer)
+    write_file(fragment_path(output_dir, shard_name), buffer.getvalue())
+    return index
+
+
+@contextlib.contextmanager
+def _local_copies(paths: Iterable[str]) -> Iterator[Iterator[str]]:
+    """Yields an iterator of local copies of ``paths``, one on disk at a time."""
+    with tempfile.TemporaryDirectory(prefix="catalog-merge-") as tmp:
+
+        def copies() -> Iterator[str]:
+            for number, path in enumerate(paths):
+                local = os.path.join(tmp, f"{number}.parquet")
+                with FileSystems.open(path, compression_type=_UNCOMPRESSED) as source:
+                    with open(local, "wb") as sink:
+                        while chunk := source.read(_COPY_CHUNK):
+                            sink.write(chunk)
+                yield local
+                os.remove(local)
+
+        yield copies()
+
+
+def merge_split_catalog(
+    output_dir: str, split: str, shards: Iterable[ShardResult]
+) -> CatalogResult:
+    """Merges a split's fragments in shard order into ``catalog-<split>.parquet``.
+
+    Memory stays at about one row group whatever the split's size: fragments are copied
+    locally one at a time and the merged file is written to a local temporary file, then
+    copied to ``output_dir`` under a temporary name and renamed.
+
+    Raises:
+      ValueError: if a fragment is not a catalog of this split, or the row count of the merged
+        catalog differs from the shards' record counts.
+    """
+    ordered = sorted(shards, key=lambda s: s.index)
+    expected = sum(s.num_examples for s in ordered)
+    name = catalog_filename(split)
+    destination = FileSystems.join(output_dir, name)
+    fd, local = tempfile.mkstemp(suffix=".parquet")
+    os.close(fd)
+    try:
+        with _local_copies(fragment_path(output_dir, s.file) for s in ordered) as fragments:
+            rows = merge_fragments(fragments, local, split=split)
+        if rows != expected:
+            raise ValueError(
+                f"{name}: merged {rows} catalog rows, but the shards of {split!r} hold {expected}"
+            )
+        num_bytes, digest = write_file(destination, local_path=local)
+    finally:
+        os.remove(local)
+    return CatalogResult(split, name, rows, num_bytes, digest)
+
+
+class _MergeFn(beam.DoFn):
+    def __init__(self, output_dir: str) -> None:
+        self._output_dir = output_dir
+
+    def process(self, element):
+        split, shards = element
+        yield merge_split_catalog(self._output_dir, split, shards)
+
+
+class MergeCatalogs(beam.PTransform):
+    """``ShardResult -> CatalogResult``: one merged catalog per split, once all its shards are in.
+
+    Only the small ``ShardResult`` values cross the group-by-split; the rows are read back
+    from the staged fragments.
+    """
+
+    def __init__(self, output_dir: str) -> None:
+        super().__init__()
+        self._output_dir = output_dir
+
+    def expand(self, shards):
+        return (
+            shards
+            | "BySplit" >> beam.Map(lambda s: (s.split, s))
+            # (split, ShardResult)
+            | "GroupBySplit" >> beam.GroupByKey()
+            # (split, [ShardResult])
+            | "MergeFragments" >> beam.ParDo(_MergeFn(self._output_dir))
+        )
