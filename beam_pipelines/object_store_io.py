@@ -8,61 +8,36 @@
 * Beam hands its options to FileSystems only when a ``Pipeline`` is built, so a launcher that
   lists or checks ``s3://`` paths before that must call ``FileSystems.set_options`` first.
 * Beam's S3 reads retry a failed request but not a body cut short in transit, so
-  ``read_with_retries`` retries transient failures (a bounded number of times, with exponential
-  backoff and jitter) before a file is called unreadable.
+  ``read_with_retries`` runs each whole read through ``objstore``'s retry loop and policy (the
+  same as the reader's) before a file is called unreadable.
 """
 
 from __future__ import annotations
 
-import logging
-import random
-import time
 from collections.abc import Callable
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-__all__ = ["READ_ATTEMPTS", "create_empty_file", "read_with_retries"]
+from objstore import RetryPolicy, retry_call
 
-READ_ATTEMPTS = 5
-_INITIAL_BACKOFF_S = 0.2
-_MAX_BACKOFF_S = 5.0
-_log = logging.getLogger(__name__)
+__all__ = ["create_empty_file", "read_with_retries"]
 
 
-def read_with_retries(uri: str, read: Callable[[], bytes], attempts: int = READ_ATTEMPTS) -> bytes:
+def read_with_retries(
+    uri: str, read: Callable[[], bytes], policy: RetryPolicy | None = None
+) -> bytes:
     """Runs ``read`` (one whole read of ``uri``), retrying transient storage failures.
 
-    Attempt ``n`` that fails transiently is followed by a sleep drawn from
-    ``[0, min(5 s, 0.2 s * 2 ** (n - 1))]``; a permanent failure (missing object, 403, a local
-    ``OSError``) is raised at once.
+    Uses ``objstore.retry_call``: a transient failure is retried with jittered exponential backoff
+    up to ``policy.max_attempts`` attempts (``RetryPolicy()`` by default); a permanent failure
+    (missing object, 403, a local ``OSError``) is raised at once.
 
     Raises:
-      Exception: the last failure, after ``attempts`` transient ones or at the first permanent.
+      Exception: the last failure, after the last transient one or at the first permanent.
     """
-    for attempt in range(1, attempts + 1):
-        try:
-            return read()
-        except Exception as e:
-            # Imported only on failure: tfrecord_io's package pulls in TensorFlow.
-            from tfrecord_io.storage import is_transient, redact
-
-            if attempt == attempts or not is_transient(e):
-                raise
-            delay = random.uniform(
-                0.0, min(_MAX_BACKOFF_S, _INITIAL_BACKOFF_S * 2 ** (attempt - 1))
-            )
-            _log.warning(
-                "%s: read failed (%s); retry %d of %d in %.2fs",
-                uri,
-                redact(f"{type(e).__name__}: {e}")[:300],
-                attempt,
-                attempts - 1,
-                delay,
-            )
-            time.sleep(delay)
-    raise AssertionError("unreachable")  # pragma: no cover
+    return retry_call(read, policy=policy or RetryPolicy(), action="read", uri=uri)
 
 
 def create_empty_file(path: str) -> None:

@@ -165,7 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             AWS_SECRET_ACCESS_KEY="bench-secret",
             AWS_DEFAULT_REGION="us-east-1",
         )
-        from tfrecord_io.storage import get_store, join_uri
+        from objstore import get_store, join_uri
 
         store = get_store(f"s3://{BUCKET}")
         store.create_bucket(f"s3://{BUCKET}")

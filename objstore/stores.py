@@ -1,4 +1,4 @@
-"""Object storage: one place that maps a URI scheme to a configured client.
+"""Object stores: one place that maps a URI scheme to a configured client.
 
 ``s3://`` goes through fsspec's s3fs, configured the way every AWS tool is: endpoint from
 ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``, credentials from ``AWS_ACCESS_KEY_ID`` /
@@ -7,8 +7,9 @@
 honours ``STORAGE_EMULATOR_HOST`` and otherwise uses application-default credentials. gcsfs is
 not used: pointed at an emulator it spends about a minute probing gRPC before falling back.
 
-Every call is retried here, not in the client libraries (their own retries are switched off), so
-that retry behaviour is the same for both stores, bounded, and visible in the logs:
+Every call is retried by ``objstore.retry``, not in the client libraries (their own retries are
+switched off), so that retry behaviour is the same for both stores, bounded, and visible in the
+logs:
 
 * transient failures (HTTP 408/429/5xx, connection resets, timeouts, truncated bodies) are
   retried with exponential backoff and full jitter, up to ``RetryPolicy.max_attempts``;
@@ -16,7 +17,7 @@ that retry behaviour is the same for both stores, bounded, and visible in the lo
   an ``ObjectStoreError`` whose message names the URI.
 
 Credentials never appear in messages: every message built here goes through ``redact``, and
-``install_log_redaction`` makes every log record of the process pass through it as well.
+each store installs ``install_log_redaction`` for the process.
 """
 
 from __future__ import annotations
@@ -25,401 +26,29 @@ import abc
 import dataclasses
 import fnmatch
 import hashlib
-import http.client
 import json
-import logging
 import os
 import random
 import re
-import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-__all__ = [
-    "SCHEMES",
-    "ObjectInfo",
-    "ObjectStore",
-    "ObjectStoreError",
-    "ObjectNotFoundError",
-    "ObjectAccessError",
-    "RetryPolicy",
-    "S3Store",
-    "GCSStore",
-    "get_store",
-    "install_log_redaction",
-    "is_object_store_uri",
-    "is_transient",
-    "join_uri",
-    "parse_uri",
-    "reads_natively",
-    "redact",
-    "register_secret",
-]
+from objstore.errors import (
+    ObjectAccessError,
+    ObjectNotFoundError,
+    ObjectStoreError,
+    ShortReadError,
+    describe,
+    error_code,
+)
+from objstore.redaction import install_log_redaction, redact, register_secret
+from objstore.retry import Failure, RetryPolicy, retry_call
+from objstore.uris import parse_uri
 
-_log = logging.getLogger(__name__)
-
-SCHEMES = ("s3", "gs")
+__all__ = ["GCSStore", "ObjectInfo", "ObjectStore", "S3Store", "get_store"]
 
 _T = TypeVar("_T")
-
-# ----------------------------------------------------------------------------------------------
-# Redaction
-# ----------------------------------------------------------------------------------------------
-
-# Environment variables whose values are credentials (or identify them) wherever they appear.
-_SECRET_ENV_VARS = (
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "AWS_SECURITY_TOKEN",
-    "AWS_ACCESS_KEY_ID",
-)
-_MIN_SECRET_LEN = 6
-_REDACTED = "***"
-_registered_secrets: set[str] = set()
-_secrets_lock = threading.Lock()
-
-_REDACT_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    # PEM private keys (service-account JSON).
-    (
-        re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),
-        _REDACTED,
-    ),
-    # Command-line flags: --s3_secret_access_key VALUE / --s3_secret_access_key=VALUE.
-    (
-        re.compile(
-            r"(?i)(--s3_(?:secret_access_key|session_token|access_key_id))(\s*=\s*|\s+)(\S+)"
-        ),
-        r"\1\2" + _REDACTED,
-    ),
-    # key=value, key: value and JSON "key": "value" forms of credential fields.
-    (
-        re.compile(
-            r"(?i)((?:aws_)?(?:secret_access_key|access_key_id|session_token|security_token)"
-            r"|private_key(?:_id)?|client_secret|refresh_token|access_token|password)"
-            r"(['\"]?\s*[:=]\s*['\"]?)([^\s'\",&}]+)"
-        ),
-        r"\1\2" + _REDACTED,
-    ),
-    # Pre-signed URL parameters and signature headers.
-    (
-        re.compile(r"(?i)(X-Amz-(?:Signature|Credential|Security-Token)=)[^&\s'\"]+"),
-        r"\1" + _REDACTED,
-    ),
-    (re.compile(r"(?i)(Credential=)[^,\s'\"]+"), r"\1" + _REDACTED),
-    (re.compile(r"(?i)(Signature=)[0-9a-f]{16,}"), r"\1" + _REDACTED),
-    (re.compile(r"(?i)(authorization['\"]?\s*[:=]\s*['\"]?)[^'\"\n]+"), r"\1" + _REDACTED),
-    # user:password@ inside URIs.
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/\s:@]+:[^/\s@]+@"), r"\1" + _REDACTED + "@"),
-)
-
-
-def register_secret(value: str | None) -> None:
-    """Adds a credential value (e.g. from a command-line flag) that ``redact`` must hide.
-
-    Values shorter than 6 characters are ignored: hiding them would garble ordinary text.
-    """
-    if value and len(value) >= _MIN_SECRET_LEN:
-        with _secrets_lock:
-            _registered_secrets.add(value)
-
-
-def _known_secrets() -> list[str]:
-    values = [os.environ.get(name, "") for name in _SECRET_ENV_VARS]
-    with _secrets_lock:
-        values.extend(_registered_secrets)
-    # Longest first, so that a secret containing another is replaced whole.
-    return sorted({v for v in values if len(v) >= _MIN_SECRET_LEN}, key=len, reverse=True)
-
-
-def redact(text: object) -> str:
-    """Returns ``str(text)`` with credentials replaced by ``***``.
-
-    It hides the values of the AWS credential variables, every value given to
-    ``register_secret``, and anything that looks like a credential field, a signature or a
-    password inside a URI.
-    """
-    out = str(text)
-    for secret in _known_secrets():
-        out = out.replace(secret, _REDACTED)
-    for pattern, replacement in _REDACT_PATTERNS:
-        out = pattern.sub(replacement, out)
-    return out
-
-
-_factory_lock = threading.Lock()
-_factory_installed = False
-
-
-def install_log_redaction() -> None:
-    """Makes every log record created in this process pass through ``redact``.
-
-    A record factory is used rather than a handler filter because it also covers handlers and
-    loggers created later (Beam, botocore and absl add their own). Idempotent.
-    """
-    global _factory_installed
-    with _factory_lock:
-        if _factory_installed:
-            return
-        previous = logging.getLogRecordFactory()
-
-        def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
-            record = previous(*args, **kwargs)
-            try:
-                message = record.getMessage()
-            except Exception:  # a malformed record is logging's problem, not ours
-                return record
-            record.msg, record.args = redact(message), None
-            if record.exc_info and record.exc_info[1] is not None:
-                record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
-                record.exc_info = None
-            return record
-
-        logging.setLogRecordFactory(factory)
-        _factory_installed = True
-
-
-# ----------------------------------------------------------------------------------------------
-# URIs
-# ----------------------------------------------------------------------------------------------
-
-
-def parse_uri(uri: str) -> tuple[str, str, str]:
-    """Splits ``scheme://bucket/key`` into ``(scheme, bucket, key)``; key may be empty.
-
-    Raises:
-      ValueError: if ``uri`` is not an ``s3://`` or ``gs://`` URI with a bucket.
-    """
-    scheme, sep, rest = uri.partition("://")
-    if not sep or scheme not in SCHEMES:
-        raise ValueError(f"expected an s3:// or gs:// URI, got {redact(uri)!r}")
-    bucket, _, key = rest.partition("/")
-    if not bucket:
-        raise ValueError(f"URI {redact(uri)!r} has no bucket name")
-    return scheme, bucket, key
-
-
-def is_object_store_uri(path: str) -> bool:
-    """True for ``s3://`` and ``gs://`` URIs."""
-    return isinstance(path, str) and path.partition("://")[0] in SCHEMES and "://" in path
-
-
-def join_uri(root: str, *parts: str) -> str:
-    """Joins a URI and ``/``-separated relative parts."""
-    out = root.rstrip("/")
-    for part in parts:
-        out = f"{out}/{part.strip('/')}"
-    return out
-
-
-def reads_natively(path: str) -> bool:
-    """True if TensorFlow should open ``path`` itself rather than through the shard cache.
-
-    Local paths and ``file://`` are read directly. ``gs://`` is read by TensorFlow's own GCS
-    filesystem, except when ``STORAGE_EMULATOR_HOST`` is set (TensorFlow ignores it and would go
-    to Google). TensorFlow 2.21 has no ``s3://`` filesystem, so S3 always goes through the cache.
-    """
-    scheme = path.partition("://")[0] if "://" in path else ""
-    if scheme == "s3":
-        return False
-    if scheme == "gs":
-        return not os.environ.get("STORAGE_EMULATOR_HOST")
-    return True
-
-
-# ----------------------------------------------------------------------------------------------
-# Errors and retries
-# ----------------------------------------------------------------------------------------------
-
-
-class ObjectStoreError(OSError):
-    """An object-store call failed. The message names the URI and never holds credentials.
-
-    Attributes:
-      uri: the object or prefix the call was about.
-      transient: True if the last failure was transient (retries were exhausted).
-      attempts: how many attempts were made.
-    """
-
-    def __init__(self, message: str, *, uri: str, transient: bool = False, attempts: int = 1):
-        super().__init__(redact(message))
-        self.uri = uri
-        self.transient = transient
-        self.attempts = attempts
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else ""
-
-
-class ObjectNotFoundError(ObjectStoreError, FileNotFoundError):
-    """The bucket or the object does not exist."""
-
-
-class ObjectAccessError(ObjectStoreError, PermissionError):
-    """The credentials are missing, wrong, or not allowed to do this (HTTP 401/403)."""
-
-
-_TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
-
-
-@dataclasses.dataclass(frozen=True)
-class RetryPolicy:
-    """Bounded retries with exponential backoff and full jitter.
-
-    Attempt ``n`` (1-based) that fails transiently is followed by a sleep drawn uniformly from
-    ``[0, min(max_backoff_s, initial_backoff_s * multiplier ** (n - 1))]``.
-
-    Attributes:
-      max_attempts: total attempts per call, including the first (>= 1).
-      initial_backoff_s: the backoff cap after the first failure.
-      max_backoff_s: the largest backoff cap.
-      multiplier: growth of the cap per attempt (>= 1).
-      timeout_s: per-request connect/read timeout.
-    """
-
-    max_attempts: int = 6
-    initial_backoff_s: float = 0.1
-    max_backoff_s: float = 5.0
-    multiplier: float = 2.0
-    timeout_s: float = 60.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_attempts, int) or self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be an int >= 1, got {self.max_attempts!r}")
-        if not self.initial_backoff_s >= 0:
-            raise ValueError(f"initial_backoff_s must be >= 0, got {self.initial_backoff_s!r}")
-        if not self.max_backoff_s >= self.initial_backoff_s:
-            raise ValueError(
-                f"max_backoff_s must be >= initial_backoff_s ({self.initial_backoff_s}), got "
-                f"{self.max_backoff_s!r}"
-            )
-        if not self.multiplier >= 1:
-            raise ValueError(f"multiplier must be >= 1, got {self.multiplier!r}")
-        if not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be > 0, got {self.timeout_s!r}")
-
-    def backoff_cap(self, attempt: int) -> float:
-        """The largest sleep after failed attempt ``attempt`` (1-based)."""
-        return min(self.max_backoff_s, self.initial_backoff_s * self.multiplier ** (attempt - 1))
-
-
-def _exception_chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
-def _http_status(exc: BaseException) -> int | None:
-    response = getattr(exc, "response", None)
-    if isinstance(response, dict):  # botocore ClientError
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if isinstance(status, int):
-            return status
-    status_code = getattr(response, "status_code", None)  # requests / google-resumable-media
-    if isinstance(status_code, int):
-        return status_code
-    # google.api_core's GoogleAPICallError and Beam's S3ClientError carry the status as .code.
-    code = getattr(exc, "code", None)
-    module = type(exc).__module__
-    if isinstance(code, int) and 100 <= code < 600 and module.startswith(("google", "apache_beam")):
-        return code
-    return None
-
-
-def _error_code(exc: BaseException) -> str:
-    for e in _exception_chain(exc):
-        response = getattr(e, "response", None)
-        if isinstance(response, dict):
-            code = response.get("Error", {}).get("Code")
-            if code:
-                return str(code)
-    return ""
-
-
-_TRANSIENT_MODULE_PREFIXES = (
-    "aiohttp",
-    "urllib3.exceptions",
-    "requests.exceptions",
-    "google.auth.exceptions",
-    "google.resumable_media",
-    "google.cloud.storage.exceptions",
-)
-_TRANSIENT_BOTOCORE_NAMES = frozenset(
-    {
-        "HTTPClientError",
-        "ConnectionError",
-        "EndpointConnectionError",
-        "ConnectionClosedError",
-        "ReadTimeoutError",
-        "ConnectTimeoutError",
-        "ResponseStreamingError",
-        "IncompleteReadError",
-        "ProxyConnectionError",
-        "ResponseParserError",
-    }
-)
-
-
-def _status_and_transient(exc: BaseException) -> tuple[int | None, bool]:
-    """The HTTP status behind ``exc`` (if any) and whether retrying may help."""
-    for e in _exception_chain(exc):
-        status = _http_status(e)
-        if status is not None:
-            return status, status in _TRANSIENT_STATUS
-    for e in _exception_chain(exc):
-        if isinstance(e, (PermissionError, FileNotFoundError)):
-            return None, False
-        if isinstance(
-            e,
-            (
-                ConnectionError,
-                TimeoutError,
-                socket.timeout,
-                http.client.IncompleteRead,
-                http.client.RemoteDisconnected,
-                _ShortReadError,
-            ),
-        ):
-            return None, True
-        module = type(e).__module__
-        if module.startswith("botocore") and type(e).__name__ in _TRANSIENT_BOTOCORE_NAMES:
-            return None, True
-        if module.startswith(_TRANSIENT_MODULE_PREFIXES):
-            # Their HTTP errors carried a status above; what is left is transport trouble or
-            # a failed download checksum, both worth another attempt.
-            return None, True
-        if module.startswith("fsspec") and "Timeout" in type(e).__name__:
-            return None, True
-    return None, False
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True if retrying may help: HTTP 408/429/5xx, connection resets, timeouts, short bodies.
-
-    Works on the exceptions of s3fs/botocore, google-cloud-storage, requests/urllib3, aiohttp
-    and Beam's S3 client, following ``__cause__`` / ``__context__`` chains.
-    """
-    return _status_and_transient(exc)[1]
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    if len(text) > 300:
-        text = text[:300] + "…"
-    return redact(f"{type(exc).__name__}: {text}")
-
-
-class _ShortReadError(Exception):
-    """A ranged read returned fewer bytes than asked for (a body cut short in transit)."""
-
-
-# ----------------------------------------------------------------------------------------------
-# Stores
-# ----------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)
@@ -444,7 +73,6 @@ class ObjectStore(abc.ABC):
     def __init__(self, retry: RetryPolicy | None = None, *, seed: int | None = None) -> None:
         self.retry = retry or RetryPolicy()
         self._rng = random.Random(seed)
-        self._rng_lock = threading.Lock()
         install_log_redaction()
 
     # -- single attempts, implemented per client ------------------------------------------------
@@ -488,45 +116,29 @@ class ObjectStore(abc.ABC):
           ObjectAccessError: HTTP 401/403.
           ObjectStoreError: any other permanent failure, or transient failures on every attempt.
         """
-        policy = self.retry
-        started = time.monotonic()
-        for attempt in range(1, policy.max_attempts + 1):
-            try:
-                return fn()
-            except ObjectStoreError:
-                raise
-            except Exception as e:  # classified below; nothing is swallowed
-                status, transient = _status_and_transient(e)
-                if not transient:
-                    raise self._permanent_error(action, uri, e, status, attempt) from None
-                if attempt == policy.max_attempts:
-                    raise ObjectStoreError(
-                        f"{uri}: {action} failed after {attempt} attempts over "
-                        f"{time.monotonic() - started:.1f}s (transient errors; last: "
-                        f"{_describe(e)})",
-                        uri=uri,
-                        transient=True,
-                        attempts=attempt,
-                    ) from None
-                with self._rng_lock:
-                    delay = self._rng.uniform(0.0, policy.backoff_cap(attempt))
-                _log.warning(
-                    "%s: %s failed (%s); retry %d of %d in %.2fs",
-                    uri,
-                    action,
-                    _describe(e),
-                    attempt,
-                    policy.max_attempts - 1,
-                    delay,
+
+        def final_error(failure: Failure) -> ObjectStoreError:
+            if not failure.transient:
+                return self._permanent_error(
+                    action, uri, failure.exc, failure.status, failure.attempts
                 )
-                time.sleep(delay)
-        raise AssertionError("unreachable")  # pragma: no cover
+            return ObjectStoreError(
+                f"{uri}: {action} failed after {failure.attempts} attempts over "
+                f"{failure.elapsed_s:.1f}s (transient errors; last: {describe(failure.exc)})",
+                uri=uri,
+                transient=True,
+                attempts=failure.attempts,
+            )
+
+        return retry_call(
+            fn, policy=self.retry, action=action, uri=uri, rng=self._rng, on_failure=final_error
+        )
 
     def _permanent_error(
         self, action: str, uri: str, exc: BaseException, status: int | None, attempt: int
     ) -> ObjectStoreError:
-        code = _error_code(exc)
-        detail = _describe(exc)
+        code = error_code(exc)
+        detail = describe(exc)
         if status in (401, 403) or isinstance(exc, PermissionError) or "AccessDenied" in code:
             return ObjectAccessError(
                 f"{uri}: {action} refused: access denied (HTTP {status or 403} {code}). "
@@ -586,7 +198,7 @@ class ObjectStore(abc.ABC):
         def attempt() -> bytes:
             data = self._raw_read(bucket, key, start, end)
             if len(data) != end - start:
-                raise _ShortReadError(f"got {len(data)} of {end - start} bytes")
+                raise ShortReadError(f"got {len(data)} of {end - start} bytes")
             return data
 
         return self.call(f"read bytes [{start}, {end})", uri, attempt)
@@ -672,7 +284,7 @@ class ObjectStore(abc.ABC):
                     data = self._raw_read(bucket, key, start, end)
                     if len(data) != end - start:
                         self._check_size(uri, bucket, key, size)
-                        raise _ShortReadError(f"got {len(data)} of {end - start} bytes")
+                        raise ShortReadError(f"got {len(data)} of {end - start} bytes")
                     return data
 
                 data = self.call(f"read bytes [{start}, {end})", uri, attempt)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
+from objstore import ObjectNotFoundError, RetryPolicy
 from tests.fixtures.fault_proxy import FaultPlan
 from tests.fixtures.object_store import BucketEnv, upload_tree
 from tests.fixtures.shards import WrittenDataset
@@ -20,7 +21,6 @@ from tfrecord_io.cache import (
     ShardIntegrityError,
     open_cache,
 )
-from tfrecord_io.storage import ObjectNotFoundError, RetryPolicy
 
 _FAST_RETRY = RetryPolicy(max_attempts=6, initial_backoff_s=0.01, max_backoff_s=0.05, timeout_s=10)
 

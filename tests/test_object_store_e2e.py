@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from beam_pipelines import images_to_tfrecord
+from objstore import get_store
 from schemas import MANIFEST_NAME, REJECTED_NAME, Manifest, ShardInfo
 from tests.fixtures.fault_proxy import FaultPlan
 from tests.fixtures.images import make_image_tree
@@ -27,7 +28,6 @@ from tests.fixtures.object_store import (
 from tests.fixtures.shards import WrittenDataset
 from tfrecord_io import make_dataset, verify
 from tfrecord_io.source import resolve_source
-from tfrecord_io.storage import get_store
 
 _PIPELINE_FLAGS = ["--num_shards", "2", "--image_size", "24", "--max_bad_fraction", "0.5"]
 # Random faults on every request, and a certain fault on the first try of every image request

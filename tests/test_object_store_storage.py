@@ -9,15 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.fixtures.fault_proxy import FaultPlan
-from tests.fixtures.object_store import (
-    PLANTED_ACCESS_KEY_ID,
-    PLANTED_SECRET,
-    BucketEnv,
-    Server,
-    moto_auth,
-)
-from tfrecord_io.storage import (
+from objstore import (
     ObjectAccessError,
     ObjectNotFoundError,
     ObjectStoreError,
@@ -25,9 +17,16 @@ from tfrecord_io.storage import (
     get_store,
     install_log_redaction,
     parse_uri,
-    reads_natively,
     redact,
     register_secret,
+)
+from tests.fixtures.fault_proxy import FaultPlan
+from tests.fixtures.object_store import (
+    PLANTED_ACCESS_KEY_ID,
+    PLANTED_SECRET,
+    BucketEnv,
+    Server,
+    moto_auth,
 )
 
 _FAST = RetryPolicy(max_attempts=4, initial_backoff_s=0.01, max_backoff_s=0.04, timeout_s=10)
@@ -96,7 +95,7 @@ def test_retries_are_bounded_and_name_the_uri(
     bucket.point_at(proxy.url)
     store = get_store(bucket.root, _FAST)
 
-    with caplog.at_level(logging.WARNING, logger="tfrecord_io.storage"):
+    with caplog.at_level(logging.WARNING, logger="objstore.retry"):
         with pytest.raises(ObjectStoreError) as info:
             store.read_bytes(bucket.uri("k.bin"))
 
@@ -241,6 +240,8 @@ def test_backoff_grows_exponentially_up_to_the_cap() -> None:
 
 
 def test_which_uris_tensorflow_reads_natively(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tfrecord_io.source import reads_natively
+
     monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
     assert reads_natively("/data/ds") and reads_natively("file:///data/ds")
     assert not reads_natively("s3://bucket/ds")

@@ -37,7 +37,7 @@ from tfrecord_io.source import (
     num_classes,
     resolve_source,
 )
-from tfrecord_io.storage import (
+from objstore import (
     ObjectAccessError,
     ObjectNotFoundError,
     ObjectStore,

@@ -62,7 +62,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tfrecord_io.storage import (
+from objstore import (
     ObjectStoreError,
     RetryPolicy,
     get_store,

@@ -1,0 +1,52 @@
+"""objstore: the project's object-store layer, at the bottom floor beside ``schemas``.
+
+It imports nothing else of the project and never TensorFlow, so the Beam pipeline (whose
+workers install the package without TensorFlow) and the tf.data reader share one implementation:
+
+* ``stores``: ``s3://`` and ``gs://`` clients behind one ``ObjectStore`` interface;
+* ``errors``: which failures are transient, and the errors that name the URI;
+* ``retry``: the one ``RetryPolicy`` and the one retry loop, ``retry_call``;
+* ``redaction``: credentials never reach a message or a log record;
+* ``uris``: parsing and joining ``scheme://bucket/key``, and the glob characters.
+"""
+
+from objstore.errors import (
+    ObjectAccessError,
+    ObjectNotFoundError,
+    ObjectStoreError,
+    ShortReadError,
+    classify,
+    describe,
+    is_transient,
+)
+from objstore.redaction import install_log_redaction, redact, register_secret
+from objstore.retry import Failure, RetryPolicy, retry_call
+from objstore.stores import GCSStore, ObjectInfo, ObjectStore, S3Store, get_store
+from objstore.uris import GLOB_CHARS, SCHEMES, has_glob, is_object_store_uri, join_uri, parse_uri
+
+__all__ = [
+    "GLOB_CHARS",
+    "SCHEMES",
+    "Failure",
+    "GCSStore",
+    "ObjectAccessError",
+    "ObjectInfo",
+    "ObjectNotFoundError",
+    "ObjectStore",
+    "ObjectStoreError",
+    "RetryPolicy",
+    "S3Store",
+    "ShortReadError",
+    "classify",
+    "describe",
+    "get_store",
+    "has_glob",
+    "install_log_redaction",
+    "is_object_store_uri",
+    "is_transient",
+    "join_uri",
+    "parse_uri",
+    "redact",
+    "register_secret",
+    "retry_call",
+]
