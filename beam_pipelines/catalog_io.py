@@ -7,6 +7,9 @@ For every shard the writer commits, in this order:
    offsets the writer counted while writing: no second scan;
 3. its catalog rows as a fragment (``.staging/done/train-00003-of-00016.catalog.parquet``).
 
+The launcher then writes tfds's metadata (``write_tfds_metadata``) before ``dataset.json``, and
+after publishing removes the fragments and any index file or catalog no manifest lists.
+
 ``MergeCatalogs`` then concatenates each split's fragments in shard order into
 ``catalog-<split>.parquet``, streaming one row group at a time. All three depend only on the
 records a shard holds, so they are byte-identical across runners, as the shards are.
@@ -18,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import logging
 import os
+import re
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -32,6 +37,8 @@ from beam_pipelines.elements import CatalogMeta, ShardResult
 from beam_pipelines.object_store_io import create_empty_file
 from catalog.index_files import format_index, index_filename
 from catalog.table import build_table, catalog_filename, merge_fragments, write_table
+from schemas.manifest import Manifest
+from schemas.tfds_metadata import tfds_metadata_files
 
 __all__ = [
     "STAGING_DIR",
@@ -42,11 +49,17 @@ __all__ = [
     "write_index_and_fragment",
     "merge_split_catalog",
     "MergeCatalogs",
+    "write_tfds_metadata",
+    "remove_staged_fragments",
+    "remove_unlisted_catalog_files",
 ]
 
 STAGING_DIR = ".staging"
+_INDEX_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*-\d{5}-of-\d{5}\.idx$")
+_CATALOG_NAME_RE = re.compile(r"^catalog-[a-z][a-z0-9_]*\.parquet$")
 _UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
 _COPY_CHUNK = 8 * 1024 * 1024
+_log = logging.getLogger(__name__)
 
 
 class CatalogResult(NamedTuple):
@@ -238,3 +251,62 @@ class MergeCatalogs(beam.PTransform):
             # (split, [ShardResult])
             | "MergeFragments" >> beam.ParDo(_MergeFn(self._output_dir))
         )
+
+
+def write_tfds_metadata(output_dir: str, manifest: Manifest) -> list[str]:
+    """Writes ``dataset_info.json``, ``features.json`` and the class names file for tfds.
+
+    Called before ``dataset.json`` is published; the JSON is made without TensorFlow
+    (``schemas.tfds_metadata``).
+
+    Returns:
+      The names of the files written.
+    """
+    try:
+        files = tfds_metadata_files(manifest)
+    except ValueError as e:  # a dataset tfds cannot describe is still a dataset
+        _log.warning("no tfds metadata written to %s: %s", output_dir, e)
+        return []
+    for name, text in sorted(files.items()):
+        write_file(FileSystems.join(output_dir, name), text.encode("utf-8"))
+    return sorted(files)
+
+
+def remove_staged_fragments(output_dir: str, manifest: Manifest) -> None:
+    """Deletes the catalog fragments of the listed shards, once their catalogs are published."""
+    paths = [fragment_path(output_dir, s.file) for s in manifest.all_shards()]
+    existing = [p for p in paths if FileSystems.exists(p)]
+    if existing:
+        FileSystems.delete(existing)
+    if FileSystems.get_scheme(output_dir) in (None, "file"):
+        # Object stores have no directories; local ones are removed once empty.
+        staging = FileSystems.join(output_dir, STAGING_DIR)
+        for directory in (FileSystems.join(staging, "done"), staging):
+            with contextlib.suppress(OSError):
+                os.rmdir(directory.removeprefix("file://"))
+
+
+def remove_unlisted_catalog_files(output_dir: str, manifest: Manifest) -> list[str]:
+    """Deletes index files and catalogs the published manifest does not list.
+
+    They are left by an earlier run with other shard counts or splits. Only files named like
+    ours (``<split>-NNNNN-of-NNNNN.idx``, ``catalog-<split>.parquet``) are candidates.
+
+    Returns:
+      The paths deleted.
+    """
+    listed = {s.index.file for s in manifest.all_shards() if s.index is not None}
+    listed |= {s.catalog.file for s in manifest.splits.values() if s.catalog is not None}
+    stale = []
+    for pattern, name_re in (
+        ("*.idx", _INDEX_NAME_RE),
+        ("catalog-*.parquet", _CATALOG_NAME_RE),
+    ):
+        matched = FileSystems.match([FileSystems.join(output_dir, pattern)])[0].metadata_list
+        for meta in matched:
+            name = FileSystems.split(meta.path)[1]
+            if name_re.match(name) and name not in listed:
+                stale.append(meta.path)
+    if stale:
+        FileSystems.delete(sorted(stale))
+    return sorted(stale)

@@ -26,6 +26,11 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_pipelines.catalog_io import (
+    remove_staged_fragments,
+    remove_unlisted_catalog_files,
+    write_tfds_metadata,
+)
 from beam_pipelines.config import ImagesToTFRecordOptions, PipelineConfig, config_from_options
 from beam_pipelines.publish import (
     DUPLICATES_NAME,
@@ -173,8 +178,11 @@ def run(argv: Sequence[str] | None = None) -> RunSummary:
     published = staged.bad_fraction <= config.max_bad_fraction
     removed: list[str] = []
     if published:
+        write_tfds_metadata(config.output, manifest)
         publish_manifest(config.output, manifest)
         removed = remove_unlisted_shards(config.output, manifest, old_manifest)
+        removed += remove_unlisted_catalog_files(config.output, manifest)
+        remove_staged_fragments(config.output, manifest)
     return RunSummary(
         output=config.output,
         published=published,

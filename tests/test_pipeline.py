@@ -245,13 +245,17 @@ def test_overwrite_replaces_the_dataset_and_removes_stale_shards(tmp_path):
     first = _run(images, output, "--num_shards", "3", "--validation_fraction", "0")
     assert len(first.manifest.all_shards()) == 3
     (output / "train-00007-of-00009.tfrecord").write_bytes(b"left by an unpublished run")
+    (output / "train-00007-of-00009.idx").write_bytes(b"0 20\n")
     (output / "notes.txt").write_text("user file")
     second = _run(images, output, "--num_shards", "2", "--overwrite", "--image_size", "16")
     assert second.published
     names = sorted(p.name for p in output.iterdir())
     assert names == sorted(
         ["dataset.json", "duplicates.jsonl", "notes.txt", "rejected.jsonl"]
+        + ["dataset_info.json", "features.json", "image.class.label.labels.txt"]  # for tfds
+        + [split.catalog.file for split in second.manifest.splits.values()]
         + [s.file for s in second.manifest.all_shards()]
+        + [s.index.file for s in second.manifest.all_shards()]
     )
     manifest = Manifest.from_json((output / "dataset.json").read_text(encoding="utf-8"))
     assert manifest.image.image_size == 16
