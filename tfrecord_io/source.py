@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from objstore import ObjectStore, get_store, has_glob, is_object_store_uri
 from schemas import MANIFEST_NAME, Manifest
+from schemas.lineage import LATEST_NAME, parse_latest_pointer
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -37,6 +38,7 @@ __all__ = [
     "join",
     "local_copy",
     "load_manifest",
+    "manifest_path",
     "label_names",
     "num_classes",
     "open_binary",
@@ -271,18 +273,52 @@ def _glob(pattern: str) -> list[str]:
     return sorted(p for p in glob.glob(_local(pattern)) if os.path.isfile(p))
 
 
+def _follow_latest(pointer: str) -> str:
+    """The version directory a ``latest`` pointer file names (a sibling of the pointer)."""
+    parent = posixpath.dirname(pointer) if is_remote(pointer) else os.path.dirname(_local(pointer))
+    version = parse_latest_pointer(read_bytes(pointer), name=pointer)
+    target = join(parent, version)
+    if not exists(join(target, MANIFEST_NAME)):
+        raise FileNotFoundError(
+            f"{pointer} names version {version!r}, but {join(target, MANIFEST_NAME)} does not "
+            "exist: the version was removed or never published; rewrite the pointer with "
+            "python -m beam_pipelines.versions"
+        )
+    return target
+
+
 def _manifest_path(source: str) -> str | None:
-    """The ``dataset.json`` a source points at, or None if it is not a dataset root."""
+    """The ``dataset.json`` a source points at, or None if it is not a dataset root.
+
+    A ``latest`` pointer (``DST/latest``, or ``DST`` holding one and no ``dataset.json``) is
+    followed to the version it names.
+    """
     if has_glob(source):
         return None
     stripped = source.rstrip("/")
     if posixpath.basename(stripped) == MANIFEST_NAME:
         return stripped
+    if posixpath.basename(stripped) == LATEST_NAME and not _isdir(stripped) and exists(stripped):
+        return join(_follow_latest(stripped), MANIFEST_NAME)
     if _isdir(stripped):
         candidate = join(stripped, MANIFEST_NAME)
         if exists(candidate):
             return candidate
+        pointer = join(stripped, LATEST_NAME)
+        if exists(pointer) and not _isdir(pointer):
+            return join(_follow_latest(pointer), MANIFEST_NAME)
     return None
+
+
+def manifest_path(source: str | os.PathLike[str]) -> str | None:
+    """The ``dataset.json`` a dataset source resolves to (following a ``latest`` pointer), or
+    None when the source is a glob or file of foreign shards.
+
+    Raises:
+      FileNotFoundError: if a ``latest`` pointer names a version that has no ``dataset.json``.
+      ValueError: if a ``latest`` pointer is malformed.
+    """
+    return _manifest_path(_as_str(source))
 
 
 def _as_str(source: str | os.PathLike[str]) -> str:
@@ -351,9 +387,11 @@ def resolve_source(
       ValueError: if the manifest is invalid or the split has no shards.
     """
     text = _as_str(source)
-    manifest = load_manifest(text)
-    if manifest is not None:
-        root = posixpath.dirname(_manifest_path(text) or "") or "."
+    # Resolved once: a ``latest`` pointer may move while we read.
+    path = _manifest_path(text)
+    manifest = None if path is None else load_manifest(path)
+    if manifest is not None and path is not None:
+        root = posixpath.dirname(path) or "."
         info = manifest.split(split)
         if not info.shards:
             raise ValueError(f"split {split!r} of {text} has no shards")

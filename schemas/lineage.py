@@ -1,0 +1,119 @@
+"""What relates one dataset version to another: image options, versions and the ``latest`` pointer.
+
+* ``image_options``: the manifest options that decide the stored example for a given source file.
+  Two datasets whose image options are equal store byte-identical images for the same source
+  bytes, so an incremental build may reuse the older one's examples (``--base``) and ``diff``
+  can say whether a difference in stored bytes is expected.
+* Versions side by side: ``DST/v0001/``, ``DST/v0002/``… each a complete dataset, and a small
+  text file ``DST/latest`` naming the current one, written last (after the version's
+  ``dataset.json``), so a reader that follows it always finds a published dataset.
+
+Storage-agnostic, like ``schemas.manifest``: callers read and write the bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = [
+    "LATEST_NAME",
+    "IMAGE_OPTION_KEYS",
+    "image_options",
+    "describe_option_changes",
+    "version_name",
+    "parse_version_name",
+    "format_latest_pointer",
+    "parse_latest_pointer",
+]
+
+LATEST_NAME = "latest"
+# Options that change the stored bytes of an example whose source bytes are unchanged.
+# ``max_pixels`` decides which sources are rejected, so a reused example must have passed the
+# same limit; ``image_library`` (Pillow's version) is where resampling and encoders live.
+IMAGE_OPTION_KEYS = (
+    "image_size",
+    "crop",
+    "encoding",
+    "jpeg_quality",
+    "background",
+    "max_pixels",
+    "image_library",
+)
+_VERSION_RE = re.compile(r"^v(\d{4,})$")
+_POINTER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def image_options(options: Mapping[str, Any], *, tool_version: str | None = None) -> dict[str, Any]:
+    """The image options of a manifest's ``options`` (missing ones are None).
+
+    ``jpeg_quality`` counts only for the ``jpeg`` encoding. ``tool_version``, when given, is
+    included: a new release of the tool may prepare pixels differently.
+    """
+    chosen = {key: options.get(key) for key in IMAGE_OPTION_KEYS}
+    if chosen["encoding"] != "jpeg":
+        chosen["jpeg_quality"] = None
+    if tool_version is not None:
+        chosen["tool_version"] = tool_version
+    return chosen
+
+
+def describe_option_changes(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+    """``"image_size 256 -> 224, crop none -> center"``, or ``""`` when nothing differs."""
+    changes = [
+        f"{key} {old.get(key)} -> {new.get(key)}"
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key)
+    ]
+    return ", ".join(changes)
+
+
+def version_name(number: int) -> str:
+    """``v0001`` for 1: the directory of a dataset version.
+
+    Raises:
+      ValueError: if ``number`` is not a positive int.
+    """
+    if not isinstance(number, int) or isinstance(number, bool) or number < 1:
+        raise ValueError(f"a version number must be an int >= 1, got {number!r}")
+    return f"v{number:04d}"
+
+
+def parse_version_name(name: str) -> int | None:
+    """The number of a version directory name (``v0002`` -> 2), or None for other names."""
+    match = _VERSION_RE.match(name)
+    return int(match.group(1)) if match else None
+
+
+def format_latest_pointer(version: str) -> str:
+    """The text of a ``latest`` pointer naming ``version`` (a directory beside the pointer).
+
+    Raises:
+      ValueError: if ``version`` is not a plain directory name.
+    """
+    if not isinstance(version, str) or not _POINTER_RE.match(version):
+        raise ValueError(
+            f"a latest pointer names a directory beside it, like 'v0002', got {version!r}"
+        )
+    return version + "\n"
+
+
+def parse_latest_pointer(text: str | bytes, *, name: str = LATEST_NAME) -> str:
+    """The version directory a ``latest`` pointer names.
+
+    Raises:
+      ValueError: if the pointer is empty or names anything but a plain directory beside it
+        (naming ``name`` and what it holds).
+    """
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{name}: not UTF-8 text ({e})") from e
+    version = text.strip()
+    if not _POINTER_RE.match(version) or len(text) > 256:
+        raise ValueError(
+            f"{name}: a latest pointer holds one directory name like 'v0002', got {text[:80]!r}"
+        )
+    return version

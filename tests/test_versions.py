@@ -1,0 +1,54 @@
+"""Versions side by side: ``DST/v0001``, ``DST/v0002`` and a ``latest`` pointer the reader follows."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from schemas.lineage import (
+    LATEST_NAME,
+    format_latest_pointer,
+    parse_latest_pointer,
+    parse_version_name,
+    version_name,
+)
+from tests.fixtures.shards import WrittenDataset
+from tfrecord_io.source import load_manifest, manifest_path, resolve_source
+
+
+def test_pointer_and_version_names_round_trip_and_refuse_paths() -> None:
+    assert version_name(2) == "v0002" and parse_version_name("v0002") == 2
+    assert parse_version_name("v12345") == 12345 and parse_version_name("latest") is None
+    assert parse_latest_pointer(format_latest_pointer("v0002")) == "v0002"
+    for bad in ("../v1", "a/b", "", " ", "/abs"):
+        with pytest.raises(ValueError, match="directory name"):
+            parse_latest_pointer(bad)
+        with pytest.raises(ValueError):
+            format_latest_pointer(bad)
+    with pytest.raises(ValueError, match=">= 1"):
+        version_name(0)
+
+
+def test_reader_follows_the_pointer(jpeg_dataset: WrittenDataset, tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    shutil.copytree(jpeg_dataset.root, root / "v0001")
+    (root / LATEST_NAME).write_text(format_latest_pointer("v0001"))
+    for source in (root, root / LATEST_NAME, str(root) + "/"):
+        resolved = resolve_source(source, "train")
+        assert resolved.paths[0].startswith(str(root / "v0001") + "/")
+        assert resolved.num_examples == jpeg_dataset.manifest.split("train").num_examples
+    assert load_manifest(root) == jpeg_dataset.manifest
+    assert manifest_path(root / "v0001") == str(root / "v0001" / "dataset.json")
+
+
+def test_a_pointer_to_a_missing_version_is_named(tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    root.mkdir()
+    (root / LATEST_NAME).write_text("v0003\n")
+    with pytest.raises(FileNotFoundError, match="names version 'v0003'"):
+        resolve_source(root, "train")
+    (root / LATEST_NAME).write_text("../../etc\n")
+    with pytest.raises(ValueError, match="directory name"):
+        load_manifest(root)
