@@ -19,8 +19,8 @@ from beam_pipelines.elements import (
     SourceFile,
 )
 from beam_pipelines.images import (
+    DEFAULT_ACCEPTED_FORMATS,
     REASONS,
-    STILL_FORMATS,
     ImageOptions,
     PreparedImage,
     RejectedImage,
@@ -65,7 +65,7 @@ __all__ = [
     "ShardResult",
     "SourceFile",
     "REASONS",
-    "STILL_FORMATS",
+    "DEFAULT_ACCEPTED_FORMATS",
     "ImageOptions",
     "PreparedImage",
     "RejectedImage",

@@ -9,6 +9,8 @@ from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_pipelines.image_colour import HIGH_BIT_DEPTH_POLICIES
+from beam_pipelines.image_formats import parse_accepted_formats
 from beam_pipelines.images import ImageOptions
 from beam_pipelines.shards import LABEL_CONFLICT_POLICIES
 
@@ -113,6 +115,11 @@ class PipelineConfig:
             "jpeg_quality": self.image.jpeg_quality,
             "max_pixels": self.image.max_pixels,
             "background": "#{:02x}{:02x}{:02x}".format(*self.image.background),
+            "max_aspect_ratio": self.image.max_aspect_ratio,
+            "max_output_pixels": self.image.max_output_pixels,
+            "out_of_bounds": self.image.out_of_bounds,
+            "accepted_formats": list(self.image.accepted_formats),
+            "high_bit_depth": self.image.high_bit_depth,
             "validation_fraction": self.validation_fraction,
             "num_shards": self.num_shards,
             "target_shard_mb": self.target_shard_mb,
@@ -156,6 +163,40 @@ class ImagesToTFRecordOptions(PipelineOptions):
             "--background",
             default="#ffffff",
             help="colour transparent pixels are composited over (#ffffff)",
+        )
+        parser.add_argument(
+            "--max_aspect_ratio",
+            type=float,
+            default=ImageOptions.max_aspect_ratio,
+            help="longer side over shorter side above which an image is out of bounds, checked "
+            "from the header (10)",
+        )
+        parser.add_argument(
+            "--max_output_pixels",
+            type=int,
+            default=ImageOptions.max_output_pixels,
+            help="most pixels a stored image may have; JPEG also caps each side at 65500 "
+            f"({ImageOptions.max_output_pixels})",
+        )
+        parser.add_argument(
+            "--out_of_bounds",
+            choices=("reject", "crop"),
+            default="reject",
+            help="images past --max_aspect_ratio or --max_output_pixels: reject them, or keep "
+            "the centre of the longer side (reject)",
+        )
+        parser.add_argument(
+            "--accepted_formats",
+            default="default",
+            help="Pillow formats to accept: 'default' (every raster format Pillow decodes "
+            "without external programs), a list 'JPEG,PNG', or changes '+EPS,-TGA' (default)",
+        )
+        parser.add_argument(
+            "--high_bit_depth",
+            choices=HIGH_BIT_DEPTH_POLICIES,
+            default="shift",
+            help="16-bit samples to 8: shift (v >> 8) or stretch by the real bit depth from "
+            "sBIT / BitsPerSample / the largest sample, for 10-14 bit data (shift)",
         )
         parser.add_argument(
             "--validation_fraction",
@@ -227,6 +268,11 @@ def config_from_options(options: PipelineOptions) -> PipelineConfig:
             encoding=own.encoding,
             jpeg_quality=own.jpeg_quality,
             max_pixels=own.max_pixels,
+            max_aspect_ratio=own.max_aspect_ratio,
+            max_output_pixels=own.max_output_pixels,
+            out_of_bounds=own.out_of_bounds,
+            accepted_formats=parse_accepted_formats(own.accepted_formats),
+            high_bit_depth=own.high_bit_depth,
             background=parse_background(own.background),
         ),
         validation_fraction=own.validation_fraction,

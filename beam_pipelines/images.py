@@ -1,94 +1,102 @@
-"""Pixel work for one image: sniff, check, decode, orient, convert, resize, crop, encode.
+"""Pixel work for one image: sniff, check, decode, convert, orient, resize, crop, encode.
 
 Pure functions with no Beam in them, so that tests and benchmarks call them directly and the
 pipeline's DoFns stay thin. Every way an input can be bad ends in ``RejectedImage`` with a short,
-stable reason code; nothing else escapes ``prepare_image`` for bad bytes.
+stable reason code; nothing else escapes ``prepare_image``: an unexpected exception (even
+``MemoryError``) becomes ``internal_error`` naming its type and where it was raised.
 
-Conversion rules (where the source is not already 8-bit RGB):
+Before any pixel is decoded, the header's size is checked against ``max_pixels`` (the decode)
+and against ``max_aspect_ratio`` and ``max_output_pixels`` (the stored image), so that neither a
+decompression bomb nor a 1x20,000 line can make the job allocate gigabytes.
 
-* 16-bit samples (``I;16`` PNG/TIFF) are scaled to 8 bits (``v >> 8``), never clipped.
-* Alpha (``RGBA``, ``LA``, ``PA`` and palette or grayscale images with a transparent colour) is
-  composited over ``ImageOptions.background``, white by default, as a browser shows it.
-* CMYK, including Adobe's inverted CMYK JPEGs (which Pillow un-inverts while decoding), goes
-  through the embedded ICC profile to sRGB when there is one, and otherwise through the
-  multiplicative formula ``R = (255 - C) * (255 - K) / 255``.
-* Multi-frame GIF, WebP, PNG and TIFF files contribute their first frame.
-* The EXIF orientation is applied, and the stored image carries no EXIF, so readers need not
-  apply it again.
+Conversion rules (``image_colour``): samples wider than 8 bits by ``high_bit_depth`` (``shift``
+or ``stretch``); an embedded ICC profile to sRGB through LittleCMS, whatever the mode; without
+a profile, sRGB is assumed and CMYK uses ``(255 - C)(255 - K)/255``; alpha is composited over
+``ImageOptions.background``. Multi-frame files contribute their first frame. The EXIF (or XMP)
+orientation is applied, and the stored image carries no EXIF and no profile: it is sRGB.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import traceback
 import warnings
+from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageCms, ImageOps
+from PIL import Image
+
+from beam_pipelines.image_colour import (
+    COLOUR_SPACE,
+    HIGH_BIT_DEPTH_POLICIES,
+    reduce_bit_depth,
+    to_srgb,
+    wide_colour_rawmode,
+)
+from beam_pipelines.image_formats import (
+    DEFAULT_ACCEPTED_FORMATS,
+    NOT_DECODABLE,
+    classify_error,
+    pillow_formats,
+    sniff_format,
+    why_not_accepted,
+)
 
 __all__ = [
     "REASONS",
-    "STILL_FORMATS",
+    "COLOUR_SPACE",
+    "DEFAULT_ACCEPTED_FORMATS",
     "ImageOptions",
     "PreparedImage",
     "RejectedImage",
+    "internal_error",
     "sniff_format",
     "open_image",
+    "check_output_bounds",
     "decode_rgb",
+    "decode_srgb",
     "resize_and_crop",
     "encode_image",
     "prepare_image",
 ]
 
-# Stable reason codes, written to rejected.jsonl and used as Beam counter names.
+# Stable reason codes, written to rejected.jsonl and used as Beam counter names. The README
+# says what each means and what a user can do about it.
 REASONS = (
     "empty_file",
     "not_an_image",
+    "unsupported_format",
     "truncated",
+    "corrupt_header",
+    "unsupported_feature",
+    "decompression_bomb",
     "too_many_pixels",
+    "extreme_aspect_ratio",
+    "output_too_large",
     "unreadable",
     "decode_error",
     "no_label",
     "invalid_record",
-)
-
-# Formats tried when opening. Weakly identified formats (TGA, which has no magic number, and
-# the scientific and vector formats) are left out so that random bytes are not "decoded".
-STILL_FORMATS = (
-    "JPEG",
-    "PNG",
-    "GIF",
-    "WEBP",
-    "BMP",
-    "DIB",
-    "TIFF",
-    "PPM",
-    "ICO",
-    "JPEG2000",
-    "AVIF",
-    "QOI",
-    "PCX",
-    "SGI",
-)
-
-_MAGIC: tuple[tuple[int, bytes, str], ...] = (
-    (0, b"\xff\xd8\xff", "JPEG"),
-    (0, b"\x89PNG\r\n\x1a\n", "PNG"),
-    (0, b"GIF87a", "GIF"),
-    (0, b"GIF89a", "GIF"),
-    (0, b"BM", "BMP"),
-    (0, b"II*\x00", "TIFF"),
-    (0, b"MM\x00*", "TIFF"),
-    (0, b"\x00\x00\x00\x0cjP  \r\n\x87\n", "JPEG2000"),
-    (0, b"\xff\x4f\xff\x51", "JPEG2000"),
-    (0, b"qoif", "QOI"),
+    "internal_error",
 )
 
 _ORIENTATION = 0x0112  # the EXIF tag
-_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 _ENCODINGS = ("jpeg", "png", "raw")
 _CROPS = ("none", "center")
-_SRGB_PROFILE = ImageCms.createProfile("sRGB")
+_OUT_OF_BOUNDS = ("reject", "crop")
+_JPEG_MAX_SIDE = 65_500  # libjpeg's limit on either side
+# Exceptions Pillow's plugins raise for bad files (anything else is internal_error).
+_PILLOW_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, KeyError)
 
 
 class RejectedImage(Exception):  # noqa: N818  (a verdict, not a programming error)
@@ -110,6 +118,19 @@ class RejectedImage(Exception):  # noqa: N818  (a verdict, not a programming err
         return (RejectedImage, (self.reason, self.detail))
 
 
+def internal_error(error: BaseException) -> RejectedImage:
+    """An ``internal_error`` rejection for an unexpected exception: its type, message and the
+    innermost frames where it was raised (file:line function), short enough for a report line."""
+    frames = traceback.extract_tb(error.__traceback__)[-3:]
+    where = " < ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(frames))
+    message = str(error).replace("\n", " ")
+    if len(message) > 200:
+        message = message[:200] + "…"
+    return RejectedImage(
+        "internal_error", f"{type(error).__name__}: {message}" + (f" (at {where})" if where else "")
+    )
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ImageOptions:
     """How every image is prepared.
@@ -120,6 +141,14 @@ class ImageOptions:
       encoding: ``"jpeg"``, ``"png"`` or ``"raw"`` (uint8 HWC, needs ``crop="center"``).
       jpeg_quality: 1-95, for ``encoding="jpeg"``.
       max_pixels: inputs whose header declares more pixels are rejected before decoding.
+      max_aspect_ratio: inputs whose longer side is more than this many times the shorter one
+        are out of bounds (checked from the header).
+      max_output_pixels: the most pixels a stored image may have (with ``crop="none"`` an
+        elongated input makes a long stored image); JPEG also caps each side at 65,500.
+      out_of_bounds: ``"reject"`` (``extreme_aspect_ratio`` / ``output_too_large``) or
+        ``"crop"``: keep the centre of the longer side, as much as the bounds allow.
+      accepted_formats: Pillow format names accepted, in the order they are tried.
+      high_bit_depth: ``"shift"`` (``v >> 8``) or ``"stretch"`` (scale by the real bit depth).
       background: RGB colour that transparent pixels are composited over.
 
     Raises:
@@ -131,6 +160,11 @@ class ImageOptions:
     encoding: str = "jpeg"
     jpeg_quality: int = 90
     max_pixels: int = 100_000_000
+    max_aspect_ratio: float = 10.0
+    max_output_pixels: int = 1 << 26
+    out_of_bounds: str = "reject"
+    accepted_formats: tuple[str, ...] = DEFAULT_ACCEPTED_FORMATS
+    high_bit_depth: str = "shift"
     background: tuple[int, int, int] = (255, 255, 255)
 
     def __post_init__(self) -> None:
@@ -149,6 +183,37 @@ class ImageOptions:
             raise ValueError(f"jpeg_quality must be an int in [1, 95], got {self.jpeg_quality!r}")
         if not isinstance(self.max_pixels, int) or self.max_pixels < 1:
             raise ValueError(f"max_pixels must be a positive int, got {self.max_pixels!r}")
+        if not isinstance(self.max_aspect_ratio, (int, float)) or not self.max_aspect_ratio >= 1:
+            raise ValueError(
+                f"max_aspect_ratio must be a number >= 1, got {self.max_aspect_ratio!r}"
+            )
+        if (
+            not isinstance(self.max_output_pixels, int)
+            or self.max_output_pixels < self.image_size**2
+        ):
+            raise ValueError(
+                f"max_output_pixels must be an int >= image_size**2 = {self.image_size**2}, "
+                f"got {self.max_output_pixels!r}: raise --max_output_pixels or lower --image_size"
+            )
+        if self.out_of_bounds not in _OUT_OF_BOUNDS:
+            raise ValueError(
+                f"out_of_bounds must be one of {_OUT_OF_BOUNDS}, got {self.out_of_bounds!r}"
+            )
+        known = pillow_formats()
+        if (
+            not isinstance(self.accepted_formats, tuple)
+            or not self.accepted_formats
+            or any(f not in known for f in self.accepted_formats)
+        ):
+            raise ValueError(
+                f"accepted_formats must be a non-empty tuple of Pillow format names ({known}), "
+                f"got {self.accepted_formats!r}"
+            )
+        if self.high_bit_depth not in HIGH_BIT_DEPTH_POLICIES:
+            raise ValueError(
+                f"high_bit_depth must be one of {HIGH_BIT_DEPTH_POLICIES}, "
+                f"got {self.high_bit_depth!r}"
+            )
         if (
             not isinstance(self.background, tuple)
             or len(self.background) != 3
@@ -171,6 +236,8 @@ class PreparedImage:
       source_size: the source's ``(width, height)`` as declared in its header.
       decoded_size: the ``(width, height)`` actually decoded (smaller than ``source_size`` when
         JPEG DCT-domain downscaling applied).
+      events: what preparing it involved, as counter names (``icc_converted``,
+        ``high_bit_depth_stretch_sbit``, ``cropped_out_of_bounds``…).
     """
 
     encoded: bytes
@@ -181,21 +248,7 @@ class PreparedImage:
     source_format: str
     source_size: tuple[int, int]
     decoded_size: tuple[int, int]
-
-
-def sniff_format(data: bytes) -> str | None:
-    """Names the image format announced by the leading bytes, or None if none is recognised.
-
-    The extension is never consulted: a PNG saved as ``.JPEG`` is a known ImageNet case.
-    """
-    for offset, magic, name in _MAGIC:
-        if data[offset : offset + len(magic)] == magic:
-            return name
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "WEBP"
-    if data[4:8] == b"ftyp" and data[8:12] in (b"avif", b"avis"):
-        return "AVIF"
-    return None
+    events: tuple[str, ...] = ()
 
 
 def _describe_start(data: bytes) -> str:
@@ -203,24 +256,108 @@ def _describe_start(data: bytes) -> str:
     return f"starts with {head!r}"
 
 
-def open_image(data: bytes, max_pixels: int) -> Image.Image:
+def _guess_format(data: bytes, sniffed: str | None) -> str:
+    """The format a file that failed to open claims to be, for the rejection's detail."""
+    if sniffed:
+        return sniffed
+    for name in pillow_formats():
+        factory_accept = Image.OPEN.get(name)
+        accept = factory_accept[1] if factory_accept else None
+        try:
+            if accept is not None and accept(data[:16]) is True:
+                return name
+        except _PILLOW_ERRORS:
+            continue
+    return "image"
+
+
+def _header_error_detail(fmt: str, data: bytes) -> str:
+    """Structure a header error can be explained by (a TIFF's first IFD past the end)."""
+    if fmt == "TIFF" and len(data) >= 8:
+        order = "<" if data[:2] == b"II" else ">"
+        offset = int.from_bytes(data[4:8], "little" if order == "<" else "big")
+        if offset + 2 > len(data):
+            return f"; its first IFD offset {offset} is past the end of the {len(data)}-byte file"
+    return ""
+
+
+def _factory_error(fmt: str, data: bytes) -> BaseException | None:
+    """Opens ``data`` as ``fmt`` alone to learn why it failed (Image.open keeps no message)."""
+    entry = Image.OPEN.get(fmt)
+    if entry is None:
+        return None
+    try:
+        entry[0](io.BytesIO(data), "")
+    except Exception as e:  # noqa: BLE001  (the exception is the answer sought)
+        return e
+    return None
+
+
+def _unidentified(data: bytes, sniffed: str | None, accepted: tuple[str, ...]) -> RejectedImage:
+    """The rejection for bytes no accepted format would open."""
+    others = [f for f in pillow_formats() if f not in accepted and f != "MPO"]
+    if others:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                probe = Image.open(io.BytesIO(data), formats=others)
+            name = probe.format or "unknown"
+            probe.close()
+            return RejectedImage(
+                "unsupported_format", f"{name} file: {why_not_accepted(name)} ({len(data)} bytes)"
+            )
+        except Exception:  # noqa: BLE001, S110  (only naming the format is attempted here)
+            pass
+    if sniffed in NOT_DECODABLE or (sniffed and sniffed not in accepted):
+        return RejectedImage(
+            "unsupported_format", f"{sniffed} file: {why_not_accepted(sniffed)} ({len(data)} bytes)"
+        )
+    if sniffed:
+        error = _factory_error(sniffed, data)
+        reason = classify_error(error, stage="header") if error else "corrupt_header"
+        cause = f": {type(error).__name__}: {error}" if error else ""
+        return RejectedImage(
+            reason,
+            f"{sniffed} signature but the header cannot be read{cause}"
+            f"{_header_error_detail(sniffed, data)} ({len(data)} bytes)",
+        )
+    return RejectedImage(
+        "not_an_image",
+        f"no image format recognised in {len(data)} bytes; {_describe_start(data)}",
+    )
+
+
+def open_image(
+    data: bytes,
+    max_pixels: int,
+    *,
+    accepted_formats: tuple[str, ...] = DEFAULT_ACCEPTED_FORMATS,
+) -> Image.Image:
     """Opens image bytes and checks the declared size, reading only the header.
 
     Args:
       data: the source file's bytes.
       max_pixels: the largest ``width * height`` accepted.
+      accepted_formats: the Pillow formats to try, in order (the sniffed one goes first).
 
     Returns:
       The lazily-decoding Pillow image (pixels are not decoded yet).
 
     Raises:
-      RejectedImage: ``empty_file``, ``not_an_image``, ``too_many_pixels`` or ``truncated``
-        (when even the header is cut short).
+      RejectedImage: ``empty_file``, ``not_an_image``, ``unsupported_format``,
+        ``too_many_pixels``, ``decompression_bomb``, ``unsupported_feature``, ``truncated`` or
+        ``corrupt_header``.
     """
     if not data:
         raise RejectedImage("empty_file", "the file has 0 bytes")
     sniffed = sniff_format(data)
-    formats = (sniffed, *[f for f in STILL_FORMATS if f != sniffed]) if sniffed else STILL_FORMATS
+    # MPO has no opener of its own: Pillow's JPEG opener returns MPO files.
+    formats = [f for f in accepted_formats if f != "MPO"]
+    if "MPO" in accepted_formats and "JPEG" not in formats:
+        formats.insert(0, "JPEG")
+    if sniffed in formats:
+        formats.remove(sniffed)
+        formats.insert(0, sniffed)
     try:
         with warnings.catch_warnings():
             # Our own max_pixels check below is the limit; Pillow's warning adds nothing.
@@ -233,71 +370,104 @@ def open_image(data: bytes, max_pixels: int) -> Image.Image:
             f"header declares too many pixels ({e}); --max_pixels is {max_pixels}",
         ) from e
     except Image.UnidentifiedImageError as e:
-        if sniffed:
-            raise RejectedImage(
-                "truncated",
-                f"{sniffed} signature but the header cannot be read ({len(data)} bytes)",
-            ) from e
+        raise _unidentified(data, sniffed, accepted_formats) from e
+    except _PILLOW_ERRORS as e:
+        fmt = _guess_format(data, sniffed)
         raise RejectedImage(
-            "not_an_image",
-            f"no image format recognised in {len(data)} bytes; {_describe_start(data)}",
+            classify_error(e, stage="header"),
+            f"{fmt} header unreadable: {e}{_header_error_detail(fmt, data)}",
         ) from e
-    except (OSError, SyntaxError, ValueError, EOFError) as e:
-        raise RejectedImage("truncated", f"{sniffed or 'image'} header unreadable: {e}") from e
+    fmt = image.format or "unknown"
+    if fmt not in accepted_formats:
+        raise RejectedImage("unsupported_format", f"{fmt} file: {why_not_accepted(fmt)}")
     width, height = image.size
     if width * height > max_pixels:
         raise RejectedImage(
             "too_many_pixels",
-            f"{image.format} header declares {width}x{height} = {width * height} pixels, "
+            f"{fmt} header declares {width}x{height} = {width * height} pixels, "
             f"more than --max_pixels {max_pixels}",
         )
     if width < 1 or height < 1:
-        raise RejectedImage("decode_error", f"{image.format} header declares {width}x{height}")
+        raise RejectedImage("corrupt_header", f"{fmt} header declares {width}x{height}")
+    for tile in image.tile:
+        if tile.offset is not None and tile.offset > len(data):
+            raise RejectedImage(
+                "corrupt_header",
+                f"{fmt} header places pixel data at byte {tile.offset}, past the end of the "
+                f"{len(data)}-byte file",
+            )
     return image
 
 
-def _scale_sixteen_bit(image: Image.Image) -> Image.Image:
-    array = np.asarray(image)
-    if image.mode in _SIXTEEN_BIT_MODES:
-        return Image.fromarray((array.astype(np.uint16) >> 8).astype(np.uint8))
-    if image.mode == "I":
-        # 32-bit integer images here come from 16-bit sources; scale that range.
-        return Image.fromarray((np.clip(array, 0, 65535) >> 8).astype(np.uint8))
-    # Mode "F": floats in [0, 1] are scaled, anything larger is taken as already 0-255.
-    array = np.nan_to_num(array.astype(np.float64))
-    if array.max(initial=0.0) <= 1.0:
-        array = array * 255.0
-    return Image.fromarray(np.clip(np.rint(array), 0, 255).astype(np.uint8))
+def check_output_bounds(
+    width: int, height: int, options: ImageOptions, source_format: str = "image"
+) -> float | None:
+    """Checks the stored image an input of ``width`` x ``height`` would make, before decoding.
 
+    Args:
+      width, height: the source's size from its header.
+      options: the image size, crop, bounds and what to do out of bounds.
+      source_format: for the rejection's detail.
 
-def _cmyk_to_rgb(image: Image.Image) -> Image.Image:
-    icc = image.info.get("icc_profile")
-    if icc:
-        try:
-            source = ImageCms.ImageCmsProfile(io.BytesIO(icc))
-            return ImageCms.profileToProfile(
-                image, source, _SRGB_PROFILE, renderingIntent=0, outputMode="RGB"
+    Returns:
+      None when the image fits, else the longer:shorter ratio to centre-crop it to
+      (``out_of_bounds="crop"``).
+
+    Raises:
+      RejectedImage: ``extreme_aspect_ratio`` or ``output_too_large`` (``out_of_bounds="reject"``).
+    """
+    short, long = min(width, height), max(width, height)
+    crop = options.out_of_bounds == "crop"
+    ratio = long / short
+    keep = None
+    if long > options.max_aspect_ratio * short:
+        if not crop:
+            raise RejectedImage(
+                "extreme_aspect_ratio",
+                f"{source_format} header declares {width}x{height}, an aspect ratio of "
+                f"{ratio:.4g}, above --max_aspect_ratio {options.max_aspect_ratio:g}; "
+                "--out_of_bounds crop keeps its centre instead",
             )
-        except (ImageCms.PyCMSError, OSError, ValueError):
-            pass  # a broken profile falls back to the formula below
-    # Pillow's CMYK -> RGB conversion is the multiplicative one: (255-C)(255-K)/255.
-    return image.convert("RGB")
+        keep = float(options.max_aspect_ratio)
+    if options.crop == "center":
+        return None  # a square of image_size: within every bound, whatever the input
+    size = options.image_size
+    longest = options.max_output_pixels // size
+    if options.encoding == "jpeg":
+        longest = min(longest, _JPEG_MAX_SIDE)
+    stored_long = max(1, round((keep or ratio) * size))
+    if stored_long > longest:
+        if not crop:
+            limit = (
+                f"more than --max_output_pixels {options.max_output_pixels}"
+                if stored_long * size > options.max_output_pixels
+                else f"a side longer than JPEG's {_JPEG_MAX_SIDE}"
+            )
+            raise RejectedImage(
+                "output_too_large",
+                f"{source_format} {width}x{height} would be stored as {size}x{stored_long} = "
+                f"{size * stored_long} pixels, {limit}; --out_of_bounds crop keeps its centre",
+            )
+        keep = longest / size
+    return keep
 
 
-def _composite(image: Image.Image, background: tuple[int, int, int]) -> Image.Image:
-    rgba = image.convert("RGBA")
-    base = Image.new("RGBA", rgba.size, (*background, 255))
-    return Image.alpha_composite(base, rgba).convert("RGB")
+def _orientation(image: Image.Image) -> int:
+    try:
+        return int(image.getexif().get(_ORIENTATION, 1) or 1)
+    except Exception:  # noqa: BLE001  (Pillow raises many types for malformed EXIF)
+        return 1  # a damaged EXIF block must not cost the image
 
 
-def _has_alpha(image: Image.Image) -> bool:
-    return image.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in image.info
-
-
-def decode_rgb(
-    image: Image.Image, *, min_side: int, background: tuple[int, int, int] = (255, 255, 255)
-) -> Image.Image:
-    """Decodes an opened image to oriented 8-bit RGB, no smaller than ``min_side`` if possible.
+def decode_srgb(
+    image: Image.Image,
+    *,
+    min_side: int,
+    background: tuple[int, int, int] = (255, 255, 255),
+    high_bit_depth: str = "shift",
+    source: bytes | None = None,
+) -> tuple[Image.Image, tuple[str, ...]]:
+    """Decodes an opened image to oriented 8-bit sRGB, no smaller than ``min_side`` if possible.
 
     For JPEG the decoder is asked (``draft``) to downscale in the DCT domain by 1/2, 1/4 or 1/8
     while keeping both sides at least ``min_side``, so a 12 MP photo bound for 256 px decodes at
@@ -307,50 +477,64 @@ def decode_rgb(
       image: from ``open_image``.
       min_side: the smallest side the caller still needs.
       background: RGB colour that transparent pixels are composited over.
+      high_bit_depth: ``"shift"`` or ``"stretch"``.
+      source: the file's bytes (needed for ``stretch``: PNG ``sBIT``, 16-bit colour).
 
     Returns:
-      A loaded ``RGB`` image with the EXIF orientation applied.
+      A loaded ``RGB`` image with the orientation applied, and the events it involved.
 
     Raises:
-      RejectedImage: ``truncated`` or ``decode_error``.
+      RejectedImage: ``truncated``, ``decompression_bomb``, ``unsupported_feature``,
+        ``too_many_pixels`` or ``decode_error``.
     """
+    fmt = image.format
     try:
         image.seek(0)  # the first frame of animated GIF/WebP/PNG and multi-page TIFF
-        if image.format in ("JPEG", "MPO"):
+        if fmt in ("JPEG", "MPO"):
             image.draft(None, (min_side, min_side))
-        image.load()
-    except (OSError, EOFError, SyntaxError) as e:
-        message = str(e)
-        if "truncated" in message or "broken" in message or isinstance(e, EOFError):
-            raise RejectedImage("truncated", f"{image.format} data ends early: {message}") from e
-        raise RejectedImage("decode_error", f"{image.format}: {message}") from e
-    except (ValueError, MemoryError, Image.DecompressionBombError) as e:
-        raise RejectedImage("decode_error", f"{image.format}: {e}") from e
+        wide = wide_colour_rawmode(image)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image.load()
+    except (*_PILLOW_ERRORS, Image.DecompressionBombError) as e:
+        reason = classify_error(e, stage="pixels")
+        if reason == "truncated":
+            raise RejectedImage("truncated", f"{fmt} data ends early: {e}") from e
+        raise RejectedImage(reason, f"{fmt}: {e}") from e
+    orientation = _orientation(image)
     try:
-        # Most files carry no rotation; exif_transpose would still copy the whole image.
-        needs_turn = image.getexif().get(_ORIENTATION, 1) not in (1, None)
-        oriented = (ImageOps.exif_transpose(image) or image) if needs_turn else image
-    except Exception:  # noqa: BLE001  (Pillow raises many types for malformed EXIF)
-        oriented = image  # a damaged EXIF block must not cost the image
-    try:
-        return _to_rgb(oriented, background)
+        eight, depth_events = reduce_bit_depth(
+            image, policy=high_bit_depth, source=source, wide_rawmode=wide
+        )
+        if eight is not image and "icc_profile" in image.info:
+            eight.info["icc_profile"] = image.info["icc_profile"]
+        rgb, colour_events = to_srgb(eight, background=background)
     except (OSError, ValueError) as e:
         raise RejectedImage(
-            "decode_error", f"cannot convert {image.format} mode {image.mode!r} to RGB: {e}"
+            "decode_error", f"cannot convert {fmt} mode {image.mode!r} to RGB: {e}"
         ) from e
+    if orientation in _TRANSPOSE:
+        rgb = rgb.transpose(_TRANSPOSE[orientation])
+    return rgb, depth_events + colour_events
 
 
-def _to_rgb(image: Image.Image, background: tuple[int, int, int]) -> Image.Image:
-    mode = image.mode
-    if mode == "RGB":
-        return image
-    if mode in _SIXTEEN_BIT_MODES or mode in ("I", "F"):
-        return _scale_sixteen_bit(image).convert("RGB")
-    if mode == "CMYK":
-        return _cmyk_to_rgb(image)
-    if _has_alpha(image):
-        return _composite(image, background)
-    return image.convert("RGB")
+def decode_rgb(
+    image: Image.Image,
+    *,
+    min_side: int,
+    background: tuple[int, int, int] = (255, 255, 255),
+    high_bit_depth: str = "shift",
+    source: bytes | None = None,
+) -> Image.Image:
+    """``decode_srgb`` without the events: the loaded, oriented ``RGB`` sRGB image."""
+    rgb, _ = decode_srgb(
+        image,
+        min_side=min_side,
+        background=background,
+        high_bit_depth=high_bit_depth,
+        source=source,
+    )
+    return rgb
 
 
 def _target_size(width: int, height: int, size: int) -> tuple[int, int]:
@@ -359,11 +543,14 @@ def _target_size(width: int, height: int, size: int) -> tuple[int, int]:
     return max(1, round(width * size / height)), size
 
 
-def resize_and_crop(image: Image.Image, *, image_size: int, crop: str) -> Image.Image:
+def resize_and_crop(
+    image: Image.Image, *, image_size: int, crop: str, max_aspect_ratio: float | None = None
+) -> Image.Image:
     """Resizes so the shorter side is ``image_size``; with ``crop="center"`` keeps the middle square.
 
-    The crop is folded into the resize (Pillow's ``box``) so only the kept pixels are resampled.
-    Resampling is bicubic with antialiasing.
+    ``max_aspect_ratio`` (from ``check_output_bounds``) keeps only the centre of the longer side,
+    that many times the shorter one. The crop is folded into the resize (Pillow's ``box``) so
+    only the kept pixels are resampled. Resampling is bicubic with antialiasing.
     """
     width, height = image.size
     if crop == "center":
@@ -374,6 +561,15 @@ def resize_and_crop(image: Image.Image, *, image_size: int, crop: str) -> Image.
         if image.size == (image_size, image_size):
             return image
         return image.resize((image_size, image_size), Image.Resampling.BICUBIC, box=box)
+    short = min(width, height)
+    if max_aspect_ratio is not None and max(width, height) > short * max_aspect_ratio:
+        kept = short * max_aspect_ratio
+        stored = max(1, round(kept * image_size / short))
+        if width > height:
+            box = ((width - kept) / 2, 0, (width + kept) / 2, height)
+            return image.resize((stored, image_size), Image.Resampling.BICUBIC, box=box)
+        box = (0, (height - kept) / 2, width, (height + kept) / 2)
+        return image.resize((image_size, stored), Image.Resampling.BICUBIC, box=box)
     target = _target_size(width, height, image_size)
     if target == image.size:
         return image
@@ -402,26 +598,48 @@ def prepare_image(data: bytes, options: ImageOptions) -> PreparedImage:
 
     Args:
       data: the whole source file.
-      options: sizes, crop, encoding, limits.
+      options: sizes, crop, encoding, limits, formats, bit depth policy.
 
     Returns:
       The encoded image and its dimensions.
 
     Raises:
-      RejectedImage: for every kind of bad input, with a stable reason code.
+      RejectedImage: for every kind of bad input, with a stable reason code, and
+        ``internal_error`` for any unexpected exception (``MemoryError`` included); only
+        ``KeyboardInterrupt`` and ``SystemExit`` pass.
     """
-    image = open_image(data, options.max_pixels)
+    try:
+        return _prepare(data, options)
+    except RejectedImage:
+        raise
+    except Exception as e:  # noqa: BLE001  (no input may take the job down)
+        raise internal_error(e) from e
+
+
+def _prepare(data: bytes, options: ImageOptions) -> PreparedImage:
+    image = open_image(data, options.max_pixels, accepted_formats=options.accepted_formats)
     source_format = image.format or "unknown"
     source_size = image.size
-    rgb = decode_rgb(image, min_side=options.image_size, background=options.background)
+    keep_ratio = check_output_bounds(*source_size, options, source_format)
+    rgb, events = decode_srgb(
+        image,
+        min_side=options.image_size,
+        background=options.background,
+        high_bit_depth=options.high_bit_depth,
+        source=data,
+    )
     decoded_size = image.size  # after draft, before orientation
     try:
-        final = resize_and_crop(rgb, image_size=options.image_size, crop=options.crop)
+        final = resize_and_crop(
+            rgb, image_size=options.image_size, crop=options.crop, max_aspect_ratio=keep_ratio
+        )
         encoded, fmt = encode_image(
             final, encoding=options.encoding, jpeg_quality=options.jpeg_quality
         )
     except (OSError, ValueError) as e:
         raise RejectedImage("decode_error", f"{source_format}: {e}") from e
+    if keep_ratio is not None:
+        events += ("cropped_out_of_bounds",)
     return PreparedImage(
         encoded=encoded,
         format=fmt,
@@ -431,4 +649,5 @@ def prepare_image(data: bytes, options: ImageOptions) -> PreparedImage:
         source_format=source_format,
         source_size=source_size,
         decoded_size=decoded_size,
+        events=events,
     )

@@ -10,7 +10,9 @@ Usage::
 
 Exit status: 0 when the dataset is published; 1 when more than ``--max_bad_fraction`` of the
 inputs were rejected (the report is written, ``dataset.json`` is not); 2 for a usage error,
-including an existing dataset at ``DST`` without ``--overwrite`` (nothing is changed then).
+including an existing dataset at ``DST`` without ``--overwrite`` (nothing is changed then);
+3 when the job itself failed (``JOB_FAILED``: a storage error, a bad listing line, a bug; no
+input image can cause it, since per-image failures are rejections), with nothing published.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from beam_pipelines.catalog_io import (
     write_tfds_metadata,
 )
 from beam_pipelines.config import ImagesToTFRecordOptions, PipelineConfig, config_from_options
+from beam_pipelines.image_colour import COLOUR_SPACE
 from beam_pipelines.publish import (
     DUPLICATES_NAME,
     StageResults,
@@ -47,7 +50,17 @@ from beam_pipelines.sources import is_listing
 from beam_pipelines.transforms import ImagesToShards
 from schemas.manifest import MANIFEST_NAME, REJECTED_NAME, ImageSpec, Manifest
 
-__all__ = ["ImagesToTFRecordOptions", "RunSummary", "config_from_options", "run", "main"]
+__all__ = [
+    "ImagesToTFRecordOptions",
+    "JOB_FAILED",
+    "JobFailedError",
+    "RunSummary",
+    "config_from_options",
+    "run",
+    "main",
+]
+
+JOB_FAILED = 3  # exit status when the job itself failed (1 is the bad-fraction refusal)
 
 # Multi-process DirectRunner workers forward their logs through this logger. Two start-up
 # warnings are expected and harmless: workers do not know our flags, and have no staging dir.
@@ -137,6 +150,10 @@ def _check_input(config: PipelineConfig) -> None:
         )
 
 
+class JobFailedError(RuntimeError):
+    """The pipeline itself failed (not an input image: those are rejections)."""
+
+
 def run(argv: Sequence[str] | None = None) -> RunSummary:
     """Runs the pipeline; publishes ``dataset.json`` unless too many inputs were rejected.
 
@@ -163,15 +180,23 @@ def run(argv: Sequence[str] | None = None) -> RunSummary:
     pipeline = beam.Pipeline(options=options)
     results = pipeline | "ImagesToShards" >> ImagesToShards(config)
     _ = results | "StageResults" >> StageResults(config.output, run_id)
-    result = pipeline.run()
-    result.wait_until_finish()
+    try:
+        result = pipeline.run()
+        result.wait_until_finish()
+    except Exception as e:  # noqa: BLE001  (runners re-raise a step's own exception type)
+        raise JobFailedError(f"the pipeline failed: {type(e).__name__}: {e}") from e
 
     staged = read_staged(config.output, run_id)
     splits = (TRAIN, VALIDATION) if config.validation_fraction > 0 else (TRAIN,)
     image = config.image
     manifest = build_manifest(
         staged,
-        image=ImageSpec(encoding=image.encoding, image_size=image.image_size, crop=image.crop),
+        image=ImageSpec(
+            encoding=image.encoding,
+            image_size=image.image_size,
+            crop=image.crop,
+            color_space=COLOUR_SPACE,
+        ),
         options=config.manifest_options(),
         splits=splits,
     )
@@ -200,9 +225,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger(_WORKER_LOGGER).addFilter(_drop_worker_startup_noise)
     try:
         summary = run(argv)
+    except JobFailedError as e:
+        print(f"error: {e}; nothing was published", file=sys.stderr)
+        return JOB_FAILED
     except ValueError as e:  # includes OutputExistsError
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001  (the job's own failure, e.g. writing dataset.json)
+        logging.getLogger(__name__).exception("the job failed")
+        print(f"error: the job failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return JOB_FAILED
     print("Beam metrics:")
     for name, value in summary.metrics.items():
         print(f"  {name}: {value}")

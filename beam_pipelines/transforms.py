@@ -16,7 +16,7 @@ from apache_beam.metrics import Metrics
 from beam_pipelines.catalog_io import MergeCatalogs
 from beam_pipelines.config import PipelineConfig
 from beam_pipelines.elements import CatalogMeta, PreparedRecord, Rejection, SourceFile
-from beam_pipelines.images import ImageOptions, RejectedImage, prepare_image
+from beam_pipelines.images import ImageOptions, RejectedImage, internal_error, prepare_image
 from beam_pipelines.object_store_io import read_with_retries
 from beam_pipelines.shards import (
     DUPLICATES_TAG,
@@ -80,12 +80,15 @@ class PrepareImageFn(beam.DoFn):
 
     def process(self, source: SourceFile, label_names: tuple[str, ...]):
         try:
-            yield self._prepare(source, self._label_index(label_names))
-        except RejectedImage as rejected:
+            record = self._prepare(source, self._label_index(label_names))
+        except Exception as error:  # noqa: BLE001  (per-image work never takes the job down)
+            rejected = error if isinstance(error, RejectedImage) else internal_error(error)
             Metrics.counter(METRICS_NAMESPACE, f"rejected_{rejected.reason}").inc()
             yield beam.pvalue.TaggedOutput(
                 REJECTED_TAG, Rejection(source.uri, rejected.reason, rejected.detail)
             )
+            return
+        yield record
 
     def _prepare(self, source: SourceFile, index: dict[str, int]) -> PreparedRecord:
         if source.label is None:
@@ -98,6 +101,8 @@ class PrepareImageFn(beam.DoFn):
         sha256 = hashlib.sha256(data).hexdigest()
         prepared = prepare_image(data, self._options)
         Metrics.counter(METRICS_NAMESPACE, f"source_format_{prepared.source_format}").inc()
+        for event in prepared.events:  # icc_converted, high_bit_depth_*, cropped_out_of_bounds
+            Metrics.counter(METRICS_NAMESPACE, event).inc()
         if prepared.decoded_size != prepared.source_size:
             self._drafted.inc()
         try:

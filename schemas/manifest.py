@@ -39,6 +39,7 @@ TOOL_NAME = "tfrecord-service"
 TOOL_VERSION = "0.1.0"
 ENCODINGS = ("jpeg", "png", "raw")
 CROPS = ("none", "center")
+COLOR_SPACES = ("sRGB",)
 
 _SHARD_RE = re.compile(
     r"^(?P<split>[a-z][a-z0-9_]*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.tfrecord$"
@@ -177,15 +178,23 @@ class Counts:
 
 @dataclasses.dataclass(frozen=True)
 class ImageSpec:
-    """How the stored images were prepared, so a reader can pick its decode path."""
+    """How the stored images were prepared, so a reader can pick its decode path.
+
+    ``color_space`` is that of the stored pixels: always ``sRGB`` (embedded ICC profiles are
+    applied while preparing; images without one are taken as sRGB). Manifests written before
+    the field existed read as ``sRGB`` too, which is what their images were assumed to be.
+    """
 
     encoding: str
     image_size: int
     crop: str
+    color_space: str = "sRGB"
 
     def __post_init__(self) -> None:
         if self.encoding not in ENCODINGS:
             raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
+        if self.color_space not in COLOR_SPACES:
+            raise ValueError(f"color_space must be one of {COLOR_SPACES}, got {self.color_space!r}")
         _require_int("image_size", self.image_size, minimum=1)
         if self.crop not in CROPS:
             raise ValueError(f"crop must be one of {CROPS}, got {self.crop!r}")
