@@ -32,6 +32,7 @@ from tfrecord_io.decode import (
     parse_batch,
     shard_damage_record,
 )
+from tfrecord_io.delivery import DeliveredSet
 from tfrecord_io.source import ResolvedSource, ShardFile, is_remote, resolve_source
 
 __all__ = [
@@ -112,6 +113,7 @@ class ReaderConfig:
     ram_budget_bytes: int | None = None
     threads: int | None = None
     jpeg_dct_method: str = "INTEGER_FAST"
+    exclude: DeliveredSet | None = None
 
     def __post_init__(self) -> None:
         def positive(name: str, value: Any, optional: bool = False) -> None:
@@ -148,6 +150,17 @@ class ReaderConfig:
             raise ValueError(
                 f"jpeg_dct_method must be one of {DCT_METHODS}, got {self.jpeg_dct_method!r}"
             )
+        if self.exclude is not None:
+            if not isinstance(self.exclude, DeliveredSet):
+                raise ValueError(
+                    f"exclude must be a tfrecord_io.DeliveredSet or None, got "
+                    f"{type(self.exclude).__name__}"
+                )
+            if not self.training or self.cache is not None:
+                raise ValueError(
+                    "exclude (exact epochs) reads training epochs without a record cache; got "
+                    f"training={self.training!r}, cache={self.cache!r}"
+                )
 
     @property
     def is_deterministic(self) -> bool:
@@ -423,6 +436,21 @@ def _cache_path(cache: str, input_context: tf.distribute.InputContext | None) ->
     return cache
 
 
+def _decode_config(config: ReaderConfig, resolved: ResolvedSource) -> DecodeConfig:
+    return DecodeConfig(
+        image_size=config.image_size,
+        training=config.training,
+        encoding=resolved.manifest.image.encoding if resolved.manifest else "auto",
+        stored_size=resolved.manifest.image.image_size if resolved.manifest else None,
+        output=config.output,
+        with_keys=config.with_keys,
+        strict=resolved.manifest is not None,
+        label_offset=config.label_offset,
+        num_classes=len(resolved.label_names) if resolved.label_names else None,
+        jpeg_dct_method=config.jpeg_dct_method,
+    )
+
+
 def _options(
     config: ReaderConfig, deterministic: bool, sharded_here: bool, service: str | None
 ) -> tf.data.Options:
@@ -471,6 +499,7 @@ def make_dataset(
     jpeg_dct_method: str = "INTEGER_FAST",
     corruption_counter: CorruptionCounter | None = None,
     shard_cache: CacheConfig | None = None,
+    exclude: DeliveredSet | None = None,
 ) -> tf.data.Dataset:
     """Builds the input pipeline for one split of a dataset.
 
@@ -517,6 +546,13 @@ def make_dataset(
       threads: size of a private thread pool for this pipeline (default: the shared pool).
       jpeg_dct_method: libjpeg IDCT method; ``""`` is the library default.
       corruption_counter: receives the counts when ``skip_corrupt`` is set.
+      exclude: exact epochs (``tfrecord_io.epochs``): a ``DeliveredSet`` of the examples
+        already trained on. The dataset yields the rest of its epoch, then full epochs (each
+        example exactly once per epoch, over all input pipelines, whatever their number), and
+        each element also ends with ``positions`` ``[B]`` int64, ``epoch * N + index``, for
+        ``DeliveryTracker.add``. ``DeliveredSet.empty(N)`` starts at epoch 0. Needs
+        ``dataset.json``; ``sharding`` does not apply (pipelines split each epoch by example,
+        evenly), and ``num_epochs`` counts from epoch 0.
       shard_cache: the local shard cache for ``s3://`` (and emulated ``gs://``) sources; by
         default ``$TFRECORD_IO_CACHE_DIR`` (or ``~/.cache/tfrecord_io``) / a hash of the source,
         holding ``$TFRECORD_IO_CACHE_BYTES`` (default 10 GiB).
@@ -554,6 +590,7 @@ def make_dataset(
         ram_budget_bytes=ram_budget_bytes,
         threads=threads,
         jpeg_dct_method=jpeg_dct_method,
+        exclude=exclude,
     )
     if corruption_counter is not None and not skip_corrupt:
         raise ValueError("corruption_counter is only used with skip_corrupt=True")
@@ -568,6 +605,19 @@ def make_dataset(
         if input_context is not None
         else global_batch_size
     )
+    if config.exclude is not None:
+        from tfrecord_io.epochs import exact_epoch_dataset
+
+        return exact_epoch_dataset(
+            config,
+            resolved,
+            input_context=input_context,
+            batch_size=batch_size,
+            service=service,
+            service_job_name=service_job_name,
+            service_compression=service_compression,
+            corruption_counter=corruption_counter,
+        )
     deterministic_order = config.is_deterministic
 
     if service is not None:
@@ -642,18 +692,7 @@ def make_dataset(
         )
         records = tf.data.Dataset.zip((records, tf.data.Dataset.random(seed=aug_seed)))
 
-    decode_config = DecodeConfig(
-        image_size=config.image_size,
-        training=training,
-        encoding=resolved.manifest.image.encoding if resolved.manifest else "auto",
-        stored_size=resolved.manifest.image.image_size if resolved.manifest else None,
-        output=config.output,
-        with_keys=config.with_keys,
-        strict=resolved.manifest is not None,
-        label_offset=config.label_offset,
-        num_classes=len(resolved.label_names) if resolved.label_names else None,
-        jpeg_dct_method=config.jpeg_dct_method,
-    )
+    decode_config = _decode_config(config, resolved)
 
     def decode(serialized: tf.Tensor, seeds: tf.Tensor | None = None) -> tuple[Any, ...]:
         return decode_batch(parse_batch(serialized, decode_config), seeds, decode_config)
@@ -667,7 +706,7 @@ def make_dataset(
     )
     if service is not None:
         # Imported here: the service layer is optional and only needed on this branch.
-        from tfrecord_io.service import distribute_dataset
+        from tfrecord_io.service_client import distribute_dataset
 
         batches = distribute_dataset(
             batches,

@@ -1,0 +1,454 @@
+"""Exact epochs: the record stream of ``make_dataset(..., exclude=DeliveredSet)``.
+
+Every example of a split has a global index (earlier shards' record counts from
+``dataset.json`` plus its position in its shard), so an epoch is a set of indices, and the rest
+of an interrupted epoch is that set minus the delivered bitmap. This module turns that into
+``tf.data`` graphs, with no ``py_function``, so iterators stay checkpointable and the graph
+can run on tf.data service workers:
+
+* **Order of an epoch.** Epoch ``e`` lists the shards in a permutation drawn from
+  ``(seed, e)`` (the same on every pipeline) and numbers the examples it still needs along
+  that list. Pipeline ``p`` of ``W`` takes a contiguous run of those ranks, of
+  ``floor(T / W)`` or ``ceil(T / W)`` examples; which pipelines take the extra one rotates
+  from epoch to epoch, so over any number of epochs no pipeline is more than one example
+  ahead of another, and batches of consecutive epochs overlap by at most about one global
+  batch. A pipeline reads its shards (the first and last of its run only in part) through
+  the reader's per-shard reader, interleaved, and shuffles its records within the epoch.
+* **The interrupted epoch** (and a following one already begun) is read through a filter:
+  a lookup in the bitmap, compiled into the graph as a constant of N/8 bytes, drops the
+  examples already delivered. Later epochs are full and need no filter.
+* **Positions.** Each record is paired with ``epoch * N + index``, which training loops
+  give to ``DeliveryTracker.add``.
+
+In-process, each epoch is a dataset of its own inside ``flat_map``, so a shuffle buffer never
+mixes two epochs. On the tf.data service the stream starts from ``Dataset.range`` over
+(epoch, shard) units, which the dispatcher hands out to its workers one at a time (dynamic
+sharding); there the workers' shuffle buffers can mix neighbouring epochs, which the
+tracker's ``later`` positions absorb.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+import tensorflow as tf
+
+from tfrecord_io.decode import decode_batch, parse_batch, shard_damage_record
+from tfrecord_io.delivery import DeliveredSet, split_digest
+from tfrecord_io.source import ResolvedSource, ShardFile
+
+if TYPE_CHECKING:
+    from tfrecord_io.reader import CorruptionCounter, ReaderConfig
+
+__all__ = [
+    "EpochShare",
+    "exact_epoch_dataset",
+    "exact_epoch_records",
+    "plan_partial_epochs",
+    "shard_order",
+]
+
+_ENDLESS = int(np.iinfo(np.int64).max)
+# Salts that separate the seeds of the shard order and of the record shuffles.
+_ORDER_SALT = 0x19E0
+_SHUFFLE_SALT = 0x19E1
+
+ReadShard = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor], tf.data.Dataset]
+
+
+def _seed_word(seed: int, salt: int) -> int:
+    return int(np.random.SeedSequence([seed, salt]).generate_state(1, dtype=np.uint32)[0])
+
+
+def shard_order(seed: int, epoch: int | tf.Tensor, num_shards: int) -> tf.Tensor:
+    """The shard permutation of ``epoch``: ``[num_shards]`` int32, the same on every pipeline.
+
+    Usable eagerly (the planner) and in graphs (the pipeline), with the same result.
+    """
+    key = tf.stack([tf.constant(_seed_word(seed, _ORDER_SALT), tf.int64), tf.cast(epoch, tf.int64)])
+    values = tf.random.stateless_uniform(
+        [num_shards], seed=key, minval=None, maxval=None, dtype=tf.int64
+    )
+    return tf.argsort(values, stable=True)
+
+
+def _share_bounds(total: int, num_pipelines: int, offset: int) -> np.ndarray:
+    """``[W + 1]`` rank bounds: pipeline p takes ranks ``[b[p], b[p + 1])``.
+
+    Each takes ``total // W``; the ``total % W`` extra go to the pipelines ``offset``,
+    ``offset + 1``, ... (mod W).
+    """
+    q, r = divmod(total, num_pipelines)
+    extra = ((np.arange(num_pipelines) - offset) % num_pipelines) < r
+    return np.concatenate([[0], np.cumsum(q + extra.astype(np.int64))])
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochShare:
+    """What one input pipeline reads of one partly delivered epoch.
+
+    Attributes:
+      epoch: the epoch.
+      shards: indices (manifest order) of the shards to read, in reading order.
+      skip, take: per shard, the examples still needed to skip and to take.
+      mask: ``[N]`` bool, the examples of the epoch already delivered.
+      total: examples the epoch still needs over all pipelines.
+    """
+
+    epoch: int
+    shards: np.ndarray
+    skip: np.ndarray
+    take: np.ndarray
+    mask: np.ndarray
+    total: int
+
+    @property
+    def examples(self) -> int:
+        """Examples this pipeline reads of the epoch."""
+        return int(self.take.sum())
+
+
+def plan_partial_epochs(
+    delivered: DeliveredSet,
+    counts: Sequence[int],
+    *,
+    seed: int,
+    num_pipelines: int,
+    pipeline_id: int,
+    present: Sequence[bool] | None = None,
+) -> tuple[list[EpochShare], int]:
+    """Splits what is left of the begun epochs among the pipelines.
+
+    Args:
+      delivered: the delivered set.
+      counts: records per shard, manifest order.
+      seed: orders the shards of each epoch.
+      num_pipelines, pipeline_id: this pipeline's place.
+      present: per shard, whether it can be read (default all); others are not planned.
+
+    Returns:
+      This pipeline's share of each begun epoch, and the rotation offset the first full
+      epoch after them starts from.
+    """
+    counts_arr = np.asarray(counts, dtype=np.int64)
+    readable = np.ones(len(counts_arr), bool) if present is None else np.asarray(present, bool)
+    ends = np.cumsum(counts_arr)
+    starts = ends - counts_arr
+    shares, offset = [], 0
+    for epoch, mask in delivered.partial_epochs():
+        prefix = np.concatenate([[0], np.cumsum(mask.astype(np.int64))])
+        left = np.where(readable, counts_arr - (prefix[ends] - prefix[starts]), 0)
+        order = shard_order(seed, epoch, len(counts_arr)).numpy()
+        left_in_order = left[order]
+        rank_end = np.cumsum(left_in_order)
+        rank_start = rank_end - left_in_order
+        total = int(rank_end[-1]) if len(rank_end) else 0
+        bounds = _share_bounds(total, num_pipelines, offset)
+        lo, hi = bounds[pipeline_id], bounds[pipeline_id + 1]
+        skip = np.clip(lo - rank_start, 0, left_in_order)
+        take = np.clip(np.minimum(hi, rank_end) - np.maximum(lo, rank_start), 0, None)
+        keep = take > 0
+        shares.append(
+            EpochShare(epoch, order[keep].astype(np.int32), skip[keep], take[keep], mask, total)
+        )
+        offset = (offset + total % num_pipelines) % num_pipelines
+    return shares, offset
+
+
+def _pack_bits(mask: np.ndarray) -> np.ndarray:
+    return np.packbits(mask.astype(bool), bitorder="little")
+
+
+def exact_epoch_records(
+    resolved: ResolvedSource,
+    exclude: DeliveredSet,
+    *,
+    present: Sequence[bool],
+    damage_records: Sequence[bytes],
+    read_shard: ReadShard,
+    seed: int,
+    pipeline_id: int,
+    num_pipelines: int,
+    num_epochs: int | None,
+    on_service: bool,
+    shuffle_buffer: int,
+    cycle_length: int,
+    deterministic: bool,
+) -> tf.data.Dataset:
+    """The shuffled ``(position, serialized example)`` stream of one input pipeline.
+
+    Args:
+      resolved: the split (its shards in manifest order give the example indices).
+      exclude: what was already delivered; the stream starts with the rest of its epoch.
+      present: per shard, whether it can be read (False for a missing shard skipped under
+        ``skip_corrupt``: its examples never come).
+      damage_records: per shard, the reader's end-of-shard marker record.
+      read_shard: the reader's checked reader of one shard
+        ``(path, num_bytes, num_examples, damage_record) -> records``.
+      seed: orders shards and shuffles records.
+      pipeline_id, num_pipelines: this pipeline's place (0 of 1 on the tf.data service).
+      num_epochs: the stream ends after epoch ``num_epochs - 1``; None: endless.
+      on_service: build the unit stream the tf.data service shards dynamically.
+      shuffle_buffer: records in a shuffle buffer.
+      cycle_length: shards read at once.
+      deterministic: keep the interleave's order.
+
+    Returns:
+      A dataset of ``(int64 position, string record)``.
+
+    Raises:
+      ValueError: if nothing is left to read (``num_epochs`` already reached).
+    """
+    shards: tuple[ShardFile, ...] = resolved.shards
+    n, num_shards = exclude.num_examples, len(shards)
+    true_counts = np.array([s.num_examples for s in shards], dtype=np.int64)
+    counts = true_counts * np.asarray(present, dtype=np.int64)
+    bases = np.cumsum(true_counts) - true_counts
+    paths = tf.constant([s.path for s in shards], tf.string)
+    sizes = tf.constant([s.num_bytes for s in shards], tf.int64)
+    records_in = tf.constant([s.num_examples for s in shards], tf.int64)
+    damage = tf.constant(list(damage_records), tf.string)
+    bases_t = tf.constant(bases, tf.int64)
+    counts_t = tf.constant(counts, tf.int64)
+
+    partial, offset = plan_partial_epochs(
+        exclude,
+        true_counts,
+        seed=seed,
+        num_pipelines=num_pipelines,
+        pipeline_id=pipeline_id,
+        present=present,
+    )
+    first_full = partial[-1].epoch + 1
+    end = _ENDLESS if num_epochs is None else num_epochs
+    partial = [share for share in partial if share.epoch < end]
+    if not partial and first_full >= end:
+        raise ValueError(
+            f"num_epochs={num_epochs} is already reached: the delivered set is at epoch "
+            f"{exclude.epoch}"
+        )
+    shuffle_word = _seed_word(seed, _SHUFFLE_SALT)
+
+    def read_unit(
+        shard: tf.Tensor, skip: tf.Tensor, take: tf.Tensor, epoch: tf.Tensor, bits: tf.Tensor | None
+    ) -> tf.data.Dataset:
+        marker = damage[shard]
+        records = read_shard(paths[shard], sizes[shard], records_in[shard], marker)
+        first = epoch * n + bases_t[shard]
+        pairs = tf.data.Dataset.zip(
+            (tf.data.Dataset.range(first, first + records_in[shard]), records)
+        )
+        if bits is not None:
+            epoch_start = epoch * n
+
+            def keep(position: tf.Tensor, record: tf.Tensor) -> tf.Tensor:
+                index = position - epoch_start
+                byte = tf.cast(tf.gather(bits, index // 8), tf.int64)
+                delivered = tf.equal(
+                    tf.bitwise.bitwise_and(tf.bitwise.right_shift(byte, index % 8), 1), 1
+                )
+                # The damage marker always passes: a shard that reads short must still fail.
+                return tf.logical_or(tf.logical_not(delivered), tf.equal(record, marker))
+
+            pairs = pairs.filter(keep)
+        return pairs.skip(skip).take(take)
+
+    def read_units(units: tf.data.Dataset, bits: tf.Tensor | None) -> tf.data.Dataset:
+        # (shard, skip, take, epoch) -> (path, shard, skip, take, epoch): the shard cache's
+        # download-ahead needs the path in the element.
+        units = units.map(lambda shard, skip, take, epoch: (paths[shard], shard, skip, take, epoch))
+        units = resolved.prepare_files(units, path_index=0)
+        return units.interleave(
+            lambda path, shard, skip, take, epoch: read_unit(shard, skip, take, epoch, bits),
+            cycle_length=max(1, min(cycle_length, num_shards)),
+            block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=deterministic,
+        )
+
+    def shuffled(pairs: tf.data.Dataset, size: int, epoch: int | tf.Tensor) -> tf.data.Dataset:
+        salt = tf.cast(epoch, tf.int64) * 1_000_003 + pipeline_id * 7_919 + shuffle_word
+        return pairs.shuffle(max(1, size), seed=tf.math.floormod(salt, 2**31 - 1))
+
+    streams = []
+    for share in partial:
+        units = tf.data.Dataset.from_tensor_slices(
+            (
+                tf.constant(share.shards, tf.int32),
+                tf.constant(share.skip, tf.int64),
+                tf.constant(share.take, tf.int64),
+                tf.fill([len(share.shards)], tf.constant(share.epoch, tf.int64)),
+            )
+        )
+        pairs = read_units(units, tf.constant(_pack_bits(share.mask), tf.uint8))
+        if not on_service:
+            pairs = shuffled(pairs, min(shuffle_buffer, share.examples), share.epoch)
+        streams.append(pairs)
+
+    total = int(counts.sum())
+    q, r = divmod(total, num_pipelines)
+
+    def full_units(epoch: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        order = shard_order(seed, epoch, num_shards)
+        in_order = tf.gather(counts_t, order)
+        if num_pipelines == 1:
+            return order, tf.zeros_like(in_order), in_order
+        rank_end = tf.cumsum(in_order)
+        rank_start = rank_end - in_order
+        rotation = tf.math.floormod(offset + (epoch - first_full) * r, num_pipelines)
+        ids = tf.range(num_pipelines, dtype=tf.int64)
+        extra = tf.cast(tf.math.floormod(ids - rotation, num_pipelines) < r, tf.int64)
+        bounds = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(q + extra)], axis=0)
+        lo, hi = bounds[pipeline_id], bounds[pipeline_id + 1]
+        skip = tf.clip_by_value(lo - rank_start, 0, in_order)
+        take = tf.maximum(tf.minimum(hi, rank_end) - tf.maximum(lo, rank_start), 0)
+        return order, skip, take
+
+    if first_full < end:
+        if on_service:
+            # One unit per (epoch, shard slot), so the dispatcher hands shards out one by one.
+            def unit(u: tf.Tensor) -> tuple[tf.Tensor, ...]:
+                epoch = u // num_shards
+                order = shard_order(seed, epoch, num_shards)
+                shard = order[u % num_shards]
+                return shard, tf.constant(0, tf.int64), counts_t[shard], epoch
+
+            last = _ENDLESS if end == _ENDLESS else end * num_shards
+            units = tf.data.Dataset.range(first_full * num_shards, last).map(unit)
+            units = units.filter(lambda shard, skip, take, epoch: take > 0)
+            streams.append(read_units(units, None))
+        else:
+            share_size = -(-total // num_pipelines)
+
+            def epoch_records(epoch: tf.Tensor) -> tf.data.Dataset:
+                order, skip, take = full_units(epoch)
+                units = tf.data.Dataset.from_tensor_slices(
+                    (order, skip, take, tf.fill(tf.shape(order), epoch))
+                ).filter(lambda shard, skip, take, epoch: take > 0)
+                return shuffled(read_units(units, None), min(shuffle_buffer, share_size), epoch)
+
+            streams.append(tf.data.Dataset.range(first_full, end).flat_map(epoch_records))
+
+    records = streams[0]
+    for stream in streams[1:]:
+        records = records.concatenate(stream)
+    if on_service:
+        records = records.shuffle(max(1, shuffle_buffer), seed=shuffle_word % (2**31 - 1))
+    options = tf.data.Options()
+    # Seeded shuffles built inside flat_map carry a (stateless) dummy seed generator, which
+    # iterator checkpoints would otherwise refuse as external state; their seeds are fixed
+    # and their buffers and counters are saved, so a restore continues exactly.
+    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+    return records.with_options(options)
+
+
+def exact_epoch_dataset(
+    config: ReaderConfig,
+    resolved: ResolvedSource,
+    *,
+    input_context: tf.distribute.InputContext | None,
+    batch_size: int,
+    service: str | None,
+    service_job_name: str | None,
+    service_compression: str | None,
+    corruption_counter: CorruptionCounter | None,
+) -> tf.data.Dataset:
+    """``make_dataset``'s pipeline when ``config.exclude`` is set (see ``make_dataset``).
+
+    Raises:
+      ValueError: if the source has no manifest, or ``exclude`` was taken on another split.
+    """
+    from tfrecord_io import reader
+
+    exclude = config.exclude
+    assert exclude is not None
+    if resolved.manifest is None:
+        raise ValueError(
+            f"exclude= needs a dataset with dataset.json (example indices come from its record "
+            f"counts); {resolved.source} has none"
+        )
+    total = resolved.num_examples
+    if exclude.num_examples != total:
+        raise ValueError(
+            f"exclude covers {exclude.num_examples} examples, but split {resolved.split!r} of "
+            f"{resolved.source} has {total}: it was taken on another split or dataset"
+        )
+    digest = split_digest((s.path, s.num_examples) for s in resolved.shards)
+    if exclude.split is not None and exclude.split != digest:
+        raise ValueError(
+            f"exclude was taken on another layout of split {resolved.split!r} of "
+            f"{resolved.source} (split digest {exclude.split}, this one {digest}): its indices "
+            "would name other examples"
+        )
+    if service is not None or input_context is None:
+        pipeline_id, num_pipelines = 0, 1
+    else:
+        pipeline_id = input_context.input_pipeline_id
+        num_pipelines = input_context.num_input_pipelines
+    kept, guard_missing = reader._present_shards(
+        resolved.shards, config.skip_corrupt, corruption_counter
+    )
+    kept_paths = {s.path for s in kept}
+    readahead = reader._file_readahead(kept)
+    seed = config.seed if config.seed is not None else exclude.seed
+    _, _, aug_seed = reader._derive_seeds(seed, pipeline_id)
+    # In-process the order is a function of seed and history; the service never keeps order.
+    deterministic = True if service is None else config.is_deterministic
+
+    def read_shard(
+        path: tf.Tensor, num_bytes: tf.Tensor, num_examples: tf.Tensor, damage: tf.Tensor
+    ) -> tf.data.Dataset:
+        return reader._read_shard(
+            path,
+            num_bytes,
+            num_examples,
+            damage,
+            read_buffer_bytes=config.read_buffer_bytes,
+            skip_corrupt=config.skip_corrupt,
+            counter=corruption_counter,
+            guard_missing=guard_missing,
+            counts_known=True,
+            readahead=readahead,
+            resolved=resolved,
+        )
+
+    records = exact_epoch_records(
+        resolved,
+        exclude,
+        present=[s.path in kept_paths for s in resolved.shards],
+        damage_records=[shard_damage_record(reader._damage_message(s)) for s in resolved.shards],
+        read_shard=read_shard,
+        seed=seed,
+        pipeline_id=pipeline_id,
+        num_pipelines=num_pipelines,
+        num_epochs=config.num_epochs,
+        on_service=service is not None,
+        shuffle_buffer=reader._shuffle_buffer(config, resolved, kept, batch_size),
+        cycle_length=config.cycle_length or reader._DEFAULT_CYCLE_LENGTH,
+        deterministic=deterministic,
+    )
+    records = tf.data.Dataset.zip((records, tf.data.Dataset.random(seed=aug_seed)))
+    decode_config = reader._decode_config(config, resolved)
+
+    def decode(pair: tuple[tf.Tensor, tf.Tensor], seeds: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        positions, serialized = pair
+        decoded = decode_batch(parse_batch(serialized, decode_config), seeds, decode_config)
+        return (*decoded, positions)
+
+    batches = records.batch(batch_size, drop_remainder=True)
+    batches = batches.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    batches = batches.with_options(reader._options(config, deterministic, True, service))
+    if service is not None:
+        from tfrecord_io.service_client import distribute_dataset
+
+        batches = distribute_dataset(
+            batches,
+            service=service,
+            training=True,
+            job_name=service_job_name,
+            compression=service_compression,
+        )
+    return batches.prefetch(tf.data.AUTOTUNE)
