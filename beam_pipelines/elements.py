@@ -15,6 +15,7 @@ __all__ = [
     "Duplicate",
     "CatalogMeta",
     "PreparedRecord",
+    "StagedRecord",
     "ShardResult",
 ]
 
@@ -92,6 +93,25 @@ class PreparedRecord(NamedTuple):
     sha256: str
     uri: str
     serialized: bytes
+    meta: CatalogMeta | None = None
+
+
+class StagedRecord(NamedTuple):
+    """Where a prepared example waits for its shard: a small location instead of its bytes.
+
+    The image step appends each example, TFRecord-framed, to a staging file under
+    ``DST/.staging/records/`` and emits this once the file is durable; only these cross the
+    group-by-shard, and the shard writer reads the frames back in key order.
+    ``file`` is the staging file's name in that directory, ``offset`` where the example's frame
+    starts and ``length`` the whole frame (``catalog.index_files.frame_length``). ``sha256``,
+    ``uri`` and ``meta`` are as in ``PreparedRecord``.
+    """
+
+    sha256: str
+    uri: str
+    file: str
+    offset: int
+    length: int
     meta: CatalogMeta | None = None
 
 

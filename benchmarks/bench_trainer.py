@@ -87,7 +87,7 @@ def _input_alone(dataset: Any, warmup: int, batches: int, batch_size: int) -> fl
 
 def _train(model_dir: Path, inputs: Any, args: argparse.Namespace, dist: Any) -> dict[str, float]:
     from trainer.config import DataConfig, OptimConfig, TrainConfig
-    from trainer.diagnose import read_scalars
+    from trainer.diagnosis import read_scalars
     from trainer.loop import run_training
 
     config = TrainConfig(

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer.diagnose import NA, OK, WARN, Thresholds, diagnose_run, main, read_scalars
+from trainer.diagnose import main
+from trainer.diagnosis import NA, OK, WARN, Thresholds, diagnose_run, read_scalars
 
 POINTS = 40
 CHECKS = ("step time", "input pipeline", "accelerator", "gradient norm", "loss curve", "validation")

@@ -194,6 +194,24 @@ def test_built_package_imports_and_runs_the_pipeline_from_a_clean_venv(clean_pyt
     assert manifest.label_names == ("a", "b")
 
 
+def test_built_package_installs_every_console_script(clean_python, tmp_path):
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    bin_dir = clean_python.parent
+    for name in scripts:
+        assert (bin_dir / name).is_file(), name
+    # The TensorFlow-free commands start from the clean venv.
+    for name in ("tfrecord-pipeline", "tfrecord-samples", "tfrecord-diagnose"):
+        done = subprocess.run(
+            [str(bin_dir / name), "--help"],
+            cwd=tmp_path,
+            env=_clean_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0 and "usage:" in done.stdout, (name, done.stderr[-2000:])
+
+
 # ---------------------------------------------------------------------------------------------
 # Dataflow, offline
 

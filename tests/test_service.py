@@ -25,7 +25,7 @@ import pytest
 from tests.fixtures.data_service import DataServiceCluster, ServiceProcess
 from tests.fixtures.shards import WrittenDataset, write_dataset
 from tfrecord_io import service_cli
-from tfrecord_io.service import (
+from tfrecord_io.service_client import (
     DistributeOptions,
     ServiceAddress,
     distribute_dataset,

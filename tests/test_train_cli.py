@@ -142,7 +142,7 @@ def test_mirrored_sigterm_then_rerun_matches_an_uninterrupted_run(jpeg_dataset, 
     _assert_same_weights(a, b)
 
     # The learning rate written to TensorBoard follows base_lr x 8 / 256 with a 5-step warm-up.
-    from trainer.diagnose import read_scalars
+    from trainer.diagnosis import read_scalars
 
     lrs = dict(read_scalars(str(b))["train"]["learning_rate"])
     assert lrs[1] == pytest.approx(0.1 / 5) and lrs[5] == pytest.approx(0.1)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from trainer.config import DataConfig, OptimConfig, TrainConfig
-from trainer.diagnose import read_scalars
+from trainer.diagnosis import read_scalars
 from trainer.metrics import TAGS
 from trainer.optim import learning_rate_at
 

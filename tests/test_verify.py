@@ -13,7 +13,8 @@ import tensorflow as tf
 
 from schemas import MANIFEST_NAME, ImageRecord, serialize_record
 from tests.fixtures.shards import WrittenDataset, copy_dataset
-from tfrecord_io.verification import VerifyReport, main, verify_dataset
+from tfrecord_io.verification import VerifyReport, verify_dataset
+from tfrecord_io.verify import main
 
 
 def _only_failure(report: VerifyReport, shard_file: str) -> list[str]:

@@ -1,42 +1,39 @@
-"""tf.data service: ``python -m tfrecord_io.service dispatcher|worker``, and the client API.
+"""``python -m tfrecord_io.service dispatcher|worker`` (``tfrecord-service``): one tf.data
+service process.
 
-The processes are described in ``tfrecord_io.service_cli``; the client side
-(``distribute_dataset``, which ``make_dataset(..., service=...)`` calls) lives in
-``tfrecord_io.service_client`` and is re-exported here. Keeping this module only an entry
-point means ``python -m`` runs it without a second copy of the library.
+The processes and their flags are in ``tfrecord_io.service_cli``; the client side
+(``distribute_dataset``, which ``make_dataset(..., service=...)`` calls) is
+``tfrecord_io.service_client``. Like every command module, this one is imported by nothing else
+of the project, so ``python -m`` runs it once.
 """
 
-from tfrecord_io.service_client import (
-    BULK_READ_EXPERIMENTS,
-    COMPRESSIONS,
-    DEFAULT_COMPRESSION,
-    DistributeOptions,
-    ServiceAddress,
-    distribute_dataset,
-    enable_bulk_reads,
-    training_job_name,
-)
+from __future__ import annotations
 
-__all__ = [
-    "BULK_READ_EXPERIMENTS",
-    "COMPRESSIONS",
-    "DEFAULT_COMPRESSION",
-    "DistributeOptions",
-    "ServiceAddress",
-    "distribute_dataset",
-    "enable_bulk_reads",
-    "training_job_name",
-]
+import logging
+import os
+import sys
+from collections.abc import Sequence
 
-if __name__ == "__main__":
-    import logging
-    import os
+from tfrecord_io import service_cli
 
-    from tfrecord_io.service_cli import main
+__all__ = ["main"]
 
-    status = main()
-    # The server has stopped and the log is flushed. Tearing TensorFlow down in Python takes
-    # seconds and has nothing left to save (the dispatcher journals every change as it
-    # happens), so the process leaves at once.
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs a dispatcher or worker until SIGTERM/SIGINT, then ends the process.
+
+    Bad flags raise ``SystemExit(2)`` as usual. Once a server has run, the process exits with
+    its status at once (``os._exit``): the server has stopped and the log is flushed, and tearing
+    TensorFlow down in Python takes seconds and has nothing left to save (the dispatcher journals
+    every change as it happens).
+
+    Returns:
+      Never returns normally after serving; the return type is that of every command's ``main``.
+    """
+    status = service_cli.main(argv)
     logging.shutdown()
     os._exit(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

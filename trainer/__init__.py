@@ -3,7 +3,8 @@
 Command lines: ``python -m trainer.train`` and ``python -m trainer.diagnose MODEL_DIR``.
 
 The public names are loaded on first use, so that ``import trainer`` (and ``trainer.diagnose``)
-does not pay for importing TensorFlow and Keras.
+does not pay for importing TensorFlow and Keras. The command modules (``trainer.train``,
+``trainer.diagnose``) are imported by nothing here, so ``python -m`` runs them once.
 """
 
 from __future__ import annotations
@@ -75,10 +76,10 @@ _HOME = {
     "run_training": "trainer.loop",
     "TAGS": "trainer.metrics",
     "SummaryWriters": "trainer.metrics",
-    "Thresholds": "trainer.diagnose",
-    "Verdict": "trainer.diagnose",
-    "diagnose_run": "trainer.diagnose",
-    "read_scalars": "trainer.diagnose",
+    "Thresholds": "trainer.diagnosis",
+    "Verdict": "trainer.diagnosis",
+    "diagnose_run": "trainer.diagnosis",
+    "read_scalars": "trainer.diagnosis",
 }
 
 

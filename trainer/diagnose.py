@@ -1,0 +1,91 @@
+"""``python -m trainer.diagnose MODEL_DIR`` (``tfrecord-diagnose``): the monitoring table.
+
+Prints one verdict per row of the source article's monitoring table for a training run's
+TensorBoard logs (see ``trainer.diagnosis``). The exit status is 0 whatever the verdicts, and
+non-zero only when the logs cannot be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+
+from trainer.diagnosis import (
+    WARN,
+    LogsUnreadable,
+    Thresholds,
+    diagnose_run,
+    format_table,
+    read_scalars,
+)
+
+__all__ = ["main"]
+
+
+def _parse_threshold(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    names = {f.name for f in dataclasses.fields(Thresholds)}
+    if not sep or name not in names:
+        raise argparse.ArgumentTypeError(
+            f"expected NAME=VALUE with NAME one of {sorted(names)}, got {text!r}"
+        )
+    try:
+        return name, float(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{name} needs a number, got {value!r}") from e
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Prints the verdict table; returns 0, or 2 when the logs cannot be read."""
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.diagnose",
+        description="Apply the monitoring table to a training run's TensorBoard logs.",
+    )
+    parser.add_argument("model_dir", help="the run's --model_dir (or a directory of event files)")
+    parser.add_argument("--json", action="store_true", help="print machine-readable verdicts")
+    parser.add_argument(
+        "--threshold",
+        action="append",
+        default=[],
+        type=_parse_threshold,
+        metavar="NAME=VALUE",
+        help="override a threshold, e.g. input_wait=0.1 (repeatable)",
+    )
+    args = parser.parse_args(argv)
+    overrides = dict(args.threshold)
+    if "min_points" in overrides:
+        overrides["min_points"] = int(overrides["min_points"])
+    try:
+        thresholds = Thresholds(**overrides)
+    except ValueError as e:
+        parser.error(str(e))
+    if "tensorflow" not in sys.modules:
+        # TensorBoard's own protobuf reader is enough and starts in a fraction of the time
+        # TensorFlow takes to import; this is the switch TensorBoard's no-TF build uses.
+        import types
+
+        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("notf"))
+    try:
+        runs = read_scalars(args.model_dir)
+    except LogsUnreadable as e:
+        print(f"diagnose: {e}", file=sys.stderr)
+        return 2
+    verdicts = diagnose_run(runs, thresholds)
+    if args.json:
+        print(json.dumps([dataclasses.asdict(v) for v in verdicts], indent=2))
+        return 0
+    train = runs.get("train", {})
+    steps = sorted({s for series in train.values() for s, _ in series})
+    span = f"steps {steps[0]}-{steps[-1]}" if steps else "no training steps"
+    print(f"{args.model_dir}: {len(steps)} logged training points, {span}")
+    print(format_table(verdicts))
+    warnings = sum(v.status == WARN for v in verdicts)
+    print(f"{warnings} warning(s)" if warnings else "no warnings")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
