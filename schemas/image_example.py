@@ -175,7 +175,8 @@ def record_from_example(example: tf.train.Example | bytes) -> ImageRecord:
     """Recovers and validates the record held by an example of our layout.
 
     Args:
-      example: a ``tf.train.Example`` or its serialised bytes.
+      example: a ``tf.train.Example`` (or ``schemas.example_proto.Example``) or its serialised
+        bytes, which are parsed without TensorFlow.
 
     Returns:
       The validated ``ImageRecord``.
@@ -183,11 +184,9 @@ def record_from_example(example: tf.train.Example | bytes) -> ImageRecord:
     Raises:
       ValueError: if a key is missing, has the wrong type or length, or a value breaks the schema.
     """
-    import tensorflow as tf
-
     if isinstance(example, bytes):
         try:
-            example = tf.train.Example.FromString(example)
+            example = example_proto.Example.FromString(example)
         except Exception as e:  # protobuf raises DecodeError, which is not a ValueError
             raise ValueError(f"not a serialised tf.train.Example: {e}") from e
     features = example.features.feature

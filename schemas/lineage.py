@@ -19,7 +19,7 @@ from typing import Any
 
 __all__ = [
     "LATEST_NAME",
-    "IMAGE_OPTION_KEYS",
+    "NON_IMAGE_OPTIONS",
     "image_options",
     "describe_option_changes",
     "version_name",
@@ -29,31 +29,36 @@ __all__ = [
 ]
 
 LATEST_NAME = "latest"
-# Options that change the stored bytes of an example whose source bytes are unchanged.
-# ``max_pixels`` decides which sources are rejected, so a reused example must have passed the
-# same limit; ``image_library`` (Pillow's version) is where resampling and encoders live.
-IMAGE_OPTION_KEYS = (
-    "image_size",
-    "crop",
-    "encoding",
-    "jpeg_quality",
-    "background",
-    "max_pixels",
-    "image_library",
+# Manifest options that never change an example's stored bytes, nor whether its source is
+# accepted: where the inputs are listed, how examples are split and sharded, the publishing
+# threshold, and which of two identical files is kept. Every other option (image size, crop,
+# encoding, quality, colour handling, bounds, accepted formats, the image library's version,
+# and any option added later) counts as an image option, so that an unknown option turns
+# reuse off rather than on.
+NON_IMAGE_OPTIONS = frozenset(
+    {
+        "input",
+        "validation_fraction",
+        "stratify_validation",
+        "num_shards",
+        "target_shard_mb",
+        "max_bad_fraction",
+        "label_conflicts",
+    }
 )
 _VERSION_RE = re.compile(r"^v(\d{4,})$")
 _POINTER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def image_options(options: Mapping[str, Any], *, tool_version: str | None = None) -> dict[str, Any]:
-    """The image options of a manifest's ``options`` (missing ones are None).
+    """The image options of a manifest's ``options``: all but ``NON_IMAGE_OPTIONS``.
 
     ``jpeg_quality`` counts only for the ``jpeg`` encoding. ``tool_version``, when given, is
     included: a new release of the tool may prepare pixels differently.
     """
-    chosen = {key: options.get(key) for key in IMAGE_OPTION_KEYS}
-    if chosen["encoding"] != "jpeg":
-        chosen["jpeg_quality"] = None
+    chosen = {key: value for key, value in options.items() if key not in NON_IMAGE_OPTIONS}
+    if chosen.get("encoding") != "jpeg":
+        chosen.pop("jpeg_quality", None)
     if tool_version is not None:
         chosen["tool_version"] = tool_version
     return chosen
