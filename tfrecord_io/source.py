@@ -391,7 +391,8 @@ def resolve_source(
     path = _manifest_path(text)
     manifest = None if path is None else load_manifest(path)
     if manifest is not None and path is not None:
-        root = posixpath.dirname(path) or "."
+        # Adopted shards may stay where they are, apart from dataset.json (``shard_root``).
+        root = manifest.shard_root or posixpath.dirname(path) or "."
         info = manifest.split(split)
         if not info.shards:
             raise ValueError(f"split {split!r} of {text} has no shards")
