@@ -49,7 +49,7 @@ _ALPHA_MODES = ("RGBA", "LA", "PA", "La", "RGBa")
 _SRGB_PROFILE = ImageCms.createProfile("sRGB")
 _PERCEPTUAL = 0  # LittleCMS falls back to relative colorimetric for matrix/TRC profiles
 _CACHE_SIZE = 16
-_IDENTITY = "identity"
+_IDENTITY = object()  # a profile that is sRGB in all but name: no transform needed
 # Modes an ICC profile of each colour space can describe, and the mode it is applied in.
 _PROFILE_MODES = {
     "RGB": ("RGB", ("RGB", "RGBA", "RGBX", "RGBa", "P", "PA", "L", "LA", "La", "1", "YCbCr")),
@@ -315,7 +315,8 @@ def to_srgb(
       background: RGB colour that transparent pixels are composited over.
 
     Returns:
-      The ``RGB`` image and its events (``icc_converted`` or ``icc_profile_ignored``).
+      The ``RGB`` image, with no ``icc_profile`` in its ``info`` once the profile is applied,
+      and its events (``icc_converted`` or ``icc_profile_ignored``).
 
     Raises:
       OSError, ValueError: from Pillow, for a mode it cannot convert.
@@ -329,9 +330,15 @@ def to_srgb(
             converted = _through_profile(image, icc)
         except ProfileUnusable:
             events = ("icc_profile_ignored",)
+            image.info.pop("icc_profile", None)  # taken as sRGB, and stored without it
+            if image.mode == "RGB":
+                return image, events
         else:
             if converted.mode == "RGBA":
                 converted = _composite(converted, background)
+            # The pixels are sRGB now; a profile left in info would be written by encoders
+            # (and resize copies info). The stored image carries none.
+            converted.info.pop("icc_profile", None)
             return converted, ("icc_converted",)
     if _has_alpha(image):
         return _composite(image, background), events

@@ -95,8 +95,18 @@ _ENCODINGS = ("jpeg", "png", "raw")
 _CROPS = ("none", "center")
 _OUT_OF_BOUNDS = ("reject", "crop")
 _JPEG_MAX_SIDE = 65_500  # libjpeg's limit on either side
-# Exceptions Pillow's plugins raise for bad files (anything else is internal_error).
-_PILLOW_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, KeyError)
+# Exceptions Pillow's plugins raise for bad files (anything else is internal_error). The AVIF
+# plugin raises RuntimeError for what libavif refuses.
+_PILLOW_ERRORS = (
+    OSError,
+    SyntaxError,
+    ValueError,
+    EOFError,
+    IndexError,
+    TypeError,
+    KeyError,
+    RuntimeError,
+)
 
 
 class RejectedImage(Exception):  # noqa: N818  (a verdict, not a programming error)
@@ -425,7 +435,7 @@ def check_output_bounds(
             raise RejectedImage(
                 "extreme_aspect_ratio",
                 f"{source_format} header declares {width}x{height}, an aspect ratio of "
-                f"{ratio:.4g}, above --max_aspect_ratio {options.max_aspect_ratio:g}; "
+                f"{ratio:.1f}, above --max_aspect_ratio {options.max_aspect_ratio:g}; "
                 "--out_of_bounds crop keeps its centre instead",
             )
         keep = float(options.max_aspect_ratio)
@@ -489,7 +499,8 @@ def decode_srgb(
     """
     fmt = image.format
     try:
-        image.seek(0)  # the first frame of animated GIF/WebP/PNG and multi-page TIFF
+        # Image.open leaves animated GIF/WebP/PNG and multi-page TIFF at their first frame, and
+        # PSD at its composite image; seeking to 0 would pick PSD's first layer (or fail).
         if fmt in ("JPEG", "MPO"):
             image.draft(None, (min_side, min_side))
         wide = wide_colour_rawmode(image)
