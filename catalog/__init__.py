@@ -14,6 +14,7 @@ from catalog.index_files import (
     index_filename,
     parse_index,
 )
+from catalog.keys import key_prefixes
 from catalog.table import (
     CATALOG_VERSION,
     COLUMNS,
@@ -31,6 +32,7 @@ from catalog.table import (
 )
 
 __all__ = [
+    "key_prefixes",
     "FRAME_OVERHEAD",
     "INDEX_SUFFIX",
     "check_contiguous",

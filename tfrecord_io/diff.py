@@ -42,6 +42,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from catalog.keys import key_prefixes
 from catalog.table import catalog_filename, read_table
 from schemas import (
     KEY_CHANNELS,
@@ -372,26 +373,6 @@ def _samples(joined: pa.Table, mask: np.ndarray, limit: int) -> list[dict[str, A
     return out
 
 
-_HEX_VALUES = np.full(256, 255, np.uint8)
-_HEX_VALUES[np.frombuffer(b"0123456789abcdef", np.uint8)] = np.arange(16, dtype=np.uint8)
-
-
-def _key_prefixes(keys: pa.ChunkedArray) -> np.ndarray | None:
-    """The first 64 bits of each hex key as uint64, or None if a key is not 64 hex digits."""
-    array = keys.combine_chunks()
-    if len(array) == 0:
-        return np.zeros(0, np.uint64)
-    if array.null_count or pc.min_max(pc.utf8_length(array)).as_py() != {"min": 64, "max": 64}:
-        return None
-    offsets = np.frombuffer(array.buffers()[1], np.int32, len(array) + 1, array.offset * 4)
-    data = np.frombuffer(array.buffers()[2], np.uint8, offsets[-1] - offsets[0], offsets[0])
-    nibbles = _HEX_VALUES[data.reshape(-1, 64)[:, :16]]
-    if (nibbles > 15).any():
-        return None
-    packed = np.ascontiguousarray((nibbles[:, 0::2] << 4) | nibbles[:, 1::2])
-    return packed.view(">u8").ravel().astype(np.uint64)
-
-
 def _match(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """Row pairs with equal keys: ``(old rows, new rows)``.
 
@@ -399,7 +380,7 @@ def _match(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     on them with a sort, and every match is then checked on the whole key. Anything else (keys
     that are not hex digests, colliding prefixes) goes through Arrow's hash join.
     """
-    a, b = _key_prefixes(old.column("key")), _key_prefixes(new.column("key"))
+    a, b = key_prefixes(old.column("key")), key_prefixes(new.column("key"))
     if a is not None and b is not None:
         order = np.argsort(a, kind="stable")
         sorted_a = a[order]
