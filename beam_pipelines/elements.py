@@ -117,7 +117,11 @@ class StagedRecord(NamedTuple):
 
 class ShardResult(NamedTuple):
     """A shard file written and committed under its final name, with its index file's size and
-    hash (the index file is named after the shard, ``catalog.index_files.index_filename``)."""
+    hash (the index file is named after the shard, ``catalog.index_files.index_filename``).
+
+    ``label_counts`` holds ``(label, examples)`` pairs in label order; it is empty when the
+    records carried no class (``PreparedRecord.meta`` None).
+    """
 
     split: str
     index: int
@@ -128,3 +132,4 @@ class ShardResult(NamedTuple):
     sha256: str
     index_bytes: int = 0
     index_sha256: str = ""
+    label_counts: tuple[tuple[int, int], ...] = ()

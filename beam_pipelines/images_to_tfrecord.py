@@ -17,16 +17,16 @@ input image can cause it, since per-image failures are rejections), with nothing
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import sys
+import time
 import uuid
 from collections.abc import Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
 from beam_pipelines.catalog_io import (
     remove_staged_fragments,
@@ -35,8 +35,9 @@ from beam_pipelines.catalog_io import (
 )
 from beam_pipelines.config import ImagesToTFRecordOptions, PipelineConfig, config_from_options
 from beam_pipelines.image_colour import COLOUR_SPACE
+from beam_pipelines.progress import ProgressSpec, close_reporter
 from beam_pipelines.publish import (
-    DUPLICATES_NAME,
+    StagedResult,
     StageResults,
     build_manifest,
     prepare_output,
@@ -44,11 +45,12 @@ from beam_pipelines.publish import (
     read_staged,
     remove_unlisted_shards,
 )
-from beam_pipelines.runners import resolve_runner_aliases
+from beam_pipelines.runners import private_temp_dir, resolve_runner_aliases
 from beam_pipelines.shards import METRICS_NAMESPACE, TRAIN, VALIDATION
 from beam_pipelines.sources import is_listing
+from beam_pipelines.summary import RunSummary
 from beam_pipelines.transforms import ImagesToShards
-from schemas.manifest import MANIFEST_NAME, REJECTED_NAME, ImageSpec, Manifest
+from schemas.manifest import ImageSpec
 
 __all__ = [
     "ImagesToTFRecordOptions",
@@ -71,60 +73,6 @@ _WORKER_NOISE = ("Discarding unparseable args", "No semi_persistent_directory fo
 def _drop_worker_startup_noise(record: logging.LogRecord) -> bool:
     message = record.getMessage()
     return not any(noise in message for noise in _WORKER_NOISE)
-
-
-@dataclasses.dataclass(frozen=True)
-class RunSummary:
-    """What a run did.
-
-    Attributes:
-      output: the dataset directory.
-      published: True if ``dataset.json`` was written.
-      manifest: the manifest written, or that would have been written when not published.
-      bad_fraction: rejected / input.
-      rejected_by_reason: rejection counts per reason code.
-      metrics: Beam counters of the run, by name.
-      removed: stale shard files deleted after publishing.
-    """
-
-    output: str
-    published: bool
-    manifest: Manifest
-    bad_fraction: float
-    rejected_by_reason: dict[str, int]
-    metrics: dict[str, int]
-    removed: tuple[str, ...] = ()
-
-    def describe(self) -> str:
-        """A human-readable summary: counts, reasons, splits and where the shards are."""
-        m = self.manifest
-        c = m.counts
-        lines = [
-            f"input {c.input}  written {c.written}  rejected {c.rejected}  duplicates {c.duplicates}"
-            f"  (bad fraction {self.bad_fraction:.2%}, limit {m.options['max_bad_fraction']:.2%})",
-        ]
-        if self.rejected_by_reason:
-            reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.rejected_by_reason.items()))
-            lines.append(f"rejected by reason: {reasons}")
-        lines.append(f"classes ({len(m.label_names)}): {', '.join(m.label_names)}")
-        for name, split in sorted(m.splits.items()):
-            lines.append(f"{name}: {split.num_examples} examples in {len(split.shards)} shards")
-        shards = m.all_shards()
-        if shards:
-            lines.append(
-                f"shards: {FileSystems.join(self.output, shards[0].file)}"
-                + (f" … {shards[-1].file}" if len(shards) > 1 else "")
-            )
-        lines.append(f"rejected report: {FileSystems.join(self.output, REJECTED_NAME)}")
-        lines.append(f"duplicates report: {FileSystems.join(self.output, DUPLICATES_NAME)}")
-        if self.published:
-            lines.append(f"published: {FileSystems.join(self.output, MANIFEST_NAME)}")
-        else:
-            lines.append(
-                f"NOT published: bad fraction {self.bad_fraction:.2%} is above "
-                f"--max_bad_fraction {m.options['max_bad_fraction']}; see the rejected report"
-            )
-        return "\n".join(lines)
 
 
 def _counters(result) -> dict[str, int]:
@@ -150,15 +98,44 @@ def _check_input(config: PipelineConfig) -> None:
         )
 
 
+def _progress_mode(progress: str, options: PipelineOptions) -> str:
+    # A bar only where the image step runs in this process (the DirectRunner's default modes)
+    # and standard error is a terminal; log lines everywhere else.
+    if progress != "auto":
+        return progress
+    runner = options.view_as(StandardOptions).runner
+    mode = options.view_as(DirectOptions).direct_running_mode
+    in_process = runner in (None, "DirectRunner", "PrismRunner") and mode != "multi_processing"
+    return "bar" if in_process and sys.stderr.isatty() else "log"
+
+
+def _publish_blockers(staged: StagedResult, config: PipelineConfig) -> list[str]:
+    """Why the dataset must not be published, one line per gate that failed."""
+    blockers = []
+    if staged.bad_fraction > config.max_bad_fraction:
+        blockers.append(
+            f"bad fraction {staged.bad_fraction:.2%} is above --max_bad_fraction "
+            f"{config.max_bad_fraction}; see the rejected report"
+        )
+    if staged.label_conflicts and config.label_conflicts == "fail":
+        blockers.append(
+            f"label conflicts ({len(staged.label_conflicts)}) and --label_conflicts fail; fix "
+            "the labels, or pass --label_conflicts keep_first or drop_both"
+        )
+    return blockers
+
+
 class JobFailedError(RuntimeError):
     """The pipeline itself failed (not an input image: those are rejections)."""
 
 
-def run(argv: Sequence[str] | None = None) -> RunSummary:
-    """Runs the pipeline; publishes ``dataset.json`` unless too many inputs were rejected.
+def run(argv: Sequence[str] | None = None, *, progress: str = "auto") -> RunSummary:
+    """Runs the pipeline; publishes ``dataset.json`` unless a quality gate fails.
 
     Args:
       argv: command-line arguments (default ``sys.argv[1:]``); unknown ones go to Beam.
+      progress: ``bar``, ``log`` or ``off``; ``auto`` shows a bar when the image step runs in
+        this process and standard error is a terminal, else log lines.
 
     Returns:
       The run's summary; ``summary.published`` says whether the dataset was published.
@@ -166,7 +143,9 @@ def run(argv: Sequence[str] | None = None) -> RunSummary:
     Raises:
       ValueError: for bad flags or input.
       OutputExistsError: if ``--output`` holds a dataset and ``--overwrite`` was not given.
+      JobFailedError: if the pipeline failed while running.
     """
+    started = time.monotonic()
     argv = resolve_runner_aliases(list(sys.argv[1:] if argv is None else argv))
     options = PipelineOptions(argv)
     # The checks below list s3:// and gs:// paths before any Pipeline exists, and Beam gives
@@ -176,15 +155,20 @@ def run(argv: Sequence[str] | None = None) -> RunSummary:
     _check_input(config)
     old_manifest = prepare_output(config.output, overwrite=config.overwrite)
     run_id = uuid.uuid4().hex
+    spec = ProgressSpec(run_id, _progress_mode(progress, options))
 
-    pipeline = beam.Pipeline(options=options)
-    results = pipeline | "ImagesToShards" >> ImagesToShards(config)
-    _ = results | "StageResults" >> StageResults(config.output, run_id)
-    try:
-        result = pipeline.run()
-        result.wait_until_finish()
-    except Exception as e:  # noqa: BLE001  (runners re-raise a step's own exception type)
-        raise JobFailedError(f"the pipeline failed: {type(e).__name__}: {e}") from e
+    # Beam's launcher leaves directories in the temp dir on every run; they go with this one.
+    with private_temp_dir():
+        pipeline = beam.Pipeline(options=options)
+        results = pipeline | "ImagesToShards" >> ImagesToShards(config, spec)
+        _ = results | "StageResults" >> StageResults(config.output, run_id)
+        try:
+            result = pipeline.run()
+            result.wait_until_finish()
+        except Exception as e:  # noqa: BLE001  (runners re-raise a step's own exception type)
+            raise JobFailedError(f"the pipeline failed: {type(e).__name__}: {e}") from e
+        finally:
+            close_reporter(run_id)
 
     staged = read_staged(config.output, run_id)
     splits = (TRAIN, VALIDATION) if config.validation_fraction > 0 else (TRAIN,)
@@ -200,7 +184,8 @@ def run(argv: Sequence[str] | None = None) -> RunSummary:
         options=config.manifest_options(),
         splits=splits,
     )
-    published = staged.bad_fraction <= config.max_bad_fraction
+    blockers = _publish_blockers(staged, config)
+    published = not blockers
     removed: list[str] = []
     if published:
         write_tfds_metadata(config.output, manifest)
@@ -216,13 +201,18 @@ def run(argv: Sequence[str] | None = None) -> RunSummary:
         rejected_by_reason=staged.rejected_by_reason,
         metrics=_counters(result),
         removed=tuple(removed),
+        elapsed_s=time.monotonic() - started,
+        skipped_examples=tuple(staged.skipped_examples),
+        label_conflicts=tuple(staged.label_conflicts),
+        not_published_because=tuple(blockers),
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry: runs, prints Beam metrics and the summary, returns the exit status."""
+    """CLI entry: runs, prints the summary, returns the exit status."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger(_WORKER_LOGGER).addFilter(_drop_worker_startup_noise)
+    logging.getLogger("beam_pipelines.progress").setLevel(logging.INFO)
     try:
         summary = run(argv)
     except JobFailedError as e:
@@ -235,9 +225,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(__name__).exception("the job failed")
         print(f"error: the job failed: {type(e).__name__}: {e}", file=sys.stderr)
         return JOB_FAILED
-    print("Beam metrics:")
-    for name, value in summary.metrics.items():
-        print(f"  {name}: {value}")
     print(summary.describe())
     return 0 if summary.published else 1
 

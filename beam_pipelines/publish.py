@@ -2,8 +2,9 @@
 
 The pipeline's last step writes ``rejected.jsonl`` and ``duplicates.jsonl`` (sorted by URI) and
 a hidden staged summary. The launching process then decides: if the bad fraction is within
-``--max_bad_fraction`` it writes ``dataset.json`` (last, under a temporary name then renamed)
-and removes shard files no manifest lists; otherwise it leaves the dataset unpublished. Every
+``--max_bad_fraction`` (and, with ``--label_conflicts fail``, no label conflict was found) it
+writes ``dataset.json`` (last, under a temporary name then renamed) and removes shard files no
+manifest lists; otherwise it leaves the dataset unpublished. Every
 read, write, rename and delete goes through Beam FileSystems, so the output may be any scheme
 Beam knows (local, ``gs://``, ``s3://``…).
 """
@@ -20,7 +21,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.catalog_io import CatalogResult
-from beam_pipelines.elements import ShardResult
+from beam_pipelines.elements import Duplicate, ShardResult
 from beam_pipelines.object_store_io import create_empty_file
 from catalog.index_files import index_filename
 from schemas.manifest import (
@@ -41,6 +42,7 @@ __all__ = [
     "OutputNotWritableError",
     "StagedResult",
     "StageResults",
+    "label_conflict_groups",
     "staged_path",
     "write_text",
     "read_text",
@@ -54,6 +56,9 @@ __all__ = [
 
 DUPLICATES_NAME = "duplicates.jsonl"
 _UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
+# Rejected for this reason, a file is outside every class folder: not bad image data.
+_NO_LABEL = "no_label"
+_SKIPPED_EXAMPLES = 3
 
 
 class OutputExistsError(ValueError):
@@ -94,12 +99,45 @@ def _jsonl(lines: Iterable[str]) -> str:
     return "".join(f"{line}\n" for line in lines)
 
 
+def label_conflict_groups(duplicates: Iterable[Duplicate]) -> list[dict[str, Any]]:
+    """Groups the label conflicts among ``duplicates`` by content hash.
+
+    Returns:
+      One dict per conflicting content hash, sorted by it: ``sha256``, ``copies`` (sorted
+      ``[uri, class name]`` pairs, the kept copy included) and ``kept_uri`` (None when every
+      copy was dropped).
+    """
+    groups: dict[str, dict[str, Any]] = {}
+    for d in duplicates:
+        if not d.label_conflict:
+            continue
+        group = groups.setdefault(d.sha256, {"copies": {}, "kept_uri": d.kept_uri})
+        group["copies"][d.uri] = d.label
+        if d.kept_uri is not None:
+            group["copies"][d.kept_uri] = d.kept_label
+    return [
+        {"sha256": sha, "copies": sorted(map(list, g["copies"].items())), "kept_uri": g["kept_uri"]}
+        for sha, g in sorted(groups.items())
+    ]
+
+
 class _StageFn(beam.DoFn):
     def __init__(self, output_dir: str, run_id: str) -> None:
         self._output_dir = output_dir
         self._run_id = run_id
 
-    def process(self, _, input_count, label_names, shards, rejected, duplicates, catalogs=()):
+    def process(
+        self,
+        _,
+        input_count,
+        label_names,
+        shards,
+        rejected,
+        duplicates,
+        catalogs=(),
+        skipped_count=0,
+        skipped_examples=(),
+    ):
         rejected = sorted(rejected)
         duplicates = sorted(duplicates)
         write_text(
@@ -121,6 +159,9 @@ class _StageFn(beam.DoFn):
             "rejected": len(rejected),
             "rejected_by_reason": dict(sorted(reasons.items())),
             "duplicates": len(duplicates),
+            "label_conflicts": label_conflict_groups(duplicates),
+            "skipped": skipped_count,
+            "skipped_examples": sorted(skipped_examples),
         }
         path = staged_path(self._output_dir, self._run_id)
         write_text(path, json.dumps(staged, ensure_ascii=False, sort_keys=True))
@@ -141,6 +182,17 @@ class StageResults(beam.PTransform):
     def expand(self, results):
         as_list = beam.pvalue.AsList
         input_count = results["sources"] | "CountInputs" >> beam.combiners.Count.Globally()
+        skipped = {}
+        if "skipped" in results:
+            # str (URI) -> int, and -> [str], the first few in URI order
+            count = results["skipped"] | "CountSkipped" >> beam.combiners.Count.Globally()
+            first = results["skipped"] | "FirstSkipped" >> beam.combiners.Top.Smallest(
+                _SKIPPED_EXAMPLES
+            )
+            skipped = {
+                "skipped_count": beam.pvalue.AsSingleton(count),
+                "skipped_examples": beam.pvalue.AsSingleton(first),
+            }
         return (
             results["sources"].pipeline
             | "Once" >> beam.Create([None])
@@ -153,20 +205,33 @@ class StageResults(beam.PTransform):
                 as_list(results["rejected"]),
                 as_list(results["duplicates"]),
                 *([as_list(results["catalogs"])] if "catalogs" in results else []),
+                **skipped,
             )
         )
 
 
 class StagedResult:
-    """What the pipeline produced, read back by the launcher from the staged summary."""
+    """What the pipeline produced, read back by the launcher from the staged summary.
+
+    The bad fraction, which ``--max_bad_fraction`` bounds, is the share of bad input among the
+    inputs inside a class: ``(rejected - no_label) / (input - no_label)``. Files outside every
+    class folder (``no_label``) are reported but are not bad image data; skipped hidden and
+    system files are not inputs at all.
+    """
 
     def __init__(self, data: dict[str, Any]) -> None:
         self.input: int = data["input"]
         self.label_names: tuple[str, ...] = tuple(data["label_names"])
-        self.shards: tuple[ShardResult, ...] = tuple(ShardResult(**s) for s in data["shards"])
+        self.shards: tuple[ShardResult, ...] = tuple(
+            ShardResult(**{**s, "label_counts": tuple(map(tuple, s.get("label_counts", ())))})
+            for s in data["shards"]
+        )
         self.rejected: int = data["rejected"]
         self.rejected_by_reason: dict[str, int] = dict(data["rejected_by_reason"])
         self.duplicates: int = data["duplicates"]
+        self.label_conflicts: list[dict[str, Any]] = list(data.get("label_conflicts", ()))
+        self.skipped: int = data.get("skipped", 0)
+        self.skipped_examples: list[str] = list(data.get("skipped_examples", ()))
         self.catalogs: tuple[CatalogResult, ...] = tuple(
             CatalogResult(**c) for c in data.get("catalogs", ())
         )
@@ -176,8 +241,24 @@ class StagedResult:
         return sum(s.num_examples for s in self.shards)
 
     @property
+    def no_label(self) -> int:
+        return self.rejected_by_reason.get(_NO_LABEL, 0)
+
+    @property
     def bad_fraction(self) -> float:
-        return self.rejected / self.input if self.input else 0.0
+        labelled = self.input - self.no_label
+        return (self.rejected - self.no_label) / labelled if labelled else 0.0
+
+    def class_counts(self, split: str) -> dict[str, int] | None:
+        """Examples per class name (every class, label order) in ``split``; None if unknown."""
+        shards = [s for s in self.shards if s.split == split]
+        counts = dict.fromkeys(self.label_names, 0)
+        for shard in shards:
+            for label, n in shard.label_counts:
+                counts[self.label_names[label]] += n
+        if sum(counts.values()) != sum(s.num_examples for s in shards):
+            return None  # records without a class (foreign callers of the shard writer)
+        return counts
 
 
 def read_staged(output_dir: str, run_id: str) -> StagedResult:
@@ -276,6 +357,7 @@ def build_manifest(
                 for s in sorted(shards, key=lambda s: s.index)
             ),
             catalog=catalogs.get(name),
+            class_counts=staged.class_counts(name),
         )
         for name, shards in by_split.items()
     }
@@ -287,6 +369,7 @@ def build_manifest(
             written=staged.written,
             rejected=staged.rejected,
             duplicates=staged.duplicates,
+            skipped=staged.skipped,
         ),
         image=image,
         rejected_file=REJECTED_NAME,

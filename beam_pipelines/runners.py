@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Iterator, Sequence
 
-__all__ = ["DASK_RUNNER", "RUNNER_ALIASES", "resolve_runner_aliases"]
+__all__ = ["DASK_RUNNER", "RUNNER_ALIASES", "private_temp_dir", "resolve_runner_aliases"]
 
 # Beam's own DaskRunner computes only one branch of a pipeline and mixes tagged outputs (see
 # beam_pipelines.dask_runner), so both its short name and its full class path select the
@@ -28,6 +31,25 @@ _DASK_FLAGS = (
 _DASK_ADDRESS = re.compile(
     r"^(?:(?:tcp|tls|ucx|ws|wss)://)?(?P<host>\[[0-9a-fA-F:]+\]|[^:/\s]+):(?P<port>\d+)$"
 )
+
+
+@contextlib.contextmanager
+def private_temp_dir() -> Iterator[str]:
+    """Points Python's temporary directory at a new private one for the block, then removes it.
+
+    Launching a Beam pipeline leaves directories in the system temp dir every time (the job
+    server's ``beam-temp*``, the SDK's staging ``tmp*`` and ``beam-requirements-cache``); made
+    in here, they go when the run ends, failed or not. In-process workers' own temporary files
+    (shards being written) land here too.
+    """
+    private = tempfile.mkdtemp(prefix="images_to_tfrecord-")
+    previous = tempfile.tempdir
+    tempfile.tempdir = private
+    try:
+        yield private
+    finally:
+        tempfile.tempdir = previous
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def _flag_values(argv: Sequence[str], flag: str) -> list[str]:

@@ -37,6 +37,7 @@ __all__ = [
     "assign_shard",
     "fixed_shard_counts",
     "plan_shard_counts",
+    "label_counts",
     "dedupe_sorted",
     "copy_to_filesystem",
     "write_shard_file",
@@ -118,6 +119,16 @@ def plan_shard_counts(
 
 def _class_name(record: PreparedRecord) -> str | None:
     return record.meta.text if record.meta is not None else None
+
+
+def label_counts(records: Iterable[PreparedRecord]) -> tuple[tuple[int, int], ...]:
+    """``(label, examples)`` pairs in label order; empty if any record carries no class."""
+    counts: dict[int, int] = {}
+    for record in records:
+        if record.meta is None:
+            return ()
+        counts[record.meta.label] = counts.get(record.meta.label, 0) + 1
+    return tuple(sorted(counts.items()))
 
 
 def dedupe_sorted(
@@ -255,7 +266,16 @@ class WriteShardFn(beam.DoFn):
         for duplicate in duplicates:
             yield beam.pvalue.TaggedOutput(DUPLICATES_TAG, duplicate)
         yield ShardResult(
-            split, index, count, name, len(records), num_bytes, digest, index_bytes, index_sha256
+            split,
+            index,
+            count,
+            name,
+            len(records),
+            num_bytes,
+            digest,
+            index_bytes,
+            index_sha256,
+            label_counts(records),
         )
 
 

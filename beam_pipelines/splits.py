@@ -8,9 +8,13 @@ and every rerun puts each example in the same split, whatever order workers see 
   *about* that share; a small class may get none or many.
 * Stratified (``--stratify_validation``): each class with ``n`` distinct examples puts the
   ``k = min(floor(f * n + 1/2), n - 1)`` with the smallest split values in ``validation``, so
-  every class gets its share, rounded, and keeps at least one training example. This needs
-  every class's split values before any example can be placed: records wait for that (a side
-  input), as they do for shard counts planned from ``--target_shard_mb``.
+  every class gets its share, rounded, and keeps at least one training example. Classes are
+  counted as the shard writer will write them: byte-identical copies once, under the class of
+  the copy kept (none for a label conflict under ``drop_both``), and all copies of a label
+  conflict go to the split of the first copy's class, so that the shard writer meets them
+  together. This needs every class's split
+  values before any example can be placed: records wait for that (a side input), as they do for
+  shard counts planned from ``--target_shard_mb``.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from beam_pipelines.shards import TRAIN, VALIDATION, assign_split
 __all__ = [
     "split_value",
     "stratified_cutoff",
+    "kept_class",
     "assign_split_stratified",
     "AssignSplits",
 ]
@@ -53,6 +58,24 @@ def stratified_cutoff(values: Iterable[float], validation_fraction: float) -> fl
     return ordered[k - 1] if k > 0 else -1.0
 
 
+def kept_class(
+    sha256: str, copies: Iterable[tuple[str, int]], label_conflicts: str
+) -> list[tuple[int, float]]:
+    """``[(label, split value)]`` of the copy of some content the shard writer keeps, if any.
+
+    Args:
+      sha256: the content hash.
+      copies: ``(uri, label)`` of every input with that content.
+      label_conflicts: the policy (``shards.dedupe_sorted``): the first copy in URI order is
+        kept, except that ``drop_both`` keeps none of copies under different classes.
+    """
+    ordered = sorted(copies)
+    labels = {label for _, label in ordered}
+    if label_conflicts == "drop_both" and len(labels) > 1:
+        return []
+    return [(ordered[0][1], split_value(sha256))]
+
+
 def assign_split_stratified(sha256: str, label: int, cutoffs: Mapping[int, float]) -> str:
     """``validation`` if the example's split value is within its class's cutoff, else ``train``.
 
@@ -75,18 +98,33 @@ def _label(record: PreparedRecord) -> int:
     return record.meta.label
 
 
+def _conflict_owner(sha256: str, copies: Iterable[tuple[str, int]]) -> list[tuple[str, int]]:
+    ordered = sorted(copies)
+    if len({label for _, label in ordered}) > 1:
+        return [(sha256, ordered[0][1])]
+    return []
+
+
 class AssignSplits(beam.PTransform):
     """``PreparedRecord -> (split, PreparedRecord)``.
 
     Args:
       validation_fraction: share of examples in ``validation`` (0 puts all in ``train``).
       stratify: give every class its share (see the module docstring).
+      label_conflicts: the shard writer's policy, so classes are counted as they are written.
     """
 
-    def __init__(self, validation_fraction: float, *, stratify: bool = False) -> None:
+    def __init__(
+        self,
+        validation_fraction: float,
+        *,
+        stratify: bool = False,
+        label_conflicts: str = "keep_first",
+    ) -> None:
         super().__init__()
         self._fraction = validation_fraction
         self._stratify = stratify and validation_fraction > 0
+        self._label_conflicts = label_conflicts
 
     def expand(self, records):
         fraction = self._fraction
@@ -94,9 +132,16 @@ class AssignSplits(beam.PTransform):
             return records | "BySplitValue" >> beam.Map(
                 lambda record: (assign_split(record.sha256, fraction), record)
             )
-        cutoffs = (
+        policy = self._label_conflicts
+        by_content = (
             records
-            | "ClassAndValue" >> beam.Map(lambda r: (_label(r), split_value(r.sha256)))
+            | "KeyByContent" >> beam.Map(lambda r: (r.sha256, (r.uri, _label(r))))
+            | "GroupByContent" >> beam.GroupByKey()
+            # (sha256, [(uri, label)])
+        )
+        cutoffs = (
+            by_content
+            | "KeptClass" >> beam.FlatMapTuple(lambda sha, copies: kept_class(sha, copies, policy))
             # (label, split value)
             | "GroupByClass" >> beam.GroupByKey()
             # (label, [split value])
@@ -104,10 +149,20 @@ class AssignSplits(beam.PTransform):
             | "CutoffsToDict" >> beam.combiners.ToDict()
             # {label: cutoff}, one element
         )
+        # Copies of one content under several classes (rare) all follow the first one's class.
+        owners = (
+            by_content
+            | "ConflictOwner" >> beam.FlatMapTuple(_conflict_owner)
+            # (sha256, label)
+            | "OwnersToDict" >> beam.combiners.ToDict()
+        )
         return records | "ByClassCutoff" >> beam.Map(
-            lambda record, cuts: (
-                assign_split_stratified(record.sha256, _label(record), cuts),
+            lambda record, cuts, owner: (
+                assign_split_stratified(
+                    record.sha256, owner.get(record.sha256, _label(record)), cuts
+                ),
                 record,
             ),
             beam.pvalue.AsSingleton(cutoffs),
+            beam.pvalue.AsSingleton(owners),
         )

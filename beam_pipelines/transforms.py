@@ -18,6 +18,7 @@ from beam_pipelines.config import PipelineConfig
 from beam_pipelines.elements import CatalogMeta, PreparedRecord, Rejection, SourceFile
 from beam_pipelines.images import ImageOptions, RejectedImage, internal_error, prepare_image
 from beam_pipelines.object_store_io import read_with_retries
+from beam_pipelines.progress import ProgressReporter, ProgressSpec, reporter_for
 from beam_pipelines.shards import (
     DUPLICATES_TAG,
     METRICS_NAMESPACE,
@@ -61,10 +62,13 @@ class PrepareImageFn(beam.DoFn):
     """``SourceFile -> PreparedRecord``; ``Rejection`` on the ``rejected`` output.
 
     Side input ``label_names``: the sorted class names, whose positions are the labels.
+    ``progress`` says how the images done are shown while the pipeline runs.
     """
 
-    def __init__(self, options: ImageOptions) -> None:
+    def __init__(self, options: ImageOptions, progress: ProgressSpec | None = None) -> None:
         self._options = options
+        self._progress = progress
+        self._reporter: ProgressReporter | None = None
         self._read = Metrics.counter(METRICS_NAMESPACE, "images_read")
         self._bytes_read = Metrics.counter(METRICS_NAMESPACE, "bytes_read")
         self._prepared = Metrics.counter(METRICS_NAMESPACE, "images_prepared")
@@ -78,16 +82,24 @@ class PrepareImageFn(beam.DoFn):
             self._index = {name: i for i, name in enumerate(label_names)}
         return self._index
 
+    def setup(self) -> None:
+        if self._progress is not None:
+            self._reporter = reporter_for(self._progress)
+
     def process(self, source: SourceFile, label_names: tuple[str, ...]):
         try:
             record = self._prepare(source, self._label_index(label_names))
         except Exception as error:  # noqa: BLE001  (per-image work never takes the job down)
             rejected = error if isinstance(error, RejectedImage) else internal_error(error)
+            if self._reporter is not None:
+                self._reporter.add(rejected=1)
             Metrics.counter(METRICS_NAMESPACE, f"rejected_{rejected.reason}").inc()
             yield beam.pvalue.TaggedOutput(
                 REJECTED_TAG, Rejection(source.uri, rejected.reason, rejected.detail)
             )
             return
+        if self._reporter is not None:
+            self._reporter.add(prepared=1)
         yield record
 
     def _prepare(self, source: SourceFile, index: dict[str, int]) -> PreparedRecord:
@@ -142,14 +154,16 @@ class PrepareImages(beam.PTransform):
       label_names: a one-element PCollection holding the sorted class names.
     """
 
-    def __init__(self, options: ImageOptions, label_names) -> None:
+    def __init__(self, options: ImageOptions, label_names, progress: ProgressSpec | None = None):
         super().__init__()
         self._options = options
         self._label_names = label_names
+        self._progress = progress
 
     def expand(self, sources):
         return sources | "Prepare" >> beam.ParDo(
-            PrepareImageFn(self._options), beam.pvalue.AsSingleton(self._label_names)
+            PrepareImageFn(self._options, self._progress),
+            beam.pvalue.AsSingleton(self._label_names),
         ).with_outputs(REJECTED_TAG, main="records")
 
 
@@ -164,11 +178,14 @@ class ImagesToShards(beam.PTransform):
       ``rejected``: ``Rejection`` for every input that did not become an example;
       ``duplicates``: ``Duplicate`` for every input dropped as a byte-identical copy;
       ``catalogs``: ``CatalogResult`` for every split's merged catalog.
+
+    ``progress`` says how the image step shows the images done (None: not at all).
     """
 
-    def __init__(self, config: PipelineConfig) -> None:
+    def __init__(self, config: PipelineConfig, progress: ProgressSpec | None = None) -> None:
         super().__init__()
         self._config = config
+        self._progress = progress
 
     def expand(self, pbegin):
         config = self._config
@@ -177,10 +194,14 @@ class ImagesToShards(beam.PTransform):
         # SourceFile
         label_names = sources | "LabelNames" >> LabelNames()
         # tuple[str, ...], one element
-        prepared = sources | "PrepareImages" >> PrepareImages(config.image, label_names)
+        prepared = sources | "PrepareImages" >> PrepareImages(
+            config.image, label_names, self._progress
+        )
         fraction = config.validation_fraction
         by_split = prepared.records | "AssignSplit" >> AssignSplits(
-            fraction, stratify=config.stratify_validation
+            fraction,
+            stratify=config.stratify_validation,
+            label_conflicts=config.label_conflicts,
         )
         # (split, PreparedRecord)
         if config.num_shards is not None:

@@ -142,11 +142,16 @@ class ShardInfo:
 @dataclasses.dataclass(frozen=True)
 class SplitInfo:
     """A split (``train``, ``validation``) and its shards, in read order, and its catalog
-    (``catalog-<split>.parquet``, one row per example) if it has one."""
+    (``catalog-<split>.parquet``, one row per example) if it has one.
+
+    ``class_counts`` maps every class name, in label order, to its examples in the split (None
+    for datasets written before it was recorded).
+    """
 
     num_examples: int
     shards: tuple[ShardInfo, ...]
     catalog: FileInfo | None = None
+    class_counts: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         _require_int("num_examples", self.num_examples)
@@ -155,19 +160,32 @@ class SplitInfo:
             raise ValueError(
                 f"split num_examples {self.num_examples} != sum over its shards {total}"
             )
+        if self.class_counts is not None:
+            for name, count in self.class_counts.items():
+                _require_int(f"class_counts[{name!r}]", count)
+            if sum(self.class_counts.values()) != self.num_examples:
+                raise ValueError(
+                    f"split class_counts add up to {sum(self.class_counts.values())}, "
+                    f"not num_examples {self.num_examples}"
+                )
 
 
 @dataclasses.dataclass(frozen=True)
 class Counts:
-    """Where every input went: ``input == written + rejected + duplicates``, exactly."""
+    """Where every input went: ``input == written + rejected + duplicates``, exactly.
+
+    ``skipped`` counts hidden and system files (``.DS_Store``, ``__MACOSX``...) that were never
+    inputs.
+    """
 
     input: int
     written: int
     rejected: int
     duplicates: int
+    skipped: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("input", "written", "rejected", "duplicates"):
+        for name in ("input", "written", "rejected", "duplicates", "skipped"):
             _require_int(name, getattr(self, name))
         if self.input != self.written + self.rejected + self.duplicates:
             raise ValueError(
@@ -238,9 +256,14 @@ class Manifest:
             raise ValueError(
                 f"label_names must be distinct non-empty strings, got {list(self.label_names)!r}"
             )
-        for name in self.splits:
+        for name, split in self.splits.items():
             if not re.match(r"^[a-z][a-z0-9_]*$", name):
                 raise ValueError(f"split name must be a lowercase identifier, got {name!r}")
+            if split.class_counts is not None and set(split.class_counts) != set(self.label_names):
+                raise ValueError(
+                    f"split {name!r} has class_counts for {sorted(split.class_counts)}, but the "
+                    f"classes are {list(self.label_names)}"
+                )
         written = sum(s.num_examples for s in self.splits.values())
         if written != self.counts.written:
             raise ValueError(
@@ -273,6 +296,11 @@ class Manifest:
                         if split.catalog is not None
                         else {}
                     ),
+                    **(
+                        {"class_counts": dict(split.class_counts)}
+                        if split.class_counts is not None
+                        else {}
+                    ),
                 }
                 for name, split in sorted(self.splits.items())
             },
@@ -299,6 +327,7 @@ class Manifest:
                     num_examples=split["num_examples"],
                     shards=tuple(ShardInfo.from_dict(shard) for shard in split["shards"]),
                     catalog=FileInfo.from_dict(split.get("catalog")),
+                    class_counts=split.get("class_counts"),
                 )
                 for name, split in data["splits"].items()
             }

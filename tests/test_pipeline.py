@@ -54,8 +54,12 @@ def _build_tree(root: Path) -> dict[str, object]:
     (root / "red fox" / "phone.jpg").write_bytes(large_photo_jpeg((4000, 3000)))
     shutil.copy(root / "cat" / "cat_0001.jpg", root / "red fox" / "zz_copy_of_cat_0001.jpg")
     (root / "stray.txt").write_text("a file outside any class directory\n")
+    # Left by file managers: skipped, never inputs.
+    for hidden in (".DS_Store", "cat/.DS_Store", "__MACOSX/cat/._cat_0001.jpg", "dög/Thumbs.db"):
+        (root / hidden).parent.mkdir(parents=True, exist_ok=True)
+        (root / hidden).write_bytes(b"\0\0junk")
     good = 9 + len(ODD_FORMATS) + 2
-    return {"good": good, "bad": len(BAD_FILES) + 1, "duplicates": 1}
+    return {"good": good, "bad": len(BAD_FILES) + 1, "duplicates": 1, "skipped": 4}
 
 
 def _run(input_dir: Path, output: Path, *extra: str):
@@ -92,7 +96,10 @@ def test_counts_add_up_and_the_dataset_is_published(e2e):
     assert counts.written == expected["good"]
     assert counts.rejected == expected["bad"]
     assert counts.duplicates == expected["duplicates"]
+    assert counts.skipped == expected["skipped"]
     assert counts.input == counts.written + counts.rejected + counts.duplicates
+    # The stray file is reported (no_label) but is not bad image data: the gate leaves it out.
+    assert summary.bad_fraction == (counts.rejected - 1) / (counts.input - 1)
     assert manifest.label_names == ("cat", "dög", "red fox")
     assert set(manifest.splits) == {"train", "validation"}
     assert [s.file for s in manifest.split("train").shards] == [
@@ -102,6 +109,25 @@ def test_counts_add_up_and_the_dataset_is_published(e2e):
     assert manifest.options["image_size"] == 24 and "runner" not in manifest.options
     assert summary.metrics["images_written"] == counts.written
     assert summary.metrics["rejected_truncated"] == 2
+
+
+def test_class_counts_per_split_add_up(e2e):
+    manifest = e2e["summary"].manifest
+    for split in manifest.splits.values():
+        assert list(split.class_counts) == list(manifest.label_names)
+        assert sum(split.class_counts.values()) == split.num_examples
+    totals = {
+        name: sum(s.class_counts[name] for s in manifest.splits.values())
+        for name in manifest.label_names
+    }
+    assert totals == {"cat": 3 + len(ODD_FORMATS), "dög": 3, "red fox": 5}
+    labels: dict[str, dict[str, int]] = {}
+    for shard, record in _records(e2e["output"], manifest):
+        split = labels.setdefault(shard.file.split("-")[0], {})
+        split[record.text] = split.get(record.text, 0) + 1
+    assert labels == {
+        name: {k: v for k, v in s.class_counts.items() if v} for name, s in manifest.splits.items()
+    }
 
 
 def test_every_shard_matches_its_manifest_entry_and_is_sorted(e2e):
@@ -174,9 +200,17 @@ def test_rejected_report_lists_every_bad_input_sorted(e2e):
     assert duplicates == [
         {
             "uri": str(images / "red fox" / "zz_copy_of_cat_0001.jpg"),
+            "label": "red fox",
             "kept_uri": str(images / "cat" / "cat_0001.jpg"),
+            "kept_label": "cat",
+            "label_conflict": True,
             "sha256": hashlib.sha256((images / "cat" / "cat_0001.jpg").read_bytes()).hexdigest(),
         }
+    ]
+    (conflict,) = e2e["summary"].label_conflicts
+    assert conflict["copies"] == [
+        [str(images / "cat" / "cat_0001.jpg"), "cat"],
+        [str(images / "red fox" / "zz_copy_of_cat_0001.jpg"), "red fox"],
     ]
 
 
@@ -200,7 +234,7 @@ def test_second_run_on_the_multi_process_runner_through_the_cli_is_byte_identica
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "images_written: 25" in done.stdout  # Beam metrics, gathered from both workers
+    assert "25 written" in done.stdout  # gathered from both workers
     assert f"published: {output / 'dataset.json'}" in done.stdout
     assert str(output / "train-00000-of-00002.tfrecord") in done.stdout
     assert "Discarding unparseable args" not in done.stderr
@@ -286,6 +320,35 @@ def test_bad_fraction_above_the_limit_writes_the_report_but_does_not_publish(tmp
         == 0
     )
     assert (output / "dataset.json").exists()
+
+
+def test_label_conflicts_fail_refuses_to_publish_and_drop_both_drops_every_copy(tmp_path, capsys):
+    images = tmp_path / "images"
+    written = make_image_tree(images, {"a": 4, "b": 4}, size=(32, 32))
+    shutil.copy(written["a"][0], images / "b" / "conflict.jpg")
+    output = tmp_path / "dataset"
+    flags = ["--input", str(images), "--output", str(output), "--num_shards", "1"]
+    assert images_to_tfrecord.main([*flags, "--label_conflicts", "fail"]) == 1
+    out = capsys.readouterr().out
+    assert "NOT published: label conflicts (1) and --label_conflicts fail" in out
+    assert f"{written['a'][0]} (a) = {images / 'b' / 'conflict.jpg'} (b)" in out
+    assert not (output / "dataset.json").exists()
+
+    summary = images_to_tfrecord.run(
+        [*flags, "--label_conflicts", "drop_both"]
+        + ["--validation_fraction", "0.5", "--stratify_validation"]
+    )
+    assert summary.published
+    counts = summary.manifest.counts
+    assert (counts.input, counts.written, counts.duplicates) == (9, 7, 2)
+    # Stratified: a keeps 3 examples, b 4; each puts half (rounded, one left to train) aside.
+    assert summary.manifest.split("validation").class_counts == {"a": 2, "b": 2}
+    assert summary.manifest.split("train").class_counts == {"a": 1, "b": 2}
+    lines = [json.loads(x) for x in (output / "duplicates.jsonl").read_text().splitlines()]
+    assert [(Path(d["uri"]).name, d["kept_uri"], d["label_conflict"]) for d in lines] == [
+        (written["a"][0].name, None, True),
+        ("conflict.jpg", None, True),
+    ]
 
 
 def test_csv_listing_with_raw_center_crop(tmp_path):

@@ -1,0 +1,183 @@
+"""What a pipeline run did: ``RunSummary``, printed for people or as JSON for machines."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from apache_beam.io.filesystems import FileSystems
+
+from beam_pipelines.publish import DUPLICATES_NAME
+from schemas.manifest import MANIFEST_NAME, REJECTED_NAME, Manifest
+
+__all__ = ["RunSummary", "TOP_REASONS"]
+
+TOP_REASONS = 5
+_CONFLICTS_SHOWN = 5
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSummary:
+    """What a run did.
+
+    Attributes:
+      output: the dataset directory.
+      published: True if ``dataset.json`` was written.
+      manifest: the manifest written, or that would have been written when not published.
+      bad_fraction: rejected / input, not counting ``no_label`` files (see ``StagedResult``).
+      rejected_by_reason: rejection counts per reason code.
+      metrics: Beam counters of the run, by name.
+      removed: stale files deleted after publishing.
+      elapsed_s: wall time of the run, launch to publish.
+      skipped_examples: the first few hidden or system files skipped (their count is
+        ``manifest.counts.skipped``).
+      label_conflicts: one dict per content hash found under different classes
+        (``publish.label_conflict_groups``).
+      not_published_because: why the dataset was not published, one line per gate that failed.
+    """
+
+    output: str
+    published: bool
+    manifest: Manifest
+    bad_fraction: float
+    rejected_by_reason: dict[str, int]
+    metrics: dict[str, int]
+    removed: tuple[str, ...] = ()
+    elapsed_s: float = 0.0
+    skipped_examples: tuple[str, ...] = ()
+    label_conflicts: tuple[dict[str, Any], ...] = ()
+    not_published_because: tuple[str, ...] = ()
+
+    @property
+    def images_per_s(self) -> float:
+        """Inputs through the image step per second of the whole run."""
+        return self.manifest.counts.input / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def top_reasons(self, n: int = TOP_REASONS) -> list[tuple[str, int]]:
+        """The ``n`` most frequent rejection reasons, most frequent first."""
+        return sorted(self.rejected_by_reason.items(), key=lambda kv: (-kv[1], kv[0]))[:n]
+
+    def class_counts(self) -> dict[str, dict[str, int]]:
+        """``{split: {class name: examples}}`` for the splits that record them."""
+        return {
+            name: dict(split.class_counts)
+            for name, split in sorted(self.manifest.splits.items())
+            if split.class_counts is not None
+        }
+
+    def describe(self) -> str:
+        """A human-readable summary: counts, rate, reasons, conflicts, classes and verdict."""
+        m = self.manifest
+        c = m.counts
+        path = lambda name: FileSystems.join(self.output, name)  # noqa: E731
+        lines = [
+            f"{_plural(c.input, 'input')} in {self.elapsed_s:.1f} s "
+            f"({self.images_per_s:.1f} images/s): {c.written} written, {c.rejected} rejected, "
+            f"{_plural(c.duplicates, 'duplicate')}"
+        ]
+        if c.skipped:
+            examples = ", ".join(FileSystems.split(p)[1] for p in self.skipped_examples)
+            lines.append(
+                f"skipped {_plural(c.skipped, 'hidden or system file')} (not inputs): {examples}"
+                + (" …" if c.skipped > len(self.skipped_examples) else "")
+            )
+        limit = m.options.get("max_bad_fraction", 0.0)
+        no_label = self.rejected_by_reason.get("no_label", 0)
+        lines.append(
+            f"bad fraction {self.bad_fraction:.2%} (limit {limit:.2%})"
+            + (
+                f"; {_plural(no_label, 'file')} outside any class folder (no_label) not counted"
+                if no_label
+                else ""
+            )
+        )
+        if self.rejected_by_reason:
+            top = ", ".join(f"{k} {v}" for k, v in self.top_reasons())
+            more = len(self.rejected_by_reason) - TOP_REASONS
+            lines.append(f"top rejection reasons: {top}" + (f" (+{more} more)" if more > 0 else ""))
+        if self.label_conflicts:
+            policy = m.options.get("label_conflicts", "keep_first")
+            action = {
+                "keep_first": "kept the first copy of each",
+                "drop_both": "dropped every copy",
+                "fail": "the dataset is not published",
+            }[policy]
+            lines.append(
+                f"label conflicts: {len(self.label_conflicts)} (the same bytes under different "
+                f"classes; --label_conflicts {policy}: {action}), see {path(DUPLICATES_NAME)}"
+            )
+            for group in self.label_conflicts[:_CONFLICTS_SHOWN]:
+                lines.append(
+                    "  " + " = ".join(f"{uri} ({label})" for uri, label in group["copies"])
+                )
+            if len(self.label_conflicts) > _CONFLICTS_SHOWN:
+                lines.append(f"  … {len(self.label_conflicts) - _CONFLICTS_SHOWN} more")
+        lines.extend(self._class_table())
+        shards = m.all_shards()
+        if shards:
+            lines.append(
+                f"shards: {path(shards[0].file)}"
+                + (f" … {shards[-1].file} ({len(shards)} files)" if len(shards) > 1 else "")
+            )
+        lines.append(f"reports: {path(REJECTED_NAME)}, {path(DUPLICATES_NAME)}")
+        if self.published:
+            lines.append(f"published: {path(MANIFEST_NAME)}")
+        else:
+            lines.extend(f"NOT published: {reason}" for reason in self.not_published_because)
+        return "\n".join(lines)
+
+    def _class_table(self) -> list[str]:
+        m = self.manifest
+        splits = sorted(m.splits)
+        counts = self.class_counts()
+        if not m.label_names or set(counts) != set(splits):
+            return [f"classes ({len(m.label_names)}): {', '.join(m.label_names)}"] + [
+                f"{name}: {m.splits[name].num_examples} examples in "
+                f"{_plural(len(m.splits[name].shards), 'shard')}"
+                for name in splits
+            ]
+        width = max(len("class"), *(len(n) for n in m.label_names))
+        cols = [max(len(s), 8) for s in splits]
+        row = lambda first, cells: "  ".join(  # noqa: E731
+            [first.ljust(width)] + [str(v).rjust(w) for v, w in zip(cells, cols, strict=True)]
+        )
+        lines = [row("class", splits)]
+        lines += [row(n, [counts[s][n] for s in splits]) for n in m.label_names]
+        lines.append(row("total", [m.splits[s].num_examples for s in splits]))
+        lines.append(row("shards", [len(m.splits[s].shards) for s in splits]))
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything in ``describe``, for ``--json``."""
+        m = self.manifest
+        return {
+            "output": self.output,
+            "published": self.published,
+            "not_published_because": list(self.not_published_because),
+            "elapsed_s": round(self.elapsed_s, 3),
+            "images_per_s": round(self.images_per_s, 3),
+            "counts": dataclasses.asdict(m.counts),
+            "bad_fraction": self.bad_fraction,
+            "max_bad_fraction": m.options.get("max_bad_fraction"),
+            "rejected_by_reason": dict(self.rejected_by_reason),
+            "skipped_examples": list(self.skipped_examples),
+            "label_conflicts": list(self.label_conflicts),
+            "label_names": list(m.label_names),
+            "splits": {
+                name: {
+                    "num_examples": split.num_examples,
+                    "num_shards": len(split.shards),
+                    "class_counts": (
+                        dict(split.class_counts) if split.class_counts is not None else None
+                    ),
+                }
+                for name, split in sorted(m.splits.items())
+            },
+            "manifest": FileSystems.join(self.output, MANIFEST_NAME) if self.published else None,
+            "metrics": dict(self.metrics),
+            "removed": list(self.removed),
+        }
