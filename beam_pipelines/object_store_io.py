@@ -10,19 +10,32 @@
 * Beam's S3 reads retry a failed request but not a body cut short in transit, so
   ``read_with_retries`` runs each whole read through ``objstore``'s retry loop and policy (the
   same as the reader's) before a file is called unreadable.
+* Beam's readers fetch whole buffers (16 MiB on S3 and GCS) or open-ended ranges, which costs a
+  whole staging file for one record; ``read_range`` asks the store for exactly the bytes wanted
+  (one ranged GET), through the same clients and options as Beam's FileSystems.
+* Beam's S3 filesystem builds a new boto3 client for every call (most of a second each on a
+  busy machine) and renames by copy + delete. ``write_object`` and ``read_object`` use one
+  cached client per process and write objects with one PUT (or upload), which object stores
+  make visible whole or not at all: no temporary name is needed there. Both retry transient
+  failures with ``objstore``'s policy.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import threading
+import uuid
 from collections.abc import Callable
+from typing import Any
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from objstore import RetryPolicy, retry_call
+from objstore import RetryPolicy, ShortReadError, retry_call
 
-__all__ = ["create_empty_file", "read_with_retries"]
+__all__ = ["create_empty_file", "read_object", "read_range", "read_with_retries", "write_object"]
 
 
 def read_with_retries(
@@ -57,3 +70,189 @@ def create_empty_file(path: str) -> None:
     options = getattr(FileSystems, "_pipeline_options", None) or PipelineOptions([])
     bucket, key = s3io.parse_s3_path(path)
     s3io.S3IO(options=options).client.client.put_object(Bucket=bucket, Key=key, Body=b"")
+
+
+_CLIENTS: dict[tuple[Any, ...], Any] = {}
+_CLIENTS_LOCK = threading.Lock()
+# What a client's endpoint depends on besides the pipeline options.
+_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "STORAGE_EMULATOR_HOST")
+
+
+def _options() -> PipelineOptions:
+    return getattr(FileSystems, "_pipeline_options", None) or PipelineOptions([])
+
+
+def _client(scheme: str) -> Any:
+    # One client per process, scheme and configuration: building one costs tens of
+    # milliseconds, and both boto3's and google-cloud-storage's clients may be shared between
+    # threads.
+    options = _options()
+    key = (scheme, id(options), *(os.environ.get(v) for v in _ENDPOINT_VARIABLES))
+    with _CLIENTS_LOCK:
+        if key not in _CLIENTS:
+            if scheme == "s3":
+                from apache_beam.io.aws import s3io
+
+                _CLIENTS[key] = s3io.S3IO(options=options).client.client
+            else:
+                from apache_beam.io.gcp import gcsio
+
+                _CLIENTS[key] = gcsio.GcsIO(pipeline_options=options).client
+        return _CLIENTS[key]
+
+
+def _read_range_once(path: str, start: int, end: int) -> bytes:
+    scheme = FileSystems.get_scheme(path)
+    if scheme == "s3":
+        from apache_beam.io.aws import s3io
+
+        bucket, key = s3io.parse_s3_path(path)
+        response = _client("s3").get_object(
+            Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}"
+        )
+        data = response["Body"].read()
+    elif scheme == "gs":
+        from apache_beam.io.gcp import gcsio
+
+        bucket, key = gcsio.parse_gcs_path(path)
+        blob = _client("gs").bucket(bucket).blob(key)
+        data = blob.download_as_bytes(start=start, end=end - 1, raw_download=True)
+    elif scheme in (None, "file"):
+        local = path[len("file://") :] if scheme == "file" else path
+        with open(local, "rb") as handle:
+            data = os.pread(handle.fileno(), end - start, start)
+    else:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            handle.seek(start)
+            data = handle.read(end - start)
+    if len(data) != end - start:
+        raise ShortReadError(f"got {len(data)} of {end - start} bytes")
+    return data
+
+
+def read_range(path: str, start: int, end: int, policy: RetryPolicy | None = None) -> bytes:
+    """Reads bytes ``[start, end)`` of a file on any Beam FileSystems path, retrying transient
+    failures (a body cut short counts as one).
+
+    ``s3://`` and ``gs://`` make one ranged GET with the clients Beam's FileSystems use (its
+    ``--s3_*`` options, or the standard environment); local files one ``pread``; other schemes
+    seek and read through ``FileSystems.open``.
+
+    Raises:
+      ValueError: if the range is empty or negative.
+      Exception: the storage error, after the last transient failure or at the first permanent.
+    """
+    if not 0 <= start < end:
+        raise ValueError(
+            f"byte range must satisfy 0 <= start < end, got [{start}, {end}) of {path}"
+        )
+    return retry_call(
+        lambda: _read_range_once(path, start, end),
+        policy=policy or RetryPolicy(),
+        action=f"read bytes [{start}, {end})",
+        uri=path,
+    )
+
+
+def _local_path(path: str) -> str:
+    return path[len("file://") :] if path.startswith("file://") else path
+
+
+def _write_once(path: str, data: bytes | None, local_path: str | None) -> None:
+    scheme = FileSystems.get_scheme(path)
+    if scheme == "s3":
+        from apache_beam.io.aws import s3io
+
+        bucket, key = s3io.parse_s3_path(path)
+        if data is not None:
+            _client("s3").put_object(Bucket=bucket, Key=key, Body=data)
+        else:
+            _client("s3").upload_file(local_path, bucket, key)
+    elif scheme == "gs":
+        from apache_beam.io.gcp import gcsio
+
+        bucket, key = gcsio.parse_gcs_path(path)
+        blob = _client("gs").bucket(bucket).blob(key)
+        if data is not None:
+            blob.upload_from_string(data)
+        else:
+            blob.upload_from_filename(local_path)
+    else:
+        # Under a temporary name, then renamed: a reader never sees a partial file.
+        directory, name = FileSystems.split(path)
+        temporary = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
+        if scheme in (None, "file"):
+            os.makedirs(_local_path(directory), exist_ok=True)
+            if data is not None:
+                with open(_local_path(temporary), "wb") as handle:
+                    handle.write(data)
+            else:
+                shutil.copyfile(local_path, _local_path(temporary))
+            os.replace(_local_path(temporary), _local_path(path))
+            return
+        with FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED) as out:
+            if data is not None:
+                out.write(data)
+            else:
+                with open(local_path, "rb") as source:
+                    shutil.copyfileobj(source, out, 8 << 20)
+        if FileSystems.exists(path):
+            FileSystems.delete([path])
+        FileSystems.rename([temporary], [path])
+
+
+def write_object(
+    path: str,
+    data: bytes | None = None,
+    *,
+    local_path: str | None = None,
+    policy: RetryPolicy | None = None,
+) -> None:
+    """Writes ``data`` (or the file at ``local_path``) as the whole file ``path``, replacing it.
+
+    On ``s3://`` and ``gs://`` one PUT or upload with a cached client (readers see the whole
+    object or nothing); elsewhere under a temporary name, then renamed. Transient failures are
+    retried.
+
+    Raises:
+      ValueError: unless exactly one of ``data`` and ``local_path`` is given.
+      Exception: the storage error, after the last transient failure or at the first permanent.
+    """
+    if (data is None) == (local_path is None):
+        raise ValueError("write_object needs exactly one of data and local_path")
+    retry_call(
+        lambda: _write_once(path, data, local_path),
+        policy=policy or RetryPolicy(),
+        action="write",
+        uri=path,
+    )
+
+
+def _read_once(path: str) -> bytes:
+    scheme = FileSystems.get_scheme(path)
+    if scheme == "s3":
+        from apache_beam.io.aws import s3io
+
+        bucket, key = s3io.parse_s3_path(path)
+        return _client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    if scheme == "gs":
+        from apache_beam.io.gcp import gcsio
+
+        bucket, key = gcsio.parse_gcs_path(path)
+        return _client("gs").bucket(bucket).blob(key).download_as_bytes(raw_download=True)
+    if scheme in (None, "file"):
+        with open(_local_path(path), "rb") as handle:
+            return handle.read()
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+        return handle.read()
+
+
+def read_object(path: str, policy: RetryPolicy | None = None) -> bytes:
+    """Reads a whole (small) file with a cached client, retrying transient failures.
+
+    Raises:
+      Exception: the storage error (a missing file is permanent).
+    """
+    return retry_call(
+        lambda: _read_once(path), policy=policy or RetryPolicy(), action="read", uri=path
+    )
