@@ -32,6 +32,7 @@ from beam_pipelines.resume import (
     shard_result_from_record,
     write_done_record,
 )
+from beam_pipelines.shards import TRAIN, VALIDATION
 from beam_pipelines.staging import (
     RecordStager,
     StagedRecordReader,
@@ -41,7 +42,6 @@ from beam_pipelines.staging import (
     read_sidecar,
     records_dir,
 )
-from beam_pipelines.shards import TRAIN, VALIDATION
 
 
 def _sha(i: int) -> str:
