@@ -1,0 +1,178 @@
+"""``beam_pipelines.base``: reusing a published dataset's examples, and refusing a bad base."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from beam_pipelines import images_to_tfrecord
+from beam_pipelines.base import BaseDamagedError, BaseRefusedError, open_base
+from catalog.index_files import parse_index
+from schemas import MANIFEST_NAME, TOOL_VERSION, Manifest, record_from_example, serialize_record
+from schemas.lineage import LATEST_NAME, format_latest_pointer
+from tests.fixtures.images import make_image_tree
+
+FLAGS = ["--num_shards", "2", "--image_size", "24", "--validation_fraction", "0.25"]
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A published base: 14 images in 3 classes, two train shards and a validation one."""
+    root = tmp_path_factory.mktemp("base")
+    make_image_tree(root / "images", {"cat": 5, "dog": 5, "fish": 4}, size=(40, 32))
+    summary = images_to_tfrecord.run(
+        ["--input", str(root / "images"), "--output", str(root / "v0001"), *FLAGS]
+    )
+    assert summary.published
+    shutil.copy(root / "v0001" / MANIFEST_NAME, root / "reference.json")
+    return root / "v0001"
+
+
+def _copy(built: Path, tmp_path: Path) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    shutil.copy(built.parent / "reference.json", tmp_path / "reference.json")
+    return Path(shutil.copytree(built, tmp_path / "v0001"))
+
+
+def _options(root: Path, **changes) -> dict:
+    manifest = Manifest.from_json((root.parent / "reference.json").read_text())
+    return {**manifest.options, **changes}
+
+
+def _catalog_rows(root: Path) -> list[dict]:
+    rows = []
+    for split in ("train", "validation"):
+        rows += pq.read_table(root / f"catalog-{split}.parquet").to_pylist()
+    return rows
+
+
+def _frame_payload(root: Path, row: dict) -> bytes:
+    data = (root / row["shard"]).read_bytes()
+    return data[row["offset"] + 12 : row["offset"] + row["length"] - 4]
+
+
+def test_every_base_example_is_reused_byte_for_byte(built: Path) -> None:
+    base = open_base(str(built), options=_options(built), tool_version=TOOL_VERSION)
+    assert base.reusable and base.reason == "" and base.index.num_examples == 14
+    for row in _catalog_rows(built):
+        reused = base.reuse(
+            row["key"], uri=row["uri"], label=row["label"], text=row["text"],
+            source_bytes=row["source_bytes"],
+        )  # fmt: skip
+        assert reused is not None and not reused.rewritten
+        assert reused.serialized == _frame_payload(built, row)
+        meta = reused.meta._asdict()
+        assert meta == {name: row[name] for name in meta}
+    assert (
+        base.reuse("0" * 64, uri="x", label=0, text="cat", source_bytes=1) is None
+    )  # not in the base
+
+
+def test_a_relabel_rewrites_only_label_text_and_filename(built: Path) -> None:
+    base = open_base(str(built), options=_options(built), tool_version=TOOL_VERSION)
+    row = _catalog_rows(built)[0]
+    reused = base.reuse(
+        row["key"], uri="/new/place.jpg", label=7, text="zebra", source_bytes=row["source_bytes"]
+    )
+    assert reused.rewritten
+    old = record_from_example(_frame_payload(built, row))
+    new = record_from_example(reused.serialized)
+    assert (new.label, new.text, new.filename) == (7, "zebra", "/new/place.jpg")
+    assert (new.encoded, new.sha256, new.height, new.width) == (
+        old.encoded, old.sha256, old.height, old.width,
+    )  # fmt: skip
+    assert reused.serialized == serialize_record(new)
+    assert (reused.meta.label, reused.meta.text) == (7, "zebra")
+
+
+def test_different_image_options_turn_reuse_off_and_say_why(
+    built: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        base = open_base(
+            str(built), options=_options(built, image_size=20), tool_version=TOOL_VERSION
+        )
+    expected = "image options differ from the base (image_size 24 -> 20): no examples reused"
+    assert base.reason == expected and not base.reusable
+    assert expected in caplog.text
+    row = _catalog_rows(built)[0]
+    assert base.reuse(row["key"], uri="u", label=0, text="cat", source_bytes=1) is None
+    other_tool = open_base(str(built), options=_options(built), tool_version="9.9.9")
+    assert "tool_version" in other_tool.reason
+    # Options that only place examples never matter.
+    moved = _options(built, num_shards=7, validation_fraction=0.5, input="/elsewhere")
+    assert open_base(str(built), options=moved, tool_version=TOOL_VERSION).reusable
+
+
+def test_versions_root_resolves_through_latest(built: Path, tmp_path: Path) -> None:
+    root = tmp_path / "ds"
+    _copy(built, root)
+    (root / LATEST_NAME).write_text(format_latest_pointer("v0001"))
+    base = open_base(str(root), options=_options(built), tool_version=TOOL_VERSION)
+    assert base.root == str(root / "v0001") and base.reusable
+
+
+def _refusal(root: Path) -> str:
+    with pytest.raises(BaseRefusedError) as info:
+        open_base(str(root), options=_options(root), tool_version=TOOL_VERSION)
+    return str(info.value)
+
+
+@pytest.fixture()
+def damaged(built: Path, tmp_path: Path) -> Path:
+    return _copy(built, tmp_path)
+
+
+def test_an_unpublished_base_is_refused(damaged: Path) -> None:
+    (damaged / MANIFEST_NAME).unlink()
+    assert "dataset.json does not exist: the base is not published" in _refusal(damaged)
+
+
+def test_a_base_being_written_is_refused(damaged: Path) -> None:
+    (damaged / ".staging" / "done").mkdir(parents=True)
+    (damaged / ".staging" / "plan.json").write_text("{}")
+    assert ".staging exists: a build is writing into the base" in _refusal(damaged)
+
+
+def test_a_truncated_or_missing_shard_is_refused(damaged: Path) -> None:
+    shard = damaged / "train-00001-of-00002.tfrecord"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    message = _refusal(damaged)
+    assert "train-00001-of-00002.tfrecord is" in message and "dataset.json says" in message
+    shard.unlink()
+    assert "train-00001-of-00002.tfrecord is missing" in _refusal(damaged)
+
+
+def test_a_changed_catalog_is_refused(damaged: Path) -> None:
+    catalog = damaged / "catalog-train.parquet"
+    catalog.write_bytes(catalog.read_bytes() + b"\0")
+    assert "catalog-train.parquet" in _refusal(damaged) and "differs from" in _refusal(damaged)
+    catalog.unlink()
+    assert "catalog-train.parquet is missing" in _refusal(damaged)
+
+
+def test_a_base_without_catalogs_is_refused(damaged: Path) -> None:
+    data = json.loads((damaged / MANIFEST_NAME).read_text())
+    for split in data["splits"].values():
+        split.pop("catalog", None)
+    (damaged / MANIFEST_NAME).write_text(json.dumps(data))
+    assert "lists no catalog for split" in _refusal(damaged)
+
+
+def test_a_damaged_record_fails_the_reuse_naming_it(damaged: Path) -> None:
+    base = open_base(str(damaged), options=_options(damaged), tool_version=TOOL_VERSION)
+    row = _catalog_rows(damaged)[3]
+    shard = damaged / row["shard"]
+    data = bytearray(shard.read_bytes())
+    data[row["offset"] + row["length"] // 2] ^= 0x40  # same size: only the CRC can tell
+    shard.write_bytes(bytes(data))
+    entries = parse_index((damaged / row["shard"].replace(".tfrecord", ".idx")).read_bytes())
+    assert (row["offset"], row["length"]) in [tuple(e) for e in entries.tolist()]
+    with pytest.raises(BaseDamagedError, match=f"{row['shard']} record at byte {row['offset']}"):
+        base.reuse(row["key"], uri=row["uri"], label=row["label"], text=row["text"],
+                   source_bytes=1)  # fmt: skip
