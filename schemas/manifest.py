@@ -243,8 +243,14 @@ class Manifest:
     schema_version: int = SCHEMA_VERSION
     tool: str = TOOL_NAME
     tool_version: str = TOOL_VERSION
+    # An incremental build's provenance (``--base``): the base's dataset.json SHA-256 and the
+    # examples reused from it and prepared anew. The only part of dataset.json in which an
+    # incremental build differs from a clean one; absent from clean builds.
+    lineage: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        if self.lineage is not None and not isinstance(self.lineage, Mapping):
+            raise ValueError(f"lineage must be a JSON object, got {self.lineage!r}")
         if self.schema_version != SCHEMA_VERSION:
             raise ValueError(
                 f"dataset schema_version {self.schema_version!r} is not supported; this build reads "
@@ -308,6 +314,7 @@ class Manifest:
             "rejected_file": self.rejected_file,
             "options": dict(self.options),
             **({"shard_root": self.shard_root} if self.shard_root is not None else {}),
+            **({"lineage": dict(self.lineage)} if self.lineage is not None else {}),
         }
 
     def to_json(self) -> str:
@@ -342,6 +349,7 @@ class Manifest:
                 tool=data.get("tool", TOOL_NAME),
                 tool_version=data.get("tool_version", "unknown"),
                 shard_root=data.get("shard_root"),
+                lineage=data.get("lineage"),
             )
         except KeyError as e:
             raise ValueError(f"dataset.json is missing field {e}") from e

@@ -52,3 +52,19 @@ def test_a_pointer_to_a_missing_version_is_named(tmp_path: Path) -> None:
     (root / LATEST_NAME).write_text("../../etc\n")
     with pytest.raises(ValueError, match="directory name"):
         load_manifest(root)
+
+
+def test_lineage_round_trips_and_clean_manifests_have_none(jpeg_dataset: WrittenDataset) -> None:
+    import dataclasses
+    import json
+
+    from schemas import Manifest
+
+    clean = jpeg_dataset.manifest
+    assert "lineage" not in json.loads(clean.to_json())
+    lineage = {"base_manifest_sha256": "ab" * 32, "reused": 30, "prepared": 4}
+    incremental = dataclasses.replace(clean, lineage=lineage)
+    assert Manifest.from_json(incremental.to_json()) == incremental
+    assert json.loads(incremental.to_json())["lineage"] == lineage
+    with pytest.raises(ValueError, match="lineage must be a JSON object"):
+        dataclasses.replace(clean, lineage=[1])
