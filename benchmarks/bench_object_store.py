@@ -111,7 +111,7 @@ def _process_cpu_s(pid: int) -> float:
 
 def measure_epoch(source: str) -> tuple[float, int]:
     """One training epoch of ``make_dataset(source)``; returns (seconds, examples)."""
-    from tfrecord_io import make_dataset
+    from tfrecord_io import ReadConfig, make_dataset
 
     dataset = make_dataset(
         source,
@@ -119,9 +119,9 @@ def measure_epoch(source: str) -> tuple[float, int]:
         global_batch_size=BATCH,
         training=True,
         seed=0,
-        num_epochs=1,
-        cycle_length=CYCLE_LENGTH,
-        shuffle_buffer=SHUFFLE_BUFFER,
+        read_config=ReadConfig(
+            num_epochs=1, cycle_length=CYCLE_LENGTH, shuffle_buffer=SHUFFLE_BUFFER
+        ),
     )
     start = time.perf_counter()
     examples = 0

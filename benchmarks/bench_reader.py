@@ -88,7 +88,7 @@ EXTRA_ROWS: dict[str, tuple[str, str]] = {
 
 def build_row(name: str, root: Path, batch_size: int):  # -> tf.data.Dataset
     """The pipeline a row measures, over the datasets written under ``root``."""
-    from tfrecord_io import make_dataset
+    from tfrecord_io import ReadConfig, make_dataset
 
     directory, kind = {**ROWS, **EXTRA_ROWS}[name]
     data = root / directory
@@ -97,11 +97,15 @@ def build_row(name: str, root: Path, batch_size: int):  # -> tf.data.Dataset
     if kind == "bytes":
         return bytes_only_dataset(data, batch_size)
     options = {
-        "reader-unordered": {"deterministic": False},
-        "reader-float32": {"output": "float32"},
+        "reader-unordered": ReadConfig(deterministic=False),
+        "reader-float32": ReadConfig(output="float32"),
     }
     return make_dataset(
-        data, global_batch_size=batch_size, image_size=IMAGE_SIZE, seed=0, **options.get(kind, {})
+        data,
+        global_batch_size=batch_size,
+        image_size=IMAGE_SIZE,
+        seed=0,
+        read_config=options.get(kind),
     )
 
 

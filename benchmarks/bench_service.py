@@ -155,7 +155,7 @@ def _child_main(args: argparse.Namespace) -> int:
         from trainer.host_memory import keep_freed_memory
 
         keep_freed_memory()
-    from tfrecord_io import make_dataset
+    from tfrecord_io import ServiceConfig, make_dataset
 
     if compression is not None:
         # And, as it does, gRPC reads each batch in few wakeups (before any gRPC use).
@@ -177,9 +177,13 @@ def _child_main(args: argparse.Namespace) -> int:
             global_batch_size=b,
             image_size=IMAGE_SIZE,
             seed=0,
-            service=args.measure_service,
-            service_job_name=f"{args.measure_job}-{next(jobs)}",
-            service_compression=compression,
+            service=None
+            if args.measure_service is None
+            else ServiceConfig(
+                args.measure_service,
+                job_name=f"{args.measure_job}-{next(jobs)}",
+                compression=compression,
+            ),
         )
 
     # Untimed first: the first pipeline of a process, and a job's start, pay one-off costs.

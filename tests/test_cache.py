@@ -350,14 +350,19 @@ def test_checkpoint_resumes_exactly_with_an_emptied_cache(
 def test_make_dataset_streams_a_bucket_through_a_given_cache(
     s3_env: BucketEnv, jpeg_dataset: WrittenDataset, tmp_path: Path
 ) -> None:
-    from tfrecord_io import make_dataset
+    from tfrecord_io import ReadConfig, make_dataset
 
     upload_tree(jpeg_dataset.root, s3_env.root)
     config = _config(tmp_path)
 
     def keys(source: str, **kwargs: object) -> list[bytes]:
         batches = make_dataset(
-            source, "train", global_batch_size=5, training=False, with_keys=True, **kwargs
+            source,
+            "train",
+            global_batch_size=5,
+            training=False,
+            read_config=ReadConfig(with_keys=True),
+            **kwargs,
         )
         return sorted(k for _, _, ks in batches.as_numpy_iterator() for k in ks)
 

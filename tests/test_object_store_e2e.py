@@ -26,7 +26,7 @@ from tests.fixtures.object_store import (
     upload_tree,
 )
 from tests.fixtures.shards import WrittenDataset
-from tfrecord_io import make_dataset, verify
+from tfrecord_io import CorruptionCounter, ReadConfig, make_dataset, verify
 from tfrecord_io.source import resolve_source
 
 _PIPELINE_FLAGS = ["--num_shards", "2", "--image_size", "24", "--max_bad_fraction", "0.5"]
@@ -68,7 +68,12 @@ def reference(images: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _examples(source: str) -> list[tuple[bytes, int, bytes]]:
     dataset = make_dataset(
-        source, "train", global_batch_size=2, training=False, with_keys=True, image_size=24
+        source,
+        "train",
+        global_batch_size=2,
+        training=False,
+        image_size=24,
+        read_config=ReadConfig(with_keys=True),
     )
     out = [
         (key, int(label), image.tobytes())
@@ -338,7 +343,6 @@ def test_reader_and_verify_on_a_tampered_bucket_name_the_shard(
     import tensorflow as tf
 
     from tests.fixtures.shards import write_dataset
-    from tfrecord_io import CorruptionCounter
 
     dataset = write_dataset(tmp_path / "ds", examples={"train": 12}, num_shards={"train": 3})
     upload_tree(dataset.root, s3_env.uri("ds"))
@@ -349,16 +353,21 @@ def test_reader_and_verify_on_a_tampered_bucket_name_the_shard(
     monkeypatch.setenv("TFRECORD_IO_CACHE_DIR", str(tmp_path / "cache"))
     source = s3_env.uri("ds")
 
-    def keys(**kwargs: object) -> list[bytes]:
+    def keys(counter: CorruptionCounter | None = None) -> list[bytes]:
         batches = make_dataset(
-            source, "train", global_batch_size=4, training=False, with_keys=True, **kwargs
+            source,
+            "train",
+            global_batch_size=4,
+            training=False,
+            read_config=ReadConfig(with_keys=True, skip_corrupt=counter is not None),
+            corruption_counter=counter,
         )
         return sorted(k for _, _, ks in batches.as_numpy_iterator() for k in ks)
 
     with pytest.raises(tf.errors.InvalidArgumentError) as info:
         keys()
     counter = CorruptionCounter()
-    kept = keys(skip_corrupt=True, corruption_counter=counter)
+    kept = keys(counter)
     code = verify.main([source, "--json", "--no-progress"])
     resolve_source(source, "train").shard_cache().close()
 

@@ -20,6 +20,7 @@ from tests.fixtures.shards import (
 )
 from tfrecord_io import (
     CorruptionCounter,
+    ReadConfig,
     label_names,
     load_manifest,
     make_dataset,
@@ -59,7 +60,7 @@ def test_eval_epoch_yields_every_example_exactly_once(
         global_batch_size=4,
         training=False,
         image_size=24,
-        with_keys=True,
+        read_config=ReadConfig(with_keys=True),
     )
     images, labels, keys, sizes = _collect(ds)
     assert collections.Counter(keys) == collections.Counter(dataset.keys("validation"))
@@ -78,7 +79,7 @@ def test_eval_center_crop_of_raw_is_the_stored_center(raw_dataset: WrittenDatase
         global_batch_size=16,
         training=False,
         image_size=24,
-        with_keys=True,
+        read_config=ReadConfig(with_keys=True),
     )
     images, _, keys, _ = _collect(ds)
     stored = {
@@ -90,9 +91,14 @@ def test_eval_center_crop_of_raw_is_the_stored_center(raw_dataset: WrittenDatase
 
 
 def test_float32_output_is_normalised(raw_dataset: WrittenDataset) -> None:
-    common = dict(global_batch_size=16, training=False, image_size=32, with_keys=True)
-    as_uint8 = _collect(make_dataset(raw_dataset.root, "validation", **common))[0]
-    as_float = _collect(make_dataset(raw_dataset.root, "validation", output="float32", **common))
+    common = dict(global_batch_size=16, training=False, image_size=32)
+    as_uint8 = _collect(
+        make_dataset(
+            raw_dataset.root, "validation", read_config=ReadConfig(with_keys=True), **common
+        )
+    )[0]
+    float32 = ReadConfig(with_keys=True, output="float32")
+    as_float = _collect(make_dataset(raw_dataset.root, "validation", read_config=float32, **common))
     expected = (np.stack(as_uint8).astype(np.float32) - MEAN_RGB) / STDDEV_RGB
     np.testing.assert_allclose(np.stack(as_float[0]), expected, rtol=1e-5, atol=1e-5)
     assert as_float[0][0].dtype == np.float32
@@ -111,10 +117,10 @@ def test_two_input_pipelines_are_disjoint_cover_everything_with_per_replica_batc
             input_context=_context(pipeline_id),
             training=training,
             image_size=24,
-            with_keys=True,
             seed=1,
-            num_epochs=1,
-            shuffle_buffer=1 if training else None,
+            read_config=ReadConfig(
+                with_keys=True, num_epochs=1, shuffle_buffer=1 if training else None
+            ),
         )
         _, _, keys, sizes = _collect(ds)
         assert sizes and all(size == 4 for size in sizes[:-1])  # 8 global / 2 replicas
@@ -158,8 +164,7 @@ def test_fewer_files_than_pipelines_is_a_clear_error_with_a_record_fallback(
             input_context=_context(pipeline_id, pipelines=4),
             training=False,
             image_size=16,
-            with_keys=True,
-            sharding="records",
+            read_config=ReadConfig(with_keys=True, sharding="records"),
         )
         _, _, keys, sizes = _collect(ds)
         assert all(size == 1 for size in sizes)
@@ -174,7 +179,12 @@ def test_global_batch_not_divisible_by_replicas_is_an_error(jpeg_dataset: Writte
 
 def _train_keys_and_images(dataset: WrittenDataset, seed: int | None, batches: int = 6) -> Any:
     ds = make_dataset(
-        dataset.root, "train", global_batch_size=4, image_size=24, seed=seed, with_keys=True
+        dataset.root,
+        "train",
+        global_batch_size=4,
+        image_size=24,
+        seed=seed,
+        read_config=ReadConfig(with_keys=True),
     )
     out = list(itertools.islice(ds, batches))
     keys = [k.decode() for _, _, batch in out for k in batch.numpy()]
@@ -204,10 +214,7 @@ def test_training_reshuffles_file_order_every_epoch(jpeg_dataset: WrittenDataset
         global_batch_size=per_epoch,
         image_size=16,
         seed=3,
-        with_keys=True,
-        num_epochs=epochs,
-        shuffle_buffer=1,
-        cycle_length=1,
+        read_config=ReadConfig(with_keys=True, num_epochs=epochs, shuffle_buffer=1, cycle_length=1),
     )
     orders = []
     for _, _, keys in ds:
@@ -225,9 +232,7 @@ def test_training_augments_each_epoch_differently(jpeg_dataset: WrittenDataset) 
         global_batch_size=10,
         image_size=24,
         seed=5,
-        with_keys=True,
-        num_epochs=2,
-        shuffle_buffer=1,
+        read_config=ReadConfig(with_keys=True, num_epochs=2, shuffle_buffer=1),
     )
     (images_1, _, keys_1), (images_2, _, keys_2) = list(ds)
     by_key_1 = dict(zip(keys_1.numpy(), images_1.numpy(), strict=True))
@@ -250,9 +255,7 @@ def test_cache_keeps_every_epoch_complete(
         global_batch_size=5,
         image_size=16,
         seed=2,
-        with_keys=True,
-        num_epochs=3,
-        cache=target,
+        read_config=ReadConfig(with_keys=True, num_epochs=3, cache=target),
     )
     _, _, keys, sizes = _collect(ds)
     assert sizes == [5] * 6
@@ -270,7 +273,7 @@ def test_foreign_imagenet_converter_shards_are_read(foreign_shards: ForeignShard
         global_batch_size=5,
         training=False,
         image_size=24,
-        label_offset=foreign_shards.label_offset,
+        read_config=ReadConfig(label_offset=foreign_shards.label_offset),
     )
     labels, count = [], 0
     for images, batch_labels in ds:
@@ -281,7 +284,11 @@ def test_foreign_imagenet_converter_shards_are_read(foreign_shards: ForeignShard
     assert collections.Counter(labels) == collections.Counter(foreign_shards.labels.values())
     # Training reads them too (random crops over JPEG and the PNG ones).
     train = make_dataset(
-        foreign_shards.glob, global_batch_size=4, image_size=24, label_offset=1, seed=0
+        foreign_shards.glob,
+        global_batch_size=4,
+        image_size=24,
+        seed=0,
+        read_config=ReadConfig(label_offset=1),
     )
     images, batch_labels = next(iter(train))
     assert images.shape == (4, 24, 24, 3) and set(batch_labels.numpy()) <= {0, 1, 2}
@@ -289,7 +296,11 @@ def test_foreign_imagenet_converter_shards_are_read(foreign_shards: ForeignShard
 
 def test_foreign_labels_below_the_offset_fail_with_a_hint(foreign_shards: ForeignShards) -> None:
     ds = make_dataset(
-        foreign_shards.glob, global_batch_size=12, training=False, image_size=16, label_offset=2
+        foreign_shards.glob,
+        global_batch_size=12,
+        training=False,
+        image_size=16,
+        read_config=ReadConfig(label_offset=2),
     )
     with pytest.raises(tf.errors.InvalidArgumentError, match="label_offset=2"):
         list(ds)
@@ -344,9 +355,8 @@ def test_shard_resized_before_reading_fails_naming_it(
         "validation",
         global_batch_size=4,
         training=False,
-        with_keys=True,
-        skip_corrupt=True,
         corruption_counter=counter,
+        read_config=ReadConfig(with_keys=True, skip_corrupt=True),
     )
     _, _, keys, _ = _collect(ds)
     assert counter.as_dict()["damaged_shards"] == 1
@@ -372,9 +382,8 @@ def test_skip_corrupt_logs_and_counts(
         global_batch_size=4,
         training=False,
         image_size=16,
-        with_keys=True,
-        skip_corrupt=True,
         corruption_counter=counter,
+        read_config=ReadConfig(with_keys=True, skip_corrupt=True),
     )
     _, _, keys, _ = _collect(ds)
     counts = counter.as_dict()
@@ -391,31 +400,62 @@ def test_foreign_shard_truncated_mid_record_fails_naming_it(tmp_path: Path) -> N
     shards = write_foreign_shards(tmp_path / "foreign", num_examples=6, num_shards=2)
     victim = shards.paths[1]
     victim.write_bytes(victim.read_bytes()[:-7])
-    ds = make_dataset(shards.glob, global_batch_size=6, training=False, label_offset=1)
+    ds = make_dataset(
+        shards.glob, global_batch_size=6, training=False, read_config=ReadConfig(label_offset=1)
+    )
     with pytest.raises(tf.errors.InvalidArgumentError, match=str(victim)):
         list(ds)
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("kwargs", "read", "message"),
     [
-        ({"global_batch_size": 0}, "global_batch_size must be a positive int"),
-        ({"global_batch_size": 4, "output": "float16"}, "output must be one of"),
-        ({"global_batch_size": 4, "cache": ""}, "cache must be None"),
-        ({"global_batch_size": 4, "sharding": "rows"}, "sharding must be one of"),
-        ({"global_batch_size": 4, "seed": -1}, "seed must be an int >= 0"),
-        ({"global_batch_size": 4, "jpeg_dct_method": "FAST"}, "jpeg_dct_method"),
+        ({"global_batch_size": 0}, None, "global_batch_size must be a positive int"),
+        ({"global_batch_size": 4, "image_size": 0}, None, "image_size must be a positive int"),
+        ({"global_batch_size": 4}, {"output": "float16"}, "output must be one of"),
+        ({"global_batch_size": 4}, {"cache": ""}, "cache must be None"),
+        ({"global_batch_size": 4}, {"sharding": "rows"}, "sharding must be one of"),
+        ({"global_batch_size": 4, "seed": -1}, None, "seed must be an int >= 0"),
+        ({"global_batch_size": 4}, {"jpeg_dct_method": "FAST"}, "jpeg_dct_method"),
+        ({"global_batch_size": 4}, {"with_keys": "yes"}, "with_keys must be True or False"),
+        ({"global_batch_size": 4}, {"cycle_length": 0}, "cycle_length must be a positive int"),
         (
             {"global_batch_size": 4, "corruption_counter": "x"},
+            None,
             "only used with skip_corrupt=True",
+        ),
+        ({"global_batch_size": 4, "service": 5050}, None, "service must be a dispatcher address"),
+        ({"global_batch_size": 4, "service": "http://h:1"}, None, "protocol 'http'"),
+        (
+            {"global_batch_size": 4, "read_config": {"with_keys": True}},
+            None,
+            "read_config must be a tfrecord_io.ReadConfig",
         ),
     ],
 )
 def test_bad_options_are_named(
-    jpeg_dataset: WrittenDataset, kwargs: dict[str, object], message: str
+    jpeg_dataset: WrittenDataset,
+    kwargs: dict[str, object],
+    read: dict[str, object] | None,
+    message: str,
 ) -> None:
     with pytest.raises(ValueError, match=message):
-        make_dataset(jpeg_dataset.root, **kwargs)
+        if read is not None:
+            kwargs = {**kwargs, "read_config": ReadConfig(**read)}  # type: ignore[arg-type]
+        make_dataset(jpeg_dataset.root, **kwargs)  # type: ignore[arg-type]
+
+
+def test_read_config_takes_keywords_only_and_is_shared_unchanged(
+    jpeg_dataset: WrittenDataset,
+) -> None:
+    with pytest.raises(TypeError):
+        ReadConfig(True)  # type: ignore[misc]
+    config = ReadConfig(with_keys=True)
+    ds = make_dataset(
+        jpeg_dataset.root, "validation", global_batch_size=4, training=False, read_config=config
+    )
+    assert len(ds.element_spec) == 3
+    assert config == ReadConfig(with_keys=True)
 
 
 def test_bad_sources_are_named(jpeg_dataset: WrittenDataset, tmp_path: Path) -> None:
@@ -442,7 +482,13 @@ def test_raw_stored_larger_than_output_is_cropped_randomly(tmp_path: Path) -> No
         examples={"train": 8},
         num_shards={"train": 2},
     )
-    ds = make_dataset(dataset.root, global_batch_size=8, image_size=32, seed=0, num_epochs=1)
+    ds = make_dataset(
+        dataset.root,
+        global_batch_size=8,
+        image_size=32,
+        seed=0,
+        read_config=ReadConfig(num_epochs=1),
+    )
     images, labels = next(iter(ds))
     assert images.shape == (8, 32, 32, 3)
     stored = [
@@ -474,8 +520,7 @@ def test_raw_training_flips_about_half_and_otherwise_returns_the_stored_pixels(
         global_batch_size=8,
         image_size=32,
         seed=3,
-        with_keys=True,
-        num_epochs=10,
+        read_config=ReadConfig(with_keys=True, num_epochs=10),
     )
     flipped = kept = 0
     for images, _, keys in ds:

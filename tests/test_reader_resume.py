@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tests.fixtures.shards import WrittenDataset
-from tfrecord_io import make_dataset
+from tfrecord_io import ReadConfig, make_dataset
 
 # Runs in a fresh interpreter: rebuilds each pipeline from the same arguments, restores its
 # checkpoint and writes the next batches, so nothing from the saving process can leak in.
@@ -22,10 +22,11 @@ _RESTORE_SCRIPT = """
 import json, sys
 import numpy as np
 import tensorflow as tf
-from tfrecord_io import make_dataset
+from tfrecord_io import ReadConfig, make_dataset
 
 for case in json.loads(sys.argv[1]):
     kwargs = dict(case["kwargs"])
+    kwargs["read_config"] = ReadConfig(**kwargs.pop("read"))
     if case["pipeline"] is not None:
         pipeline_id, pipelines = case["pipeline"]
         kwargs["input_context"] = tf.distribute.InputContext(pipelines, pipeline_id, pipelines)
@@ -50,14 +51,23 @@ def _case(
     skip: int,
     batches: int | None,
     pipeline: tuple[int, int] | None = None,
+    read: dict[str, Any] | None = None,
     **kwargs: Any,
 ) -> dict[str, Any]:
-    """Saves after ``skip`` batches, records what follows; returns the case for the script."""
-    kwargs = {"global_batch_size": 4, "image_size": 24, "with_keys": True, **kwargs}
+    """Saves after ``skip`` batches, records what follows; returns the case for the script.
+
+    ``read`` holds the ``ReadConfig`` fields, ``kwargs`` the other ``make_dataset`` arguments.
+    """
+    kwargs = {"global_batch_size": 4, "image_size": 24, **kwargs}
+    kwargs["read"] = {"with_keys": True, **(read or {})}
     context = None
     if pipeline is not None:
         context = tf.distribute.InputContext(pipeline[1], pipeline[0], pipeline[1])
-    iterator = iter(make_dataset(dataset.root, split, input_context=context, **kwargs))
+    built = {k: v for k, v in kwargs.items() if k != "read"}
+    config = ReadConfig(**kwargs["read"])
+    iterator = iter(
+        make_dataset(dataset.root, split, input_context=context, read_config=config, **built)
+    )
     consumed = [next(iterator) for _ in range(skip)]
     checkpoint = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / name / "ckpt"))
     expected = [next(iterator) for _ in range(batches)] if batches else list(iterator)
@@ -94,7 +104,7 @@ def test_checkpointed_iterator_continues_exactly_in_a_fresh_process(
             skip=3,
             batches=6,
             seed=1,
-            output="float32",
+            read={"output": "float32"},
             pipeline=(1, 2),
             global_batch_size=8,
         ),

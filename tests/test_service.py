@@ -28,6 +28,7 @@ from tfrecord_io import service_cli
 from tfrecord_io.service_client import (
     DistributeOptions,
     ServiceAddress,
+    ServiceConfig,
     distribute_dataset,
     training_job_name,
 )
@@ -175,7 +176,14 @@ def cluster(data_service_module: DataServiceCluster) -> DataServiceCluster:
     return data_service_module
 
 
-def _make(dataset: WrittenDataset, split: str, *, training: bool, service: str | None, **kwargs):
+def _make(
+    dataset: WrittenDataset,
+    split: str,
+    *,
+    training: bool,
+    service: str | ServiceConfig | None,
+    num_epochs: int | None = None,
+):
     import tfrecord_io
 
     return tfrecord_io.make_dataset(
@@ -184,9 +192,8 @@ def _make(dataset: WrittenDataset, split: str, *, training: bool, service: str |
         global_batch_size=BATCH,
         training=training,
         image_size=IMAGE_SIZE,
-        with_keys=True,
+        read_config=tfrecord_io.ReadConfig(with_keys=True, num_epochs=num_epochs),
         service=service,
-        **kwargs,
     )
 
 
@@ -392,7 +399,7 @@ def test_killing_a_worker_does_not_stop_training(
 ) -> None:
     _assert_whole(cluster)
     iterator = iter(
-        _make(dataset, "train", training=True, service=cluster.address, service_job_name="kill")
+        _make(dataset, "train", training=True, service=ServiceConfig(cluster.address, "kill"))
     )
     _read_with_deadline(iterator, 4, 60)
     victim = cluster.workers[1]
@@ -428,7 +435,7 @@ def test_dispatcher_restarted_with_work_dir_keeps_serving(
 ) -> None:
     _assert_whole(cluster)
     iterator = iter(
-        _make(dataset, "train", training=True, service=cluster.address, service_job_name="crash")
+        _make(dataset, "train", training=True, service=ServiceConfig(cluster.address, "crash"))
     )
     _read_with_deadline(iterator, 4, 60)
     old = cluster.dispatcher

@@ -210,8 +210,7 @@ def test_two_workers_resume_each_at_its_own_data_position(jpeg_dataset, tmp_path
             input_context=context,
             image_size=32,
             seed=3,
-            with_keys=True,
-            sharding="auto",
+            read_config=tfrecord_io.ReadConfig(with_keys=True, sharding="auto"),
         )
         expected = [k.decode() for _, _, keys in reference.take(8) for k in keys.numpy()]
         trained = (run / f"keys.worker-{i:05d}").read_text().split()

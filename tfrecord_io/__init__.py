@@ -51,12 +51,14 @@ if TYPE_CHECKING:
         decode_positions,
         split_digest,
     )
+    from tfrecord_io.read_config import ReadConfig
     from tfrecord_io.reader import CorruptionCounter, ReaderConfig, make_dataset
     from tfrecord_io.service_client import (
         BULK_READ_EXPERIMENTS,
         COMPRESSIONS,
         DistributeOptions,
         ServiceAddress,
+        ServiceConfig,
         distribute_dataset,
         enable_bulk_reads,
         training_job_name,
@@ -85,6 +87,7 @@ _MODULE_OF = {
     "STDDEV_RGB": "tfrecord_io.decode",
     "DecodeConfig": "tfrecord_io.decode",
     "CorruptionCounter": "tfrecord_io.reader",
+    "ReadConfig": "tfrecord_io.read_config",
     "ReaderConfig": "tfrecord_io.reader",
     "make_dataset": "tfrecord_io.reader",
     "AddResult": "tfrecord_io.delivery",
@@ -96,6 +99,7 @@ _MODULE_OF = {
     "COMPRESSIONS": "tfrecord_io.service_client",
     "DistributeOptions": "tfrecord_io.service_client",
     "ServiceAddress": "tfrecord_io.service_client",
+    "ServiceConfig": "tfrecord_io.service_client",
     "distribute_dataset": "tfrecord_io.service_client",
     "enable_bulk_reads": "tfrecord_io.service_client",
     "training_job_name": "tfrecord_io.service_client",
@@ -134,6 +138,7 @@ __all__ = [
     "STDDEV_RGB",
     "DecodeConfig",
     "CorruptionCounter",
+    "ReadConfig",
     "ReaderConfig",
     "make_dataset",
     "AddResult",
@@ -154,6 +159,7 @@ __all__ = [
     "COMPRESSIONS",
     "DistributeOptions",
     "ServiceAddress",
+    "ServiceConfig",
     "distribute_dataset",
     "enable_bulk_reads",
     "training_job_name",

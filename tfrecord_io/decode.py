@@ -50,6 +50,30 @@ _FULL_IMAGE_BOX = (((0.0, 0.0, 1.0, 1.0),),)  # [1, 1, 4]: the whole image
 SHARD_DAMAGE_KEY = "tfrecord_io/damaged_shard"
 
 
+# The checks of the values the reader's ReadConfig and this module's DecodeConfig share, written
+# once: each raises ValueError naming the bad value.
+
+
+def check_image_size(value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"image_size must be a positive int, got {value!r}")
+
+
+def check_output(value: Any) -> None:
+    if value not in OUTPUTS:
+        raise ValueError(f"output must be one of {OUTPUTS}, got {value!r}")
+
+
+def check_label_offset(value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"label_offset must be an int >= 0, got {value!r}")
+
+
+def check_jpeg_dct_method(value: Any) -> None:
+    if value not in DCT_METHODS:
+        raise ValueError(f"jpeg_dct_method must be one of {DCT_METHODS}, got {value!r}")
+
+
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """How a batch of serialised examples becomes a batch of images.
@@ -83,8 +107,7 @@ class DecodeConfig:
     jpeg_dct_method: str = "INTEGER_FAST"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.image_size, int) or self.image_size <= 0:
-            raise ValueError(f"image_size must be a positive int, got {self.image_size!r}")
+        check_image_size(self.image_size)
         if self.encoding not in ENCODINGS:
             raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
         if self.encoding == "raw" and not (
@@ -93,10 +116,8 @@ class DecodeConfig:
             raise ValueError(
                 f"RAW decoding needs the stored image size, got stored_size={self.stored_size!r}"
             )
-        if self.output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {self.output!r}")
-        if not isinstance(self.label_offset, int) or self.label_offset < 0:
-            raise ValueError(f"label_offset must be an int >= 0, got {self.label_offset!r}")
+        check_output(self.output)
+        check_label_offset(self.label_offset)
         if self.num_classes is not None and self.num_classes <= 0:
             raise ValueError(f"num_classes must be positive or None, got {self.num_classes!r}")
         lo, hi = self.area_range
@@ -107,10 +128,7 @@ class DecodeConfig:
             raise ValueError(
                 f"aspect_ratio_range must satisfy 0 < lo <= hi, got {self.aspect_ratio_range!r}"
             )
-        if self.jpeg_dct_method not in DCT_METHODS:
-            raise ValueError(
-                f"jpeg_dct_method must be one of {DCT_METHODS}, got {self.jpeg_dct_method!r}"
-            )
+        check_jpeg_dct_method(self.jpeg_dct_method)
 
 
 def parse_batch(serialized: tf.Tensor, config: DecodeConfig) -> dict[str, tf.Tensor]:

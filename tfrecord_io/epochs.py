@@ -42,6 +42,7 @@ from tfrecord_io.source import ResolvedSource, ShardFile
 
 if TYPE_CHECKING:
     from tfrecord_io.reader import CorruptionCounter, ReaderConfig
+    from tfrecord_io.service_client import ServiceConfig
 
 __all__ = [
     "EpochShare",
@@ -351,9 +352,7 @@ def exact_epoch_dataset(
     *,
     input_context: tf.distribute.InputContext | None,
     batch_size: int,
-    service: str | None,
-    service_job_name: str | None,
-    service_compression: str | None,
+    service: ServiceConfig | None,
     corruption_counter: CorruptionCounter | None,
 ) -> tf.data.Dataset:
     """``make_dataset``'s pipeline when ``config.exclude`` is set (see ``make_dataset``).
@@ -446,9 +445,10 @@ def exact_epoch_dataset(
 
         batches = distribute_dataset(
             batches,
-            service=service,
+            service=service.service,
             training=True,
-            job_name=service_job_name,
-            compression=service_compression,
+            job_name=service.job_name,
+            compression=service.compression,
+            max_outstanding_requests=service.max_outstanding_requests,
         )
     return batches.prefetch(tf.data.AUTOTUNE)

@@ -14,7 +14,6 @@ from ``tf.data.Dataset.random``, whose state is part of that checkpoint.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys
@@ -23,31 +22,34 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from objstore import has_glob
 from tfrecord_io.cache import CacheConfig
 from tfrecord_io.decode import (
-    DCT_METHODS,
-    OUTPUTS,
     DecodeConfig,
     decode_batch,
     parse_batch,
     shard_damage_record,
 )
-from tfrecord_io.delivery import DeliveredSet
+from tfrecord_io.read_config import (
+    DEFAULT_READ_BUFFER_BYTES,
+    SHARDING_POLICIES,
+    ReadConfig,
+    ReaderConfig,
+)
+from tfrecord_io.service_client import ServiceConfig, distribute_dataset
 from tfrecord_io.source import ResolvedSource, ShardFile, is_remote, resolve_source
 
 __all__ = [
     "DEFAULT_READ_BUFFER_BYTES",
     "SHARDING_POLICIES",
     "CorruptionCounter",
+    "ReadConfig",
     "ReaderConfig",
     "make_dataset",
 ]
 
 _log = logging.getLogger(__name__)
 
-# Object stores serve large sequential reads far better than many small ones; 8 MiB per open
-# file is what the reference ImageNet input pipelines use for GCS.
-DEFAULT_READ_BUFFER_BYTES = 8 * 1024 * 1024
 # The record shuffle buffer is sized by bytes so RAW (150 KB/record) and JPEG (30 KB/record)
 # datasets hold a similar amount of memory; an iterator checkpoint stores the whole buffer.
 _SHUFFLE_BUFFER_BYTES = 128 * 1024 * 1024
@@ -64,7 +66,6 @@ _RECORD_OVERHEAD = 16
 _READAHEAD_BYTES = 4 * 1024 * 1024
 _MIN_READAHEAD = 2
 _MAX_READAHEAD = 64
-SHARDING_POLICIES = ("files", "records", "auto")
 
 
 class CorruptionCounter:
@@ -89,85 +90,6 @@ class CorruptionCounter:
             "bytes_skipped": int(self.bytes_skipped.numpy()),
             "records_skipped": int(self.records_skipped.numpy()),
         }
-
-
-@dataclasses.dataclass(frozen=True)
-class ReaderConfig:
-    """The validated options of ``make_dataset`` (see its docstring for their meaning)."""
-
-    global_batch_size: int
-    training: bool = True
-    image_size: int = 224
-    seed: int | None = None
-    with_keys: bool = False
-    deterministic: bool | None = None
-    cache: str | None = None
-    output: str = "uint8"
-    skip_corrupt: bool = False
-    label_offset: int = 0
-    num_epochs: int | None = None
-    shuffle_buffer: int | None = None
-    cycle_length: int | None = None
-    read_buffer_bytes: int = DEFAULT_READ_BUFFER_BYTES
-    sharding: str = "files"
-    ram_budget_bytes: int | None = None
-    threads: int | None = None
-    jpeg_dct_method: str = "INTEGER_FAST"
-    exclude: DeliveredSet | None = None
-
-    def __post_init__(self) -> None:
-        def positive(name: str, value: Any, optional: bool = False) -> None:
-            if optional and value is None:
-                return
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(
-                    f"{name} must be a positive int{' or None' if optional else ''}, got {value!r}"
-                )
-
-        positive("global_batch_size", self.global_batch_size)
-        positive("image_size", self.image_size)
-        positive("num_epochs", self.num_epochs, optional=True)
-        positive("shuffle_buffer", self.shuffle_buffer, optional=True)
-        positive("cycle_length", self.cycle_length, optional=True)
-        positive("read_buffer_bytes", self.read_buffer_bytes)
-        positive("ram_budget_bytes", self.ram_budget_bytes, optional=True)
-        positive("threads", self.threads, optional=True)
-        if self.seed is not None and (
-            not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0
-        ):
-            raise ValueError(f"seed must be an int >= 0 or None, got {self.seed!r}")
-        if self.output not in OUTPUTS:
-            raise ValueError(f"output must be one of {OUTPUTS}, got {self.output!r}")
-        if self.cache is not None and (not isinstance(self.cache, str) or not self.cache):
-            raise ValueError(
-                f"cache must be None, 'memory' or a file path prefix, got {self.cache!r}"
-            )
-        if self.sharding not in SHARDING_POLICIES:
-            raise ValueError(f"sharding must be one of {SHARDING_POLICIES}, got {self.sharding!r}")
-        if not isinstance(self.label_offset, int) or self.label_offset < 0:
-            raise ValueError(f"label_offset must be an int >= 0, got {self.label_offset!r}")
-        if self.jpeg_dct_method not in DCT_METHODS:
-            raise ValueError(
-                f"jpeg_dct_method must be one of {DCT_METHODS}, got {self.jpeg_dct_method!r}"
-            )
-        if self.exclude is not None:
-            if not isinstance(self.exclude, DeliveredSet):
-                raise ValueError(
-                    f"exclude must be a tfrecord_io.DeliveredSet or None, got "
-                    f"{type(self.exclude).__name__}"
-                )
-            if not self.training or self.cache is not None:
-                raise ValueError(
-                    "exclude (exact epochs) reads training epochs without a record cache; got "
-                    f"training={self.training!r}, cache={self.cache!r}"
-                )
-
-    @property
-    def is_deterministic(self) -> bool:
-        """Explicit ``deterministic``, else deterministic when seeded or evaluating."""
-        if self.deterministic is not None:
-            return self.deterministic
-        return self.seed is not None or not self.training
 
 
 def _derive_seeds(seed: int | None, *words: int) -> tuple[int | None, int | None, int | None]:
@@ -421,7 +343,7 @@ def _present_shards(
             counter.records_skipped.assign_add(max(shard.num_examples, 0))
     if not kept:
         raise FileNotFoundError("every shard of the split is missing, unreadable or resized")
-    guard = not any(c in s.path for s in kept for c in "*?[\\")
+    guard = not any(has_glob(s.path) for s in kept)
     return tuple(kept), guard
 
 
@@ -452,7 +374,7 @@ def _decode_config(config: ReaderConfig, resolved: ResolvedSource) -> DecodeConf
 
 
 def _options(
-    config: ReaderConfig, deterministic: bool, sharded_here: bool, service: str | None
+    config: ReaderConfig, deterministic: bool, sharded_here: bool, service: ServiceConfig | None
 ) -> tf.data.Options:
     options = tf.data.Options()
     options.deterministic = deterministic
@@ -476,32 +398,20 @@ def make_dataset(
     split: str = "train",
     *,
     global_batch_size: int,
-    input_context: tf.distribute.InputContext | None = None,
     training: bool = True,
     image_size: int = 224,
     seed: int | None = None,
-    with_keys: bool = False,
-    deterministic: bool | None = None,
-    cache: str | None = None,
-    output: str = "uint8",
-    skip_corrupt: bool = False,
-    service: str | None = None,
-    service_job_name: str | None = None,
-    service_compression: str | None = "AUTO",
-    label_offset: int = 0,
-    num_epochs: int | None = None,
-    shuffle_buffer: int | None = None,
-    cycle_length: int | None = None,
-    read_buffer_bytes: int = DEFAULT_READ_BUFFER_BYTES,
-    sharding: str = "files",
-    ram_budget_bytes: int | None = None,
-    threads: int | None = None,
-    jpeg_dct_method: str = "INTEGER_FAST",
-    corruption_counter: CorruptionCounter | None = None,
+    input_context: tf.distribute.InputContext | None = None,
+    read_config: ReadConfig | None = None,
+    service: str | ServiceConfig | None = None,
     shard_cache: CacheConfig | None = None,
-    exclude: DeliveredSet | None = None,
+    corruption_counter: CorruptionCounter | None = None,
 ) -> tf.data.Dataset:
     """Builds the input pipeline for one split of a dataset.
+
+    The arguments almost every caller sets are keywords; everything else is a field of
+    ``read_config`` (``tfrecord_io.ReadConfig``, documented there), as with tensorflow_datasets'
+    ``as_dataset(read_config=...)``.
 
     Args:
       source: a dataset root or its ``dataset.json`` (written by the pipeline), or a glob of
@@ -511,51 +421,20 @@ def make_dataset(
       global_batch_size: the batch over all replicas; each yielded batch has the per-replica
         size ``input_context.get_per_replica_batch_size(global_batch_size)`` (the global size
         without an input context).
-      input_context: from ``tf.distribute``; shard files by ``input_pipeline_id``.
       training: random crops, flips and shuffling, repeating ``num_epochs`` times (forever by
         default) with full batches only. Otherwise one ordered pass, center crops, every example
         exactly once and the last partial batch kept.
       image_size: output side length.
       seed: makes file order, record order and augmentation reproducible.
-      with_keys: also yield each example's ``image/key/sha256`` (empty for foreign shards
-        without it).
-      deterministic: keep element order under parallelism; default True when ``seed`` is set
-        or when evaluating.
-      cache: None, ``"memory"``, or a file path prefix. The cache holds serialised records and
-        sits before shuffling and augmentation, so every epoch still gets fresh crops; with a
-        cache the file order is shuffled once, and the record buffer does the mixing.
-      output: ``"uint8"`` (normalise on the accelerator) or ``"float32"`` normalised with
-        ``decode.MEAN_RGB`` / ``decode.STDDEV_RGB``.
-      skip_corrupt: log and count damaged shards (their remaining records are skipped) instead
-        of failing. Pass ``corruption_counter`` to read the counts.
-      service: a tf.data service dispatcher address; the pipeline up to decoded batches runs on
-        the service's workers, which shard the data (``input_context`` does not shard files).
-      service_job_name: shared job name for the tf.data service.
-      service_compression: tf.data service transfer compression (``"AUTO"`` or None).
-      label_offset: subtracted from stored labels. TensorFlow's ImageNet converters write
-        1-based labels (0 = background): pass 1 for their shards.
-      num_epochs: training passes; None repeats forever (training) or means 1 (eval).
-      shuffle_buffer: records in the shuffle buffer; default ~128 MiB worth, at most 10,000
-        and at most the pipeline's share of the split. Iterator checkpoints hold the buffer.
-      cycle_length: files read concurrently; default min(16, files).
-      read_buffer_bytes: read buffer per open file (8 MiB suits object storage).
-      sharding: ``"files"`` (error if fewer files than input pipelines), ``"records"`` (every
-        pipeline reads every file and keeps every n-th record), or ``"auto"`` (files when
-        possible, else records with a warning).
-      ram_budget_bytes: tf.data autotune RAM budget (default: TensorFlow's, half the RAM).
-      threads: size of a private thread pool for this pipeline (default: the shared pool).
-      jpeg_dct_method: libjpeg IDCT method; ``""`` is the library default.
-      corruption_counter: receives the counts when ``skip_corrupt`` is set.
-      exclude: exact epochs (``tfrecord_io.epochs``): a ``DeliveredSet`` of the examples
-        already trained on. The dataset yields the rest of its epoch, then full epochs (each
-        example exactly once per epoch, over all input pipelines, whatever their number), and
-        each element also ends with ``positions`` ``[B]`` int64, ``epoch * N + index``, for
-        ``DeliveryTracker.add``. ``DeliveredSet.empty(N)`` starts at epoch 0. Needs
-        ``dataset.json``; ``sharding`` does not apply (pipelines split each epoch by example,
-        evenly), and ``num_epochs`` counts from epoch 0.
+      input_context: from ``tf.distribute``; shard files by ``input_pipeline_id``.
+      read_config: every other reading option (``ReadConfig()``, its defaults, when None).
+      service: a tf.data service dispatcher address, or a ``ServiceConfig`` (address, job name,
+        compression); the pipeline up to decoded batches runs on the service's workers, which
+        shard the data (``input_context`` does not shard files).
       shard_cache: the local shard cache for ``s3://`` (and emulated ``gs://``) sources; by
         default ``$TFRECORD_IO_CACHE_DIR`` (or ``~/.cache/tfrecord_io``) / a hash of the source,
         holding ``$TFRECORD_IO_CACHE_BYTES`` (default 10 GiB).
+      corruption_counter: receives the counts when ``read_config.skip_corrupt`` is set.
 
     Returns:
       A ``tf.data.Dataset`` of ``(images, labels)`` or ``(images, labels, keys)``: images
@@ -576,25 +455,17 @@ def make_dataset(
         training=training,
         image_size=image_size,
         seed=seed,
-        with_keys=with_keys,
-        deterministic=deterministic,
-        cache=cache,
-        output=output,
-        skip_corrupt=skip_corrupt,
-        label_offset=label_offset,
-        num_epochs=num_epochs,
-        shuffle_buffer=shuffle_buffer,
-        cycle_length=cycle_length,
-        read_buffer_bytes=read_buffer_bytes,
-        sharding=sharding,
-        ram_budget_bytes=ram_budget_bytes,
-        threads=threads,
-        jpeg_dct_method=jpeg_dct_method,
-        exclude=exclude,
+        read=ReadConfig() if read_config is None else read_config,
     )
-    if corruption_counter is not None and not skip_corrupt:
+    on_service = ServiceConfig(service) if isinstance(service, str) else service
+    if on_service is not None and not isinstance(on_service, ServiceConfig):
+        raise ValueError(
+            f"service must be a dispatcher address, a tfrecord_io.ServiceConfig or None, got "
+            f"{type(on_service).__name__}"
+        )
+    if corruption_counter is not None and not config.read.skip_corrupt:
         raise ValueError("corruption_counter is only used with skip_corrupt=True")
-    if corruption_counter is not None and service is not None:
+    if corruption_counter is not None and on_service is not None:
         raise ValueError(
             "corruption_counter cannot be used with a tf.data service: the pipeline runs in the "
             "service's workers; damage is logged there"
@@ -613,14 +484,12 @@ def make_dataset(
             resolved,
             input_context=input_context,
             batch_size=batch_size,
-            service=service,
-            service_job_name=service_job_name,
-            service_compression=service_compression,
+            service=on_service,
             corruption_counter=corruption_counter,
         )
     deterministic_order = config.is_deterministic
 
-    if service is not None:
+    if on_service is not None:
         shards, by_record = resolved.shards, False
         pipeline_id, num_pipelines = 0, 1
     else:
@@ -702,17 +571,15 @@ def make_dataset(
         decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic_order
     )
     batches = batches.with_options(
-        _options(config, deterministic_order, input_context is not None, service)
+        _options(config, deterministic_order, input_context is not None, on_service)
     )
-    if service is not None:
-        # Imported here: the service layer is optional and only needed on this branch.
-        from tfrecord_io.service_client import distribute_dataset
-
+    if on_service is not None:
         batches = distribute_dataset(
             batches,
-            service=service,
+            service=on_service.service,
             training=training,
-            job_name=service_job_name,
-            compression=service_compression,
+            job_name=on_service.job_name,
+            compression=on_service.compression,
+            max_outstanding_requests=on_service.max_outstanding_requests,
         )
     return batches.prefetch(tf.data.AUTOTUNE)

@@ -51,6 +51,7 @@ __all__ = [
     "COMPRESSIONS",
     "DEFAULT_COMPRESSION",
     "ServiceAddress",
+    "ServiceConfig",
     "DistributeOptions",
     "distribute_dataset",
     "enable_bulk_reads",
@@ -149,12 +150,11 @@ class ServiceAddress:
 
 
 @dataclasses.dataclass(frozen=True)
-class DistributeOptions:
-    """How a dataset is read through the tf.data service.
+class ServiceConfig:
+    """Where and how a reader runs on the tf.data service: ``make_dataset(service=...)``.
 
     Attributes:
-      service: the dispatcher, ``"grpc://host:port"``.
-      training: True for a shared, endless-if-repeated training job; False for eval passes.
+      service: the dispatcher, ``"grpc://host:port"`` (``"host:port"`` is also accepted).
       job_name: name of the job to share. For training, None derives one from the pipeline's
         graph (``training_job_name``), so trainers building the same pipeline share a job;
         give an explicit name, unique per run, when several runs with the same data, batch
@@ -170,7 +170,6 @@ class DistributeOptions:
     """
 
     service: str
-    training: bool
     job_name: str | None = None
     compression: str | None = DEFAULT_COMPRESSION
     max_outstanding_requests: int | None = None
@@ -178,8 +177,6 @@ class DistributeOptions:
     def __post_init__(self) -> None:
         address = ServiceAddress.parse(self.service)
         object.__setattr__(self, "service", address.target)
-        if not isinstance(self.training, bool):
-            raise ValueError(f"training must be a bool, got {self.training!r}")
         if self.job_name is not None and (
             not isinstance(self.job_name, str) or not _JOB_NAME_RE.match(self.job_name)
         ):
@@ -196,6 +193,27 @@ class DistributeOptions:
             not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
         ):
             raise ValueError(f"max_outstanding_requests must be None or an int >= 1, got {limit!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DistributeOptions(ServiceConfig):
+    """How a dataset is read through the tf.data service: a ``ServiceConfig`` and the kind of
+    job.
+
+    Attributes:
+      training: True for a shared, endless-if-repeated training job; False for eval passes.
+      The others: see ``ServiceConfig``.
+
+    Raises:
+      ValueError: naming the bad value, if any attribute is invalid.
+    """
+
+    training: bool = dataclasses.field(kw_only=True)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not isinstance(self.training, bool):
+            raise ValueError(f"training must be a bool, got {self.training!r}")
 
 
 def enable_bulk_reads(environ: MutableMapping[str, str] | None = None) -> bool:

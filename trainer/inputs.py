@@ -139,12 +139,14 @@ class ReaderInputs:
             training=True,
             image_size=self.data.image_size,
             seed=self.seed,
-            with_keys=with_keys,
-            cache=self.data.cache,
-            output="uint8",
-            sharding=self.sharding,
-            service=self.data.data_service,
-            service_compression=self.data.data_service_compression,
+            service=None
+            if self.data.data_service is None
+            else tfrecord_io.ServiceConfig(
+                self.data.data_service, compression=self.data.data_service_compression
+            ),
+            read_config=tfrecord_io.ReadConfig(
+                with_keys=with_keys, cache=self.data.cache, output="uint8", sharding=self.sharding
+            ),
         )
 
     def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
@@ -159,8 +161,7 @@ class ReaderInputs:
             input_context=input_context,
             training=False,
             image_size=self.data.image_size,
-            output="uint8",
-            sharding=self.sharding,
+            read_config=tfrecord_io.ReadConfig(output="uint8", sharding=self.sharding),
         )
 
     def layout(self) -> dict[str, Any]:

@@ -1,0 +1,193 @@
+"""The reader's configuration: ``ReadConfig``, the documented options of ``make_dataset``.
+
+Modelled on tensorflow_datasets' ``ReadConfig``: ``make_dataset`` keeps the few arguments almost
+every caller sets as keywords (``global_batch_size``, ``training``, ``image_size``, ``seed``,
+``input_context``) and takes everything else as one validated object::
+
+    make_dataset(DATA, "train", global_batch_size=256, seed=0,
+                 read_config=ReadConfig(with_keys=True, cycle_length=32),
+                 service=ServiceConfig("grpc://dispatcher:5050", compression="NONE"))
+
+Each option is checked once, when its config object is built, with an error naming the value.
+A new reading option is a new ``ReadConfig`` field (with its check in ``__post_init__``) and
+nothing else: ``make_dataset``'s signature does not grow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from tfrecord_io.decode import (
+    check_image_size,
+    check_jpeg_dct_method,
+    check_label_offset,
+    check_output,
+)
+from tfrecord_io.delivery import DeliveredSet
+
+__all__ = ["DEFAULT_READ_BUFFER_BYTES", "SHARDING_POLICIES", "ReadConfig", "ReaderConfig"]
+
+# Object stores serve large sequential reads far better than many small ones; 8 MiB per open
+# file is what the reference ImageNet input pipelines use for GCS.
+DEFAULT_READ_BUFFER_BYTES = 8 * 1024 * 1024
+SHARDING_POLICIES = ("files", "records", "auto")
+
+
+def _positive(name: str, value: Any, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(
+            f"{name} must be a positive int{' or None' if optional else ''}, got {value!r}"
+        )
+
+
+def _flag(name: str, value: Any, optional: bool = False) -> None:
+    if optional and value is None:
+        return
+    if not isinstance(value, bool):
+        raise ValueError(
+            f"{name} must be True or False{' or None' if optional else ''}, got {value!r}"
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReadConfig:
+    """How ``make_dataset`` reads, beyond its keyword arguments. Every field has a default.
+
+    Attributes:
+      with_keys: also yield each example's ``image/key/sha256`` (empty for foreign shards
+        without it).
+      deterministic: keep element order under parallelism; None (default) means True when a
+        ``seed`` is set or when evaluating.
+      cache: None, ``"memory"``, or a file path prefix. The cache holds serialised records and
+        sits before shuffling and augmentation, so every epoch still gets fresh crops; with a
+        cache the file order is shuffled once, and the record buffer does the mixing.
+      output: ``"uint8"`` (normalise on the accelerator) or ``"float32"`` normalised with
+        ``decode.MEAN_RGB`` / ``decode.STDDEV_RGB``.
+      skip_corrupt: log and count damaged shards (their remaining records are skipped) instead
+        of failing. Pass ``make_dataset(corruption_counter=...)`` to read the counts.
+      label_offset: subtracted from stored labels. TensorFlow's ImageNet converters write
+        1-based labels (0 = background): pass 1 for their shards.
+      num_epochs: training passes; None repeats forever (training) or means 1 (eval).
+      shuffle_buffer: records in the shuffle buffer; default ~128 MiB worth, at most 10,000
+        and at most the pipeline's share of the split. Iterator checkpoints hold the buffer.
+      cycle_length: files read concurrently; default min(16, files).
+      read_buffer_bytes: read buffer per open file (8 MiB suits object storage).
+      sharding: ``"files"`` (error if fewer files than input pipelines), ``"records"`` (every
+        pipeline reads every file and keeps every n-th record), or ``"auto"`` (files when
+        possible, else records with a warning).
+      ram_budget_bytes: tf.data autotune RAM budget (default: TensorFlow's, half the RAM).
+      threads: size of a private thread pool for this pipeline (default: the shared pool).
+      jpeg_dct_method: libjpeg IDCT method; ``""`` is the library default.
+      exclude: exact epochs (``tfrecord_io.epochs``): a ``DeliveredSet`` of the examples
+        already trained on. The dataset yields the rest of its epoch, then full epochs (each
+        example exactly once per epoch, over all input pipelines, whatever their number), and
+        each element also ends with ``positions`` ``[B]`` int64, ``epoch * N + index``, for
+        ``DeliveryTracker.add``. ``DeliveredSet.empty(N)`` starts at epoch 0. Needs
+        ``dataset.json`` and ``training=True`` without ``cache``; ``sharding`` does not apply
+        (pipelines split each epoch by example, evenly), and ``num_epochs`` counts from
+        epoch 0.
+
+    Raises:
+      ValueError: naming the bad value, if any attribute is invalid.
+    """
+
+    with_keys: bool = False
+    deterministic: bool | None = None
+    cache: str | None = None
+    output: str = "uint8"
+    skip_corrupt: bool = False
+    label_offset: int = 0
+    num_epochs: int | None = None
+    shuffle_buffer: int | None = None
+    cycle_length: int | None = None
+    read_buffer_bytes: int = DEFAULT_READ_BUFFER_BYTES
+    sharding: str = "files"
+    ram_budget_bytes: int | None = None
+    threads: int | None = None
+    jpeg_dct_method: str = "INTEGER_FAST"
+    exclude: DeliveredSet | None = None
+
+    def __post_init__(self) -> None:
+        _flag("with_keys", self.with_keys)
+        _flag("deterministic", self.deterministic, optional=True)
+        _flag("skip_corrupt", self.skip_corrupt)
+        _positive("num_epochs", self.num_epochs, optional=True)
+        _positive("shuffle_buffer", self.shuffle_buffer, optional=True)
+        _positive("cycle_length", self.cycle_length, optional=True)
+        _positive("read_buffer_bytes", self.read_buffer_bytes)
+        _positive("ram_budget_bytes", self.ram_budget_bytes, optional=True)
+        _positive("threads", self.threads, optional=True)
+        check_output(self.output)
+        if self.cache is not None and (not isinstance(self.cache, str) or not self.cache):
+            raise ValueError(
+                f"cache must be None, 'memory' or a file path prefix, got {self.cache!r}"
+            )
+        if self.sharding not in SHARDING_POLICIES:
+            raise ValueError(f"sharding must be one of {SHARDING_POLICIES}, got {self.sharding!r}")
+        check_label_offset(self.label_offset)
+        check_jpeg_dct_method(self.jpeg_dct_method)
+        if self.exclude is not None:
+            if not isinstance(self.exclude, DeliveredSet):
+                raise ValueError(
+                    f"exclude must be a tfrecord_io.DeliveredSet or None, got "
+                    f"{type(self.exclude).__name__}"
+                )
+            if self.cache is not None:
+                raise ValueError(
+                    f"exclude (exact epochs) reads without a record cache; got cache={self.cache!r}"
+                )
+
+
+_READ_FIELDS = frozenset(f.name for f in dataclasses.fields(ReadConfig))
+
+
+@dataclasses.dataclass(frozen=True)
+class ReaderConfig:
+    """Everything one ``make_dataset`` call reads with: its keyword arguments and its
+    ``ReadConfig``. ``make_dataset`` builds it; the ``ReadConfig`` fields are also attributes
+    of it (``config.cache`` is ``config.read.cache``).
+
+    Attributes:
+      global_batch_size, training, image_size, seed: as given to ``make_dataset``.
+      read: the ``ReadConfig``.
+
+    Raises:
+      ValueError: naming the bad value, if any attribute is invalid or the two disagree.
+    """
+
+    global_batch_size: int
+    training: bool = True
+    image_size: int = 224
+    seed: int | None = None
+    read: ReadConfig = dataclasses.field(default_factory=ReadConfig)
+
+    def __post_init__(self) -> None:
+        _positive("global_batch_size", self.global_batch_size)
+        _flag("training", self.training)
+        check_image_size(self.image_size)
+        if self.seed is not None and (
+            not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0
+        ):
+            raise ValueError(f"seed must be an int >= 0 or None, got {self.seed!r}")
+        if not isinstance(self.read, ReadConfig):
+            raise ValueError(
+                f"read_config must be a tfrecord_io.ReadConfig, got {type(self.read).__name__}"
+            )
+        if self.read.exclude is not None and not self.training:
+            raise ValueError("exclude (exact epochs) reads training epochs; got training=False")
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names that are not attributes of this class: the read options.
+        if name in _READ_FIELDS:
+            return getattr(self.read, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    @property
+    def is_deterministic(self) -> bool:
+        """Explicit ``deterministic``, else deterministic when seeded or evaluating."""
+        if self.read.deterministic is not None:
+            return self.read.deterministic
+        return self.seed is not None or not self.training
