@@ -68,3 +68,54 @@ def test_lineage_round_trips_and_clean_manifests_have_none(jpeg_dataset: Written
     assert json.loads(incremental.to_json())["lineage"] == lineage
     with pytest.raises(ValueError, match="lineage must be a JSON object"):
         dataclasses.replace(clean, lineage=[1])
+
+
+def _publish_copy(dataset: WrittenDataset, root: Path, version: str) -> None:
+    shutil.copytree(dataset.root, root / version)
+
+
+def test_versions_command_lists_numbers_and_moves_the_pointer(
+    jpeg_dataset: WrittenDataset, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from beam_pipelines import versions
+
+    root = tmp_path / "ds"
+    assert versions.next_version(str(root)) == str(root / "v0001")
+    _publish_copy(jpeg_dataset, root, "v0001")
+    _publish_copy(jpeg_dataset, root, "v0002")
+    (root / "v0003").mkdir()
+    (root / "v0003" / "train-00000-of-00001.tfrecord").write_bytes(b"")  # a failed build
+    assert versions.list_versions(str(root)) == ["v0001", "v0002"]
+    assert versions.next_version(str(root)) == str(root / "v0004")
+    assert versions.main([str(root), "--set_latest", "v0002"]) == 0
+    assert (root / LATEST_NAME).read_text() == "v0002\n"
+    assert versions.main([str(root)]) == 0
+    assert capsys.readouterr().out.splitlines()[-2:] == ["v0001", "v0002  (latest)"]
+    assert versions.main([str(root), "--set_latest", "v0003"]) == 2
+    assert "v0003 is not a published dataset" in capsys.readouterr().err
+    (root / "v0001" / ".staging").mkdir()
+    (root / "v0001" / ".staging" / "plan.json").write_text("{}")
+    assert versions.main([str(root), "--set_latest", "v0001"]) == 2
+    assert "a build is still writing v0001" in capsys.readouterr().err
+    assert (root / LATEST_NAME).read_text() == "v0002\n"  # unchanged by the refusals
+    assert resolve_source(root, "train").paths[0].startswith(str(root / "v0002"))
+
+
+def test_versions_on_a_bucket(
+    jpeg_dataset: WrittenDataset, tmp_path: Path, s3_env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_pipelines import versions
+    from tests.fixtures.object_store import upload_tree
+
+    FileSystems.set_options(PipelineOptions([]))
+    _publish_copy(jpeg_dataset, tmp_path / "ds", "v0001")
+    upload_tree(tmp_path / "ds", s3_env.uri("ds"))
+    root = s3_env.uri("ds")
+    assert versions.next_version(root) == s3_env.uri("ds", "v0002")
+    assert versions.main([root, "--set_latest", "v0001"]) == 0
+    assert versions.latest_version(root) == "v0001"
+    resolved = resolve_source(root, "train")
+    assert resolved.paths[0].startswith(s3_env.uri("ds", "v0001") + "/")
