@@ -1,0 +1,52 @@
+"""tfrecord_io.key_check.KeyCollector: duplicate keys found in 24 bytes per example."""
+
+from __future__ import annotations
+
+import hashlib
+
+from tfrecord_io.key_check import BYTES_PER_EXAMPLE, KeyCollector
+
+
+def _key(i: int) -> str:
+    return hashlib.sha256(str(i).encode()).hexdigest()
+
+
+def test_no_duplicates_and_the_memory_per_example() -> None:
+    keys = KeyCollector()
+    shard = keys.add_shard("train-00000-of-00001.tfrecord")
+    n = 100_000
+    for i in range(n):
+        keys.add(shard, i, _key(i))
+    assert keys.duplicates() == []
+    held = sum(a.itemsize * len(a) for a in (keys._high, keys._low, keys._shard, keys._record))
+    assert held == BYTES_PER_EXAMPLE * n
+
+
+def test_duplicates_within_and_across_shards_name_every_place() -> None:
+    keys = KeyCollector()
+    a, b = keys.add_shard("a.tfrecord"), keys.add_shard("b.tfrecord")
+    for i in range(50):
+        keys.add(a, i, _key(i))
+    keys.add(b, 0, _key(7))  # across shards
+    keys.add(b, 1, _key(1000))
+    keys.add(b, 2, _key(1000))  # within a shard
+    keys.add(b, 3, _key(7))  # a third time
+    lines = keys.duplicates()
+    assert len(lines) == 2
+    seven = next(line for line in lines if _key(7)[:32] in line)
+    assert (
+        "appears 3 times: in a.tfrecord (record 7) and b.tfrecord (record 0) and "
+        "b.tfrecord (record 3)" in seven
+    )
+    assert any("b.tfrecord (record 1) and b.tfrecord (record 2)" in line for line in lines)
+
+
+def test_keys_that_are_not_digests_and_the_report_limit() -> None:
+    keys = KeyCollector()
+    s = keys.add_shard("s")
+    for i in range(5):
+        keys.add(s, 2 * i, f"file-{i}.jpg")
+        keys.add(s, 2 * i + 1, f"file-{i}.jpg")
+    keys.add(s, 10, "file-99.jpg")
+    lines = keys.duplicates(limit=3)
+    assert len(lines) == 4 and lines[-1] == "... and 2 more duplicated keys"
