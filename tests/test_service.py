@@ -8,6 +8,7 @@ each one first checks the cluster is whole again.
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import os
@@ -155,6 +156,26 @@ def test_cli_rejects_bad_flags(
         service_cli.main(argv)
     assert info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("role", "settings"),
+    [("dispatcher", service_cli.DispatcherSettings), ("worker", service_cli.WorkerSettings)],
+)
+def test_cli_flags_are_the_settings_fields(role: str, settings: type) -> None:
+    import dataclasses
+
+    parser = service_cli._parser()
+    roles = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    sub = roles.choices[role]
+    flags = {a.dest: a for a in sub._actions if a.dest != "help"}
+    assert set(flags) == {f.name for f in dataclasses.fields(settings)}
+    for field in dataclasses.fields(settings):
+        assert flags[field.name].help, field.name
+        required = field.default is dataclasses.MISSING
+        assert flags[field.name].required == required, field.name
+        if not required:
+            assert flags[field.name].default == field.default, field.name
 
 
 # --- real processes ----------------------------------------------------------------------------

@@ -27,12 +27,15 @@ import dataclasses
 import faulthandler
 import logging
 import os
+import re
 import signal
 import sys
 import threading
+import typing
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from cliflags import quiet_tensorflow
 from tfrecord_io.service_client import ServiceAddress
 
 __all__ = [
@@ -45,6 +48,7 @@ __all__ = [
 ]
 
 _LOG = logging.getLogger("tfrecord_io.service")
+_SettingsT = TypeVar("_SettingsT")
 _POLL_SECONDS = 1.0
 # Below Kubernetes' default 30 s grace period, so the exit is ours and logged.
 DEFAULT_STOP_TIMEOUT_S = 25.0
@@ -308,83 +312,60 @@ def _host_name() -> str:
     return socket.gethostname() or "localhost"
 
 
+def _field_docs(cls: type) -> dict[str, str]:
+    """Field name -> its description in ``cls``'s ``Attributes:`` docstring section."""
+    docs: dict[str, list[str]] = {}
+    current = None
+    section = (cls.__doc__ or "").partition("Attributes:")[2].partition("Raises:")[0]
+    for line in section.splitlines():
+        match = re.match(r"^      (\w+): (.*)$", line)
+        if match:
+            current = match.group(1)
+            docs[current] = [match.group(2)]
+        elif current is not None and line.strip():
+            docs[current].append(line.strip())
+    return {name: " ".join(words) for name, words in docs.items()}
+
+
+def _add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One ``--<field>`` flag per field of the settings dataclass ``cls``.
+
+    The flags take their types, defaults and help from the dataclass itself; the values are
+    checked once, by the dataclass (``_settings``), not by argparse.
+    """
+    hints = typing.get_type_hints(cls)
+    docs = _field_docs(cls)
+    for field in dataclasses.fields(cls):
+        kind = hints[field.name]
+        required = field.default is dataclasses.MISSING
+        options: dict[str, Any] = {
+            "help": docs.get(field.name, "").replace("``", "").replace("%", "%%"),
+            "required": required,
+        }
+        if not required:
+            options["default"] = field.default
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        else:
+            base = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
+            options["type"] = base
+            options["metavar"] = field.name.upper()
+        parser.add_argument(f"--{field.name}", **options)
+
+
+def _settings(cls: type[_SettingsT], args: argparse.Namespace) -> _SettingsT:
+    """The settings dataclass from parsed flags (it validates them)."""
+    return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m tfrecord_io.service",
         description="Run a tf.data service dispatcher or worker.",
     )
     roles = parser.add_subparsers(dest="role", required=True, metavar="{dispatcher,worker}")
-
-    dispatcher = roles.add_parser("dispatcher", help="run the dispatcher")
-    dispatcher.add_argument("--port", type=int, required=True, help="port; 0 picks a free one")
-    dispatcher.add_argument(
-        "--work_dir",
-        default=None,
-        help="journal directory; enables fault-tolerant mode so a restart recovers state",
-    )
-    dispatcher.add_argument(
-        "--job_gc_timeout_ms",
-        type=int,
-        default=None,
-        help="keep a job with no consumer this long (tf.data default: 5 min)",
-    )
-    dispatcher.add_argument(
-        "--job_gc_check_interval_ms",
-        type=int,
-        default=None,
-        help="look for such jobs this often (tf.data default: 10 min)",
-    )
-    dispatcher.add_argument(
-        "--gc_dynamic_sharding_jobs",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="collect abandoned dynamic-sharding jobs too (default: yes; tf.data: never)",
-    )
-    dispatcher.add_argument(
-        "--client_timeout_ms",
-        type=int,
-        default=None,
-        help="release a silent consumer from its job after this long",
-    )
-    dispatcher.add_argument(
-        "--worker_timeout_ms",
-        type=int,
-        default=None,
-        help="log a silent worker as lost after this long",
-    )
-    dispatcher.add_argument(
-        "--stop_timeout_s",
-        type=float,
-        default=DEFAULT_STOP_TIMEOUT_S,
-        help="on SIGTERM, wait this long for the server to stop",
-    )
-
-    worker = roles.add_parser("worker", help="run a worker")
-    worker.add_argument("--dispatcher", required=True, help="dispatcher HOST:PORT")
-    worker.add_argument("--port", type=int, default=0, help="port; 0 (default) picks a free one")
-    worker.add_argument(
-        "--worker_address",
-        default="localhost:%port%",
-        help="address trainers use to reach this worker; %%port%% is the bound port",
-    )
-    worker.add_argument(
-        "--heartbeat_interval_ms",
-        type=int,
-        default=None,
-        help="report to the dispatcher (and learn of new tasks) this often (default: 30 s)",
-    )
-    worker.add_argument(
-        "--dispatcher_timeout_ms",
-        type=int,
-        default=None,
-        help="retry an unreachable dispatcher this long (default: 1 h)",
-    )
-    worker.add_argument(
-        "--stop_timeout_s",
-        type=float,
-        default=DEFAULT_STOP_TIMEOUT_S,
-        help="on SIGTERM, wait this long for the server to stop",
-    )
+    _add_flags(roles.add_parser("dispatcher", help="run the dispatcher"), DispatcherSettings)
+    _add_flags(roles.add_parser("worker", help="run a worker"), WorkerSettings)
     return parser
 
 
@@ -394,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
       The process exit status.
     """
+    quiet_tensorflow()
     parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -402,26 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        if args.role == "dispatcher":
-            settings: DispatcherSettings | WorkerSettings = DispatcherSettings(
-                port=args.port,
-                work_dir=args.work_dir,
-                job_gc_timeout_ms=args.job_gc_timeout_ms,
-                job_gc_check_interval_ms=args.job_gc_check_interval_ms,
-                gc_dynamic_sharding_jobs=args.gc_dynamic_sharding_jobs,
-                client_timeout_ms=args.client_timeout_ms,
-                worker_timeout_ms=args.worker_timeout_ms,
-                stop_timeout_s=args.stop_timeout_s,
-            )
-        else:
-            settings = WorkerSettings(
-                dispatcher=args.dispatcher,
-                port=args.port,
-                worker_address=args.worker_address,
-                heartbeat_interval_ms=args.heartbeat_interval_ms,
-                dispatcher_timeout_ms=args.dispatcher_timeout_ms,
-                stop_timeout_s=args.stop_timeout_s,
-            )
+        settings: DispatcherSettings | WorkerSettings = _settings(
+            DispatcherSettings if args.role == "dispatcher" else WorkerSettings, args
+        )
     except ValueError as e:
         parser.error(str(e))
     # Handlers go in before the server starts, so a SIGTERM during start-up is a clean stop.
