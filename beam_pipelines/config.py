@@ -48,6 +48,8 @@ class PipelineConfig:
       max_bad_fraction: largest bad fraction that still publishes the dataset: inputs rejected
         for any reason but ``no_label``, over inputs inside a class (see ``StagedResult``).
       overwrite: replace an existing dataset at ``output``.
+      resume: continue the build that ``DST/.staging/`` holds (``resume``): complete shards are
+        kept and staged examples reused, for a byte-identical result.
       label_conflicts: what to do with byte-identical files under different classes, one of
         ``LABEL_CONFLICT_POLICIES``: keep the first copy (in URI order), drop every copy, or
         keep the first and refuse to publish.
@@ -65,6 +67,7 @@ class PipelineConfig:
     target_shard_mb: float = 128.0
     max_bad_fraction: float = 0.01
     overwrite: bool = False
+    resume: bool = False
     label_conflicts: str = "keep_first"
     stratify_validation: bool = False
 
@@ -241,6 +244,13 @@ class ImagesToTFRecordOptions(PipelineOptions):
             default=False,
             help="replace a dataset already published at --output",
         )
+        parser.add_argument(
+            "--resume",
+            action="store_true",
+            default=False,
+            help="continue an interrupted build of this command at --output: complete shards are "
+            "kept, prepared images are not decoded again, the result is byte-identical",
+        )
 
 
 def _absolute(path: str) -> str:
@@ -280,6 +290,7 @@ def config_from_options(options: PipelineOptions) -> PipelineConfig:
         target_shard_mb=own.target_shard_mb,
         max_bad_fraction=own.max_bad_fraction,
         overwrite=own.overwrite,
+        resume=own.resume,
         label_conflicts=own.label_conflicts,
         stratify_validation=own.stratify_validation,
     )

@@ -35,6 +35,7 @@ from beam_pipelines.catalog_io import (
 )
 from beam_pipelines.config import ImagesToTFRecordOptions, PipelineConfig, config_from_options
 from beam_pipelines.image_colour import COLOUR_SPACE
+from beam_pipelines.plan import plan_path
 from beam_pipelines.progress import ProgressSpec, close_reporter
 from beam_pipelines.publish import (
     StagedResult,
@@ -45,8 +46,14 @@ from beam_pipelines.publish import (
     read_staged,
     remove_unlisted_shards,
 )
+from beam_pipelines.resume import (
+    published_by_earlier_attempt,
+    remove_staging,
+    start_build,
+    summary_of_published,
+)
 from beam_pipelines.runners import private_temp_dir, resolve_runner_aliases
-from beam_pipelines.shards import METRICS_NAMESPACE, TRAIN, VALIDATION
+from beam_pipelines.shards import METRICS_NAMESPACE, TRAIN, VALIDATION, fixed_shard_counts
 from beam_pipelines.sources import is_listing
 from beam_pipelines.summary import RunSummary
 from beam_pipelines.transforms import ImagesToShards
@@ -153,14 +160,24 @@ def run(argv: Sequence[str] | None = None, *, progress: str = "auto") -> RunSumm
     FileSystems.set_options(options)
     config = config_from_options(options)
     _check_input(config)
-    old_manifest = prepare_output(config.output, overwrite=config.overwrite)
+    content = config.manifest_options()
+    if config.resume and (done := published_by_earlier_attempt(config.output, content)):
+        # Killed after publishing: nothing left to do but tidy up.
+        return summary_of_published(config.output, done, time.monotonic() - started)
+    # A resumed build may have published already (its plan is still there): it publishes again.
+    resuming = config.resume and FileSystems.exists(plan_path(config.output))
+    old_manifest = prepare_output(config.output, overwrite=config.overwrite or resuming)
+    fixed = None
+    if config.num_shards is not None:
+        fixed = fixed_shard_counts(config.num_shards, config.validation_fraction)
+    resume = start_build(config.output, content, resume=config.resume, fixed_counts=fixed)
     run_id = uuid.uuid4().hex
     spec = ProgressSpec(run_id, _progress_mode(progress, options))
 
     # Beam's launcher leaves directories in the temp dir on every run; they go with this one.
     with private_temp_dir():
         pipeline = beam.Pipeline(options=options)
-        results = pipeline | "ImagesToShards" >> ImagesToShards(config, spec)
+        results = pipeline | "ImagesToShards" >> ImagesToShards(config, spec, resume=resume)
         _ = results | "StageResults" >> StageResults(config.output, run_id)
         try:
             result = pipeline.run()
@@ -193,6 +210,7 @@ def run(argv: Sequence[str] | None = None, *, progress: str = "auto") -> RunSumm
         removed = remove_unlisted_shards(config.output, manifest, old_manifest)
         removed += remove_unlisted_catalog_files(config.output, manifest)
         remove_staged_fragments(config.output, manifest)
+        remove_staging(config.output)  # kept after a failure or a refusal, for --resume
     return RunSummary(
         output=config.output,
         published=published,

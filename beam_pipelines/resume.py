@@ -20,31 +20,47 @@ did not change in between.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import io
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipelines.catalog_io import STAGING_DIR, fragment_path, write_file
-from beam_pipelines.elements import Duplicate, ShardResult
+from beam_pipelines.catalog_io import fragment_path
+from beam_pipelines.done_records import (
+    list_done_records,
+    read_done_record,
+    shard_result_from_record,
+)
+from beam_pipelines.elements import Duplicate
 from beam_pipelines.object_store_io import read_with_retries
-from beam_pipelines.staging import read_sidecar, staging_dir
+from beam_pipelines.plan import (
+    check_plan,
+    content_options,
+    make_plan,
+    plan_path,
+    read_plan,
+    write_plan,
+)
+from beam_pipelines.publish import read_manifest
+from beam_pipelines.staging import list_sidecars, read_sidecar, staging_dir
+from beam_pipelines.summary import RunSummary
 from catalog.index_files import index_filename
+from schemas.manifest import REJECTED_NAME, Manifest
 
 __all__ = [
-    "DONE_DIR",
+    "ResumeState",
+    "load_resume_state",
+    "start_build",
+    "published_by_earlier_attempt",
+    "summary_of_published",
     "DONE_TAG",
-    "done_record_path",
-    "keys_digest",
-    "write_done_record",
-    "list_done_records",
-    "read_done_record",
-    "shard_result_from_record",
     "file_digest",
     "VerifyDoneShards",
     "StagedFromEarlierAttempts",
@@ -53,7 +69,6 @@ __all__ = [
     "remove_staging",
 ]
 
-DONE_DIR = "done"
 DONE_TAG = "duplicates"
 REUSED_TAG = "reused"
 _UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
@@ -62,68 +77,136 @@ _DELETE_BATCH = 1000
 _log = logging.getLogger(__name__)
 
 
-def done_record_path(output_dir: str, shard_name: str) -> str:
-    """``DST/.staging/done/<shard-stem>.json``."""
-    stem = index_filename(shard_name)[: -len(".idx")]
-    return FileSystems.join(output_dir, STAGING_DIR, DONE_DIR, f"{stem}.json")
+@dataclasses.dataclass(frozen=True)
+class ResumeState:
+    """What a build takes over from an interrupted one (empty for a fresh build).
 
-
-def keys_digest(records: Iterable[Any]) -> str:
-    """SHA-256 (hex) of the ``key<TAB>uri`` lines of a shard's records, in shard order."""
-    digest = hashlib.sha256()
-    for record in records:
-        digest.update(f"{record.sha256}\t{record.uri}\n".encode())
-    return digest.hexdigest()
-
-
-def write_done_record(
-    output_dir: str,
-    result: ShardResult,
-    duplicates: Sequence[Duplicate],
-    keys: str,
-) -> None:
-    """Records a committed shard; call after the shard, its index file and its fragment.
-
-    Args:
-      output_dir: the dataset directory.
-      result: the shard as committed.
-      duplicates: the inputs it dropped as copies (they go to ``duplicates.jsonl``).
-      keys: ``keys_digest`` of its records.
+    Attributes:
+      shard_counts: the saved plan's counts, or None when there is no saved plan.
+      done_records: paths of the done records to check and trust.
+      sidecars: paths of the staged files' sidecars, whose examples are reused.
     """
-    record = {
-        "shard": result._asdict(),
-        "duplicates": [d._asdict() for d in duplicates],
-        "keys_sha256": keys,
-    }
-    text = json.dumps(record, ensure_ascii=False, sort_keys=True)
-    write_file(done_record_path(output_dir, result.file), text.encode("utf-8"))
+
+    shard_counts: Mapping[str, int] | None = None
+    done_records: tuple[str, ...] = ()
+    sidecars: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.shard_counts is not None and not all(
+            isinstance(n, int) and n >= 1 for n in self.shard_counts.values()
+        ):
+            raise ValueError(f"shard_counts must map splits to counts >= 1: {self.shard_counts!r}")
+
+    def describe(self) -> str:
+        """One line for the log: what is taken over."""
+        if self.shard_counts is None:
+            return "--resume: no saved plan: building from the start"
+        return (
+            f"--resume: plan {dict(self.shard_counts)}, {len(self.done_records)} shard(s) to "
+            f"check, {len(self.sidecars)} staged file(s) to reuse"
+        )
 
 
-def list_done_records(output_dir: str) -> list[str]:
-    """Paths of every done record in ``output_dir``'s staging area, sorted."""
-    pattern = FileSystems.join(output_dir, STAGING_DIR, DONE_DIR, "*.json")
+def load_resume_state(output_dir: str, options: Mapping[str, Any]) -> ResumeState:
+    """Reads what an interrupted build left in ``output_dir`` (done records are checked later,
+    in the pipeline).
+
+    Without a saved plan nothing is reused: the interrupted build wrote no shard and, staged
+    examples aside, nothing worth keeping (staged examples could be reused, but the plan would
+    be made again from the same listing anyway: they are reused too).
+
+    Raises:
+      ValueError: if the saved plan is unreadable or was made with other content options,
+        naming them.
+    """
+    plan = read_plan(output_dir)
+    sidecars = tuple(list_sidecars(output_dir))
+    if plan is None:
+        return ResumeState(sidecars=sidecars)
+    check_plan(plan, options, path=plan_path(output_dir))
+    return ResumeState(
+        shard_counts=plan["shard_counts"],
+        done_records=tuple(list_done_records(output_dir)),
+        sidecars=sidecars,
+    )
+
+
+def start_build(
+    output_dir: str,
+    options: Mapping[str, Any],
+    *,
+    resume: bool,
+    fixed_counts: Mapping[str, int] | None,
+) -> ResumeState:
+    """Readies ``DST/.staging/`` for a build; call after ``publish.prepare_output``.
+
+    Without ``resume``, whatever an interrupted build left is deleted (with a warning that
+    ``--resume`` would have continued it). With it, the saved plan and staged work are taken
+    over (``load_resume_state``). Then, when the counts are fixed (``--num_shards``, or the
+    saved plan), ``plan.json`` is written now, before any shard; otherwise the pipeline's
+    planning step writes it.
+
+    Raises:
+      ValueError: from ``load_resume_state`` (a build with other options).
+    """
+    state = ResumeState()
+    if resume:
+        state = load_resume_state(output_dir, options)
+        _log.warning(state.describe())
+    elif FileSystems.exists(plan_path(output_dir)) or list_sidecars(output_dir):
+        _log.warning(
+            "%s holds an interrupted build: starting over (pass --resume to continue it)",
+            staging_dir(output_dir),
+        )
+        remove_staging(output_dir)
+    counts = state.shard_counts if state.shard_counts is not None else fixed_counts
+    if counts is not None and state.shard_counts is None:
+        write_plan(output_dir, make_plan(counts, options=options, rule="num_shards"))
+    if counts is not None:
+        state = dataclasses.replace(state, shard_counts=dict(counts))
+    return state
+
+
+def published_by_earlier_attempt(output_dir: str, options: Mapping[str, Any]) -> Manifest | None:
+    """For ``--resume``: the dataset an earlier attempt of this very build already published.
+
+    That is a ``dataset.json`` with the same content options and no ``plan.json`` (publishing
+    deletes the plan first when it clears the staging area; while a plan exists, the build is
+    not finished and is resumed instead).
+    """
+    if FileSystems.exists(plan_path(output_dir)):
+        return None
     try:
-        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
-    except Exception:  # noqa: BLE001  (each FileSystem reports "nothing there" its own way)
-        return []
+        manifest = read_manifest(output_dir)
+    except ValueError:
+        return None
+    if manifest is None or content_options(manifest.options) != content_options(options):
+        return None
+    return manifest
 
 
-def read_done_record(path: str) -> dict[str, Any]:
-    """Reads one done record (retrying transient failures)."""
-
-    def read() -> bytes:
-        with FileSystems.open(path, compression_type=_UNCOMPRESSED) as handle:
-            return handle.read()
-
-    return json.loads(read_with_retries(path, read).decode("utf-8"))
-
-
-def shard_result_from_record(record: dict[str, Any]) -> ShardResult:
-    """The ``ShardResult`` a done record holds (JSON lists back to tuples)."""
-    fields = dict(record["shard"])
-    if "label_counts" in fields:
-        fields["label_counts"] = tuple(tuple(pair) for pair in fields["label_counts"])
-    return ShardResult(**fields)
+def summary_of_published(output_dir: str, manifest: Manifest, elapsed_s: float) -> RunSummary:
+    """A ``RunSummary`` of a dataset already published (rejections counted from its report)."""
+    reasons: dict[str, int] = {}
+    path = FileSystems.join(output_dir, REJECTED_NAME)
+    with FileSystems.open(path, compression_type=_UNCOMPRESSED) as handle:
+        for line in io.TextIOWrapper(handle, encoding="utf-8"):  # streamed: reports may be long
+            if line.strip():
+                reason = json.loads(line)["reason"]
+                reasons[reason] = reasons.get(reason, 0) + 1
+    no_label = reasons.get("no_label", 0)
+    labelled = manifest.counts.input - no_label
+    bad = (manifest.counts.rejected - no_label) / labelled if labelled else 0.0
+    remove_staging(output_dir)
+    return RunSummary(
+        output=output_dir,
+        published=True,
+        manifest=manifest,
+        bad_fraction=bad,
+        rejected_by_reason=dict(sorted(reasons.items())),
+        metrics={},
+        elapsed_s=elapsed_s,
+    )
 
 
 def file_digest(path: str) -> tuple[int, str] | None:
@@ -268,6 +351,13 @@ class SplitReusable(beam.PTransform):
 def remove_staging(output_dir: str) -> int:
     """Deletes ``DST/.staging/`` and everything in it; returns the number of files deleted."""
     root = staging_dir(output_dir)
+    # The plan first: while it exists, the staging area is whole and a --resume continues the
+    # build; once it is gone, a dataset.json beside it is this build's, complete.
+    plan = plan_path(output_dir)
+    deleted = 0
+    if FileSystems.exists(plan):
+        FileSystems.delete([plan])
+        deleted = 1
     try:
         matched = FileSystems.match([FileSystems.join(root, "**")])[0].metadata_list
     except Exception:  # noqa: BLE001  (nothing there)
@@ -280,4 +370,4 @@ def remove_staging(output_dir: str) -> int:
 
         local = root[len("file://") :] if root.startswith("file://") else root
         shutil.rmtree(local, ignore_errors=True)  # the empty directories left behind
-    return len(paths)
+    return deleted + len(paths)

@@ -22,8 +22,10 @@ from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.metrics import Metrics
 
 from beam_pipelines.catalog_io import write_index_and_fragment
-from beam_pipelines.elements import Duplicate, PreparedRecord, ShardResult
-from beam_pipelines.object_store_io import create_empty_file
+from beam_pipelines.done_records import keys_digest, write_done_record
+from beam_pipelines.elements import Duplicate, PreparedRecord, ShardResult, StagedRecord
+from beam_pipelines.object_store_io import create_empty_file, write_object
+from beam_pipelines.staging import DEFAULT_READ_AHEAD_BYTES, StagedRecordReader, is_local
 from catalog.index_files import frame_length
 from schemas.manifest import shard_filename
 
@@ -41,6 +43,7 @@ __all__ = [
     "dedupe_sorted",
     "copy_to_filesystem",
     "write_shard_file",
+    "write_frames",
     "WriteShardFn",
     "WriteShards",
 ]
@@ -226,46 +229,111 @@ def write_shard_file(payloads: Iterable[bytes], local_path: str) -> list[tuple[i
     return entries
 
 
-class WriteShardFn(beam.DoFn):
-    """``((split, index, count), [PreparedRecord]) -> ShardResult`` (+ duplicates).
+def write_frames(
+    frames: Iterable[bytes], destination: str
+) -> tuple[list[tuple[int, int]], int, str]:
+    """Writes already framed TFRecord records, in order, as the file ``destination``.
 
-    Writes the shard, its index file and its catalog fragment (``catalog_io``). An empty list
-    writes an empty shard, so a planned shard that received no records still
-    exists and its name is never missing from the set.
+    The frames are written as they come (one at a time in memory), hashed on the way. A local
+    destination is written in place under a temporary name, then renamed; any other goes to a
+    local temporary file first, then up in one write (``object_store_io.write_object``).
+
+    Returns:
+      ``(entries, num_bytes, sha256 hex)``: each record's ``(offset, length)`` (the rows of the
+      shard's index file), and the file's size and hash.
+    """
+    entries: list[tuple[int, int]] = []
+    digest = hashlib.sha256()
+    offset = 0
+    directory, name = FileSystems.split(destination)
+    local = is_local(destination)
+    if local:
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
+    else:
+        fd, path = tempfile.mkstemp(suffix=".tfrecord")
+        os.close(fd)
+    try:
+        with open(path, "wb") as shard:
+            for frame in frames:
+                shard.write(frame)
+                digest.update(frame)
+                entries.append((offset, len(frame)))
+                offset += len(frame)
+        if local:
+            os.replace(path, destination)
+        elif offset == 0:
+            create_empty_file(destination)  # an empty shard; Beam's S3 writer cannot make one
+        else:
+            write_object(destination, local_path=path)
+    finally:
+        if os.path.exists(path):
+            os.remove(path)
+    return entries, offset, digest.hexdigest()
+
+
+class WriteShardFn(beam.DoFn):
+    """``((split, index, count), [StagedRecord]) -> ShardResult`` (+ duplicates).
+
+    Sorts the shard's locations by key and drops duplicates, then streams their frames from the
+    staging area into the shard (memory: the locations and one read-ahead window). After the
+    shard is committed come its index file and catalog fragment (``catalog_io``), then its done
+    record (``resume``), in that order. An empty list writes an empty shard, so a planned shard
+    that received no records still exists and its name is never missing from the set.
+
+    Side input ``done`` (optional): ``ShardResult`` of shards a resumed build found complete;
+    their groups are skipped.
     """
 
-    def __init__(self, output_dir: str, *, label_conflicts: str = "keep_first") -> None:
+    def __init__(
+        self,
+        output_dir: str,
+        *,
+        label_conflicts: str = "keep_first",
+        read_ahead_bytes: int = DEFAULT_READ_AHEAD_BYTES,
+    ) -> None:
         self._output_dir = output_dir
         self._label_conflicts = label_conflicts
+        self._read_ahead = read_ahead_bytes
+        self._reader: StagedRecordReader | None = None
+        self._done: tuple[Iterable[ShardResult], set[tuple[str, int]]] | None = None
         self._shards = Metrics.counter(METRICS_NAMESPACE, "shards_written")
         self._written = Metrics.counter(METRICS_NAMESPACE, "images_written")
         self._bytes = Metrics.counter(METRICS_NAMESPACE, "bytes_written")
         self._duplicates = Metrics.counter(METRICS_NAMESPACE, "duplicates")
 
-    def process(self, element):
+    def setup(self) -> None:
+        self._reader = StagedRecordReader(self._output_dir, read_ahead_bytes=self._read_ahead)
+
+    def teardown(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def _is_done(self, split: str, index: int, done: Iterable[ShardResult]) -> bool:
+        if self._done is None or self._done[0] is not done:
+            self._done = (done, {(s.split, s.index) for s in done})
+        return (split, index) in self._done[1]
+
+    def process(self, element, done: Iterable[ShardResult] = ()):
         (split, index, count), values = element
+        # A shard complete in an earlier attempt, and checked (resume.VerifyDoneShards), stays.
+        if not self._is_done(split, index, done):
+            yield from self._write(split, index, count, values)
+
+    def _write(self, split: str, index: int, count: int, values: Iterable[StagedRecord]):
+        if self._reader is None:
+            self.setup()
         records, duplicates = dedupe_sorted(values, label_conflicts=self._label_conflicts)
         name = shard_filename(split, index, count)
-        fd, local_path = tempfile.mkstemp(suffix=".tfrecord")
-        os.close(fd)
-        try:
-            entries = write_shard_file((r.serialized for r in records), local_path)
-            num_bytes, digest = copy_to_filesystem(
-                local_path, FileSystems.join(self._output_dir, name)
-            )
-        finally:
-            os.remove(local_path)
+        entries, num_bytes, digest = write_frames(
+            self._reader.frames(records), FileSystems.join(self._output_dir, name)
+        )
         # After the shard is committed: its index file, then its catalog rows.
         index_bytes, index_sha256 = write_index_and_fragment(
             self._output_dir, split, name, records, entries
         )
-        self._shards.inc()
-        self._written.inc(len(records))
-        self._bytes.inc(num_bytes)
-        self._duplicates.inc(len(duplicates))
-        for duplicate in duplicates:
-            yield beam.pvalue.TaggedOutput(DUPLICATES_TAG, duplicate)
-        yield ShardResult(
+        result = ShardResult(
             split,
             index,
             count,
@@ -277,44 +345,41 @@ class WriteShardFn(beam.DoFn):
             index_sha256,
             label_counts(records),
         )
-
-
-def _split_stats(records):
-    # (split, PreparedRecord) -> (split, (1, num_bytes))
-    return (
-        records
-        | "SizeBySplit" >> beam.Map(lambda kv: (kv[0], (1, len(kv[1].serialized))))
-        | "SumBySplit" >> beam.CombinePerKey(_sum_pairs)
-    )
-
-
-def _sum_pairs(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
-    examples = size = 0
-    for n, b in pairs:
-        examples += n
-        size += b
-    return examples, size
+        # Last: what --resume trusts once it has checked the shard against it.
+        write_done_record(self._output_dir, result, duplicates, keys_digest(records))
+        self._shards.inc()
+        self._written.inc(len(records))
+        self._bytes.inc(num_bytes)
+        self._duplicates.inc(len(duplicates))
+        for duplicate in duplicates:
+            yield beam.pvalue.TaggedOutput(DUPLICATES_TAG, duplicate)
+        yield result
 
 
 class WriteShards(beam.PTransform):
-    """``(split, PreparedRecord) -> {"shards": ShardResult, "duplicates": Duplicate}``.
+    """``(split, StagedRecord) -> {"shards": ShardResult, "duplicates": Duplicate}``.
 
-    Assigns every record to a shard by content hash, groups by shard and writes each shard
-    whole. ``shards`` has one element per shard of every split that received records,
-    ``duplicates`` one per input dropped as a byte-identical copy (``label_conflicts`` as in
-    ``dedupe_sorted``).
+    Assigns every record to a shard by content hash, groups the small locations by shard and
+    writes each shard from the staging area. ``shards`` has one element per shard of every
+    split that received records, ``duplicates`` one per input dropped as a byte-identical copy
+    (``label_conflicts`` as in ``dedupe_sorted``).
 
-    Shard counts come one of two ways:
-      * ``shard_counts`` (``{split: count}``, e.g. from ``fixed_shard_counts``): fixed before
-        the pipeline runs. Records are placed as soon as they are prepared and cross between
-        workers once, in the group-by-shard.
-      * ``target_shard_bytes``: each split's count is planned from its total bytes, which are
-        known only when every record is prepared. Records wait for that plan (a side input),
-        which every runner pays for by holding all records once more before the group-by-shard.
+    Shard counts are known before any record is placed (``plan`` module): either
+    ``shard_counts`` (``{split: count}``, e.g. from ``fixed_shard_counts``) or ``plan``, a
+    one-element PCollection of such a dict (``plan.PlanShards``, which counts the listing).
+
+    Args:
+      output_dir: the dataset directory; its staging area holds the records.
+      shard_counts: fixed counts, or None to take ``plan``.
+      plan: the counts as a one-element PCollection, or None to take ``shard_counts``.
+      done: for a resumed build, ``{"shards": ShardResult, "duplicates": Duplicate}``
+        PCollections of the shards found complete (``resume.VerifyDoneShards``): not written
+        again, and passed through with their duplicates.
+      label_conflicts: as in ``dedupe_sorted``.
 
     Raises:
-      ValueError: unless exactly one of ``shard_counts`` and ``target_shard_bytes`` is given,
-        and (while running) for a record of a split ``shard_counts`` does not name.
+      ValueError: unless exactly one of ``shard_counts`` and ``plan`` is given, and (while
+        running) for a record of a split the counts do not name.
     """
 
     def __init__(
@@ -322,14 +387,15 @@ class WriteShards(beam.PTransform):
         output_dir: str,
         *,
         shard_counts: Mapping[str, int] | None = None,
-        target_shard_bytes: int | None = None,
+        plan=None,
+        done=None,
         label_conflicts: str = "keep_first",
     ) -> None:
         super().__init__()
-        if (shard_counts is None) == (target_shard_bytes is None):
+        if (shard_counts is None) == (plan is None):
             raise ValueError(
-                "WriteShards needs exactly one of shard_counts and target_shard_bytes, got "
-                f"shard_counts={shard_counts!r}, target_shard_bytes={target_shard_bytes!r}"
+                "WriteShards needs exactly one of shard_counts and plan, got "
+                f"shard_counts={shard_counts!r}, plan={plan!r}"
             )
         if shard_counts is not None and not all(
             isinstance(n, int) and n >= 1 for n in shard_counts.values()
@@ -337,47 +403,45 @@ class WriteShards(beam.PTransform):
             raise ValueError(f"shard_counts must map splits to counts >= 1, got {shard_counts!r}")
         self._output_dir = output_dir
         self._counts = dict(shard_counts) if shard_counts is not None else None
-        self._target = target_shard_bytes
+        self._plan = plan
+        self._done = done
         self._label_conflicts = label_conflicts
 
     def expand(self, records):
+        pipeline = records.pipeline
         if self._counts is not None:
-            counts = self._counts
-            plan = records.pipeline | "FixedShardCounts" >> beam.Create([counts])
-            keyed = records | "AssignShard" >> beam.Map(_keyed_by_shard, counts)
+            plan = pipeline | "FixedShardCounts" >> beam.Create([self._counts])
         else:
-            target = self._target
-            plan = (
-                _split_stats(records)
-                # (split, (num_examples, num_bytes))
-                | "StatsToDict" >> beam.combiners.ToDict()
-                # {split: (num_examples, num_bytes)}
-                | "PlanShards"
-                >> beam.Map(lambda stats: plan_shard_counts(stats, target_shard_bytes=target))
-            )
-            keyed = records | "AssignShard" >> beam.Map(
-                _keyed_by_shard, beam.pvalue.AsSingleton(plan)
-            )
-        # plan: {split: num_shards}; keyed: ((split, index, count), PreparedRecord)
+            plan = self._plan
+        # plan: {split: num_shards}, one element
+        if self._done is not None:
+            done, done_duplicates = self._done["shards"], self._done[DUPLICATES_TAG]
+        else:
+            done = pipeline | "NoneDone" >> beam.Create([])
+            done_duplicates = pipeline | "NoDoneDuplicates" >> beam.Create([])
+        keyed = records | "AssignShard" >> beam.Map(_keyed_by_shard, beam.pvalue.AsSingleton(plan))
+        # ((split, index, count), StagedRecord)
         written = (
             keyed
             | "GroupByShard" >> beam.GroupByKey()
-            # ((split, index, count), [PreparedRecord])
+            # ((split, index, count), [StagedRecord]): locations only, never the bytes
             | "WriteShard"
             >> beam.ParDo(
-                WriteShardFn(self._output_dir, label_conflicts=self._label_conflicts)
+                WriteShardFn(self._output_dir, label_conflicts=self._label_conflicts),
+                done=beam.pvalue.AsList(done),
             ).with_outputs(DUPLICATES_TAG, main="shards")
         )
-        # A shard whose hash range caught no record is written empty, after the others: the
-        # records themselves never pass through a Flatten (an extra copy on most runners).
+        finished = (written.shards, done) | "Finished" >> beam.Flatten()
+        # A shard whose hash range caught no record is written empty, after the others.
         empty = (
             plan
-            | "EmptyShards" >> beam.FlatMap(_empty_shards, beam.pvalue.AsList(written.shards))
+            | "EmptyShards" >> beam.FlatMap(_empty_shards, beam.pvalue.AsList(finished))
             # ((split, index, count), [])
             | "WriteEmptyShard" >> beam.ParDo(WriteShardFn(self._output_dir))
         )
-        shards = (written.shards, empty) | "AllShards" >> beam.Flatten()
-        return {"shards": shards, DUPLICATES_TAG: written[DUPLICATES_TAG]}
+        shards = (written.shards, empty, done) | "AllShards" >> beam.Flatten()
+        duplicates = (written[DUPLICATES_TAG], done_duplicates) | "AllDuplicates" >> beam.Flatten()
+        return {"shards": shards, DUPLICATES_TAG: duplicates}
 
 
 def _empty_shards(counts: Mapping[str, int], written: Iterable[ShardResult]):

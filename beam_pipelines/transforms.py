@@ -2,6 +2,11 @@
 
 Bad inputs leave through a tagged ``rejected`` output as ``Rejection`` elements and bump a
 ``rejected_<reason>`` counter; they never raise out of a DoFn.
+
+The image step reads each source's bytes, hashes them, decides how the example is made
+(``PrepareImageFn._prepare``: the one place that may reuse an example made before instead of
+decoding), and stages it (``staging.RecordStager``): only a small ``StagedRecord`` location
+leaves the step, once the example's bytes are durable in ``DST/.staging/records/``.
 """
 
 from __future__ import annotations
@@ -12,13 +17,22 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipelines.catalog_io import MergeCatalogs
 from beam_pipelines.config import PipelineConfig
 from beam_pipelines.elements import CatalogMeta, PreparedRecord, Rejection, SourceFile
 from beam_pipelines.images import ImageOptions, RejectedImage, internal_error, prepare_image
 from beam_pipelines.object_store_io import read_with_retries
+from beam_pipelines.plan import PlanShards
 from beam_pipelines.progress import ProgressReporter, ProgressSpec, reporter_for
+from beam_pipelines.resume import (
+    REUSED_TAG,
+    ResumeState,
+    SplitReusable,
+    StagedFromEarlierAttempts,
+    VerifyDoneShards,
+)
 from beam_pipelines.shards import (
     DUPLICATES_TAG,
     METRICS_NAMESPACE,
@@ -27,6 +41,7 @@ from beam_pipelines.shards import (
 )
 from beam_pipelines.sources import SKIPPED_TAG, LabelNames, ListSources
 from beam_pipelines.splits import AssignSplits
+from beam_pipelines.staging import RecordStager
 from schemas.image_example import ImageRecord, serialize_record
 
 __all__ = [
@@ -59,15 +74,26 @@ def read_source(uri: str) -> bytes:
 
 
 class PrepareImageFn(beam.DoFn):
-    """``SourceFile -> PreparedRecord``; ``Rejection`` on the ``rejected`` output.
+    """``SourceFile -> StagedRecord`` (or ``PreparedRecord`` without a staging area);
+    ``Rejection`` on the ``rejected`` output.
 
     Side input ``label_names``: the sorted class names, whose positions are the labels.
-    ``progress`` says how the images done are shown while the pipeline runs.
+    ``progress`` says how the images done are shown while the pipeline runs. ``staging``: the
+    dataset directory whose staging area receives the examples; None yields each
+    ``PreparedRecord`` itself (tests, benchmarks).
     """
 
-    def __init__(self, options: ImageOptions, progress: ProgressSpec | None = None) -> None:
+    def __init__(
+        self,
+        options: ImageOptions,
+        progress: ProgressSpec | None = None,
+        *,
+        staging: str | None = None,
+    ) -> None:
         self._options = options
         self._progress = progress
+        self._staging = staging
+        self._stager: RecordStager | None = None
         self._reporter: ProgressReporter | None = None
         self._read = Metrics.counter(METRICS_NAMESPACE, "images_read")
         self._bytes_read = Metrics.counter(METRICS_NAMESPACE, "bytes_read")
@@ -86,6 +112,21 @@ class PrepareImageFn(beam.DoFn):
         if self._progress is not None:
             self._reporter = reporter_for(self._progress)
 
+    def start_bundle(self) -> None:
+        if self._staging is not None:
+            if self._stager is not None:
+                self._stager.close()  # left by a failed bundle: its records were never emitted
+            self._stager = RecordStager(self._staging)
+
+    def finish_bundle(self):
+        if self._stager is not None:
+            for staged in self._stager.flush():
+                yield GlobalWindows.windowed_value(staged)
+
+    def teardown(self) -> None:
+        if self._stager is not None:
+            self._stager.close()
+
     def process(self, source: SourceFile, label_names: tuple[str, ...]):
         try:
             record = self._prepare(source, self._label_index(label_names))
@@ -100,9 +141,15 @@ class PrepareImageFn(beam.DoFn):
             return
         if self._reporter is not None:
             self._reporter.add(prepared=1)
-        yield record
+        if self._stager is None:
+            yield record
+        else:
+            # Locations come out only once their staging file is committed.
+            yield from self._stager.add(record.sha256, record.uri, record.serialized, record.meta)
 
     def _prepare(self, source: SourceFile, index: dict[str, int]) -> PreparedRecord:
+        # read bytes -> sha256 -> decide (reuse an example made before, or prepare) -> staged
+        # by the caller. Inputs a resumed build staged before never get here (SplitReusable).
         if source.label is None:
             raise RejectedImage(
                 "no_label", "the file is not inside a class directory (<class name>/<image file>)"
@@ -147,22 +194,33 @@ class PrepareImageFn(beam.DoFn):
 
 
 class PrepareImages(beam.PTransform):
-    """``SourceFile -> PreparedRecord`` with a ``rejected`` output of ``Rejection``.
+    """``SourceFile -> StagedRecord`` (``PreparedRecord`` without ``staging``) with a
+    ``rejected`` output of ``Rejection``.
 
     Args:
       options: how to prepare each image.
       label_names: a one-element PCollection holding the sorted class names.
+      progress: how the images done are shown.
+      staging: the dataset directory whose staging area receives the examples.
     """
 
-    def __init__(self, options: ImageOptions, label_names, progress: ProgressSpec | None = None):
+    def __init__(
+        self,
+        options: ImageOptions,
+        label_names,
+        progress: ProgressSpec | None = None,
+        *,
+        staging: str | None = None,
+    ):
         super().__init__()
         self._options = options
         self._label_names = label_names
         self._progress = progress
+        self._staging = staging
 
     def expand(self, sources):
         return sources | "Prepare" >> beam.ParDo(
-            PrepareImageFn(self._options, self._progress),
+            PrepareImageFn(self._options, self._progress, staging=self._staging),
             beam.pvalue.AsSingleton(self._label_names),
         ).with_outputs(REJECTED_TAG, main="records")
 
@@ -180,12 +238,21 @@ class ImagesToShards(beam.PTransform):
       ``catalogs``: ``CatalogResult`` for every split's merged catalog.
 
     ``progress`` says how the image step shows the images done (None: not at all).
+    ``resume`` (``resume.ResumeState``) hands over what an interrupted build left: its shard
+    counts, the shards it completed and the examples it staged.
     """
 
-    def __init__(self, config: PipelineConfig, progress: ProgressSpec | None = None) -> None:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        progress: ProgressSpec | None = None,
+        *,
+        resume: ResumeState | None = None,
+    ) -> None:
         super().__init__()
         self._config = config
         self._progress = progress
+        self._resume = resume or ResumeState()
 
     def expand(self, pbegin):
         config = self._config
@@ -194,23 +261,43 @@ class ImagesToShards(beam.PTransform):
         # SourceFile
         label_names = sources | "LabelNames" >> LabelNames()
         # tuple[str, ...], one element
-        prepared = sources | "PrepareImages" >> PrepareImages(
-            config.image, label_names, self._progress
-        )
         fraction = config.validation_fraction
-        by_split = prepared.records | "AssignSplit" >> AssignSplits(
+        resume = self._resume
+        counts = resume.shard_counts
+        if counts is None and config.num_shards is not None:
+            counts = fixed_shard_counts(config.num_shards, fraction)
+        plan = sources | "PlanShards" >> PlanShards(
+            config.output,
+            counts=counts,
+            image=config.image,
+            validation_fraction=fraction,
+            target_shard_bytes=config.target_shard_bytes,
+            options=config.manifest_options(),
+        )
+        # {split: num_shards}, one element; plan.json is saved before any shard is written
+        to_prepare, reused = sources, []
+        if resume.sidecars:
+            earlier = pbegin | "StagedEarlier" >> StagedFromEarlierAttempts(resume.sidecars)
+            split = sources | "ReuseStaged" >> SplitReusable(earlier)
+            to_prepare, reused = split.sources, [split[REUSED_TAG]]
+        prepared = to_prepare | "PrepareImages" >> PrepareImages(
+            config.image, label_names, self._progress, staging=config.output
+        )
+        # StagedRecord, and Rejection on the rejected output
+        records = prepared.records
+        if reused:
+            records = (records, *reused) | "WithReused" >> beam.Flatten()
+        done = None
+        if resume.done_records:
+            done = pbegin | "DoneShards" >> VerifyDoneShards(config.output, resume.done_records)
+        by_split = records | "AssignSplit" >> AssignSplits(
             fraction,
             stratify=config.stratify_validation,
             label_conflicts=config.label_conflicts,
         )
-        # (split, PreparedRecord)
-        if config.num_shards is not None:
-            # Counts known now: records go straight from the image step to the group-by-shard.
-            sharding = {"shard_counts": fixed_shard_counts(config.num_shards, fraction)}
-        else:
-            sharding = {"target_shard_bytes": config.target_shard_bytes}
+        # (split, StagedRecord)
         written = by_split | "WriteShards" >> WriteShards(
-            config.output, label_conflicts=config.label_conflicts, **sharding
+            config.output, plan=plan, done=done, label_conflicts=config.label_conflicts
         )
         catalogs = written["shards"] | "MergeCatalogs" >> MergeCatalogs(config.output)
         # CatalogResult, one per split

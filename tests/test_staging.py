@@ -13,6 +13,14 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_pipelines.done_records import (
+    done_record_path,
+    keys_digest,
+    list_done_records,
+    read_done_record,
+    shard_result_from_record,
+    write_done_record,
+)
 from beam_pipelines.elements import CatalogMeta, Duplicate, ShardResult, StagedRecord
 from beam_pipelines.images import ImageOptions
 from beam_pipelines.plan import (
@@ -23,15 +31,7 @@ from beam_pipelines.plan import (
     read_plan,
     write_plan,
 )
-from beam_pipelines.resume import (
-    done_record_path,
-    keys_digest,
-    list_done_records,
-    read_done_record,
-    remove_staging,
-    shard_result_from_record,
-    write_done_record,
-)
+from beam_pipelines.resume import remove_staging
 from beam_pipelines.shards import TRAIN, VALIDATION
 from beam_pipelines.staging import (
     RecordStager,

@@ -26,6 +26,7 @@ from beam_pipelines.shards import (
     plan_shard_counts,
 )
 from beam_pipelines.sources import LabelNames, ListSources, parse_listing_line, source_from_path
+from beam_pipelines.staging import RecordStager
 from beam_pipelines.transforms import REJECTED_TAG, PrepareImages
 from schemas.image_example import record_from_example
 from tests.fixtures.images import jpeg_bytes, make_bad_files, make_image_tree
@@ -120,10 +121,10 @@ def test_fixed_shard_counts():
 
 
 def test_write_shards_needs_exactly_one_way_to_count():
-    with pytest.raises(ValueError, match="exactly one of shard_counts and target_shard_bytes"):
+    with pytest.raises(ValueError, match="exactly one of shard_counts and plan"):
         WriteShards("/out")
-    with pytest.raises(ValueError, match="exactly one of shard_counts and target_shard_bytes"):
-        WriteShards("/out", shard_counts={TRAIN: 2}, target_shard_bytes=1)
+    with pytest.raises(ValueError, match="exactly one of shard_counts and plan"):
+        WriteShards("/out", shard_counts={TRAIN: 2}, plan=object())
     with pytest.raises(ValueError, match="counts >= 1"):
         WriteShards("/out", shard_counts={TRAIN: 0})
 
@@ -235,13 +236,25 @@ def test_rejection_details_name_the_problem(tmp_path):
         )
 
 
+def _staged(out_dir: Path, elements, *, max_file_bytes: int = 64) -> list:
+    """``(split, PreparedRecord)`` -> ``(split, StagedRecord)``, staged in ``out_dir`` as the
+    image step stages them (several small staging files)."""
+    stager = RecordStager(str(out_dir), max_file_bytes=max_file_bytes)
+    staged = []
+    for _, record in elements:
+        staged += stager.add(record.sha256, record.uri, record.serialized, record.meta)
+    staged += stager.flush()
+    split_of = {(r.sha256, r.uri): split for split, r in elements}
+    return [(split_of[(r.sha256, r.uri)], r) for r in staged]
+
+
 def test_write_shards_writes_every_planned_shard_sorted_and_deduplicated(tmp_path):
     out_dir = tmp_path / "out"
     records = [
         PreparedRecord(_sha(i), f"/d/c/{i:02d}.jpg", f"payload-{i}".encode()) for i in range(12)
     ]
     copy = PreparedRecord(_sha(3), "/d/z/copy-of-03.jpg", b"payload-3")
-    elements = [(TRAIN, r) for r in records + [copy]]
+    elements = _staged(out_dir, [(TRAIN, r) for r in records + [copy]])
 
     def check_shards(results):
         assert sorted((r.split, r.index, r.count) for r in results) == [
@@ -268,14 +281,20 @@ def test_write_shards_writes_every_planned_shard_sorted_and_deduplicated(tmp_pat
             equal_to([Duplicate("/d/z/copy-of-03.jpg", "/d/c/03.jpg", _sha(3))]),
             label="Duplicates",
         )
-    assert not [p for p in Path(out_dir).iterdir() if ".tmp-" in p.name]
+    assert not [p for p in Path(out_dir).rglob("*") if ".tmp-" in p.name]
+    # Each shard leaves a done record (for --resume) after its index file and catalog rows.
+    done = sorted(p.name for p in (out_dir / ".staging" / "done").glob("*.json"))
+    assert done == [f"train-{i:05d}-of-00004.json" for i in range(4)]
 
 
 def test_write_shards_with_few_records_writes_empty_shards_too(tmp_path):
-    elements = [
-        (TRAIN, PreparedRecord("0" * 64, "/a.jpg", b"a")),
-        (TRAIN, PreparedRecord("1" + "0" * 63, "/b.jpg", b"b")),
-    ]
+    elements = _staged(
+        tmp_path,
+        [
+            (TRAIN, PreparedRecord("0" * 64, "/a.jpg", b"a")),
+            (TRAIN, PreparedRecord("1" + "0" * 63, "/b.jpg", b"b")),
+        ],
+    )
     with test_pipeline.TestPipeline() as p:
         out = p | beam.Create(elements) | WriteShards(str(tmp_path), shard_counts={TRAIN: 2})
         assert_that(
@@ -291,22 +310,23 @@ def _shard_files(directory: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(directory)): p.read_bytes()
         for p in sorted(directory.rglob("*"))
-        if p.is_file()
+        if p.is_file() and "records" not in p.parts
     }
 
 
-def test_byte_planned_and_fixed_counts_write_the_same_shards(tmp_path):
-    # 12 records of 100 bytes with a 400-byte target: ceil(1200 / 400) = 3 train shards,
-    # exactly what shard_counts={train: 3} asks for, and written byte for byte the same.
-    elements = [
-        (TRAIN, PreparedRecord(_sha(i), f"/c/{i}.jpg", bytes([i]) * 100)) for i in range(12)
-    ]
+def test_planned_and_fixed_counts_write_the_same_shards(tmp_path):
+    # Counts handed over as a one-element PCollection (the planning step's way) or fixed up
+    # front: the same 3 shards, byte for byte, whatever staging files the records came from.
+    records = [(TRAIN, PreparedRecord(_sha(i), f"/c/{i}.jpg", bytes([i]) * 100)) for i in range(12)]
     planned, fixed = tmp_path / "planned", tmp_path / "fixed"
-    for out_dir, sharding in (
-        (planned, {"target_shard_bytes": 400}),
-        (fixed, {"shard_counts": {TRAIN: 3}}),
-    ):
+    for out_dir, file_bytes in ((planned, 300), (fixed, 10_000)):
+        elements = _staged(out_dir, records, max_file_bytes=file_bytes)
         with test_pipeline.TestPipeline() as p:
+            if out_dir == planned:
+                plan = p | "Plan" >> beam.Create([{TRAIN: 3}])
+                sharding = {"plan": plan}
+            else:
+                sharding = {"shard_counts": {TRAIN: 3}}
             out = p | beam.Create(elements) | WriteShards(str(out_dir), **sharding)
             assert_that(
                 out["shards"] | beam.Map(lambda r: (r.index, r.count)),
@@ -318,7 +338,9 @@ def test_byte_planned_and_fixed_counts_write_the_same_shards(tmp_path):
 
 
 def test_fixed_counts_write_no_shards_for_a_split_without_records(tmp_path):
-    elements = [(TRAIN, PreparedRecord(_sha(i), f"/c/{i}.jpg", b"x")) for i in range(4)]
+    elements = _staged(
+        tmp_path, [(TRAIN, PreparedRecord(_sha(i), f"/c/{i}.jpg", b"x")) for i in range(4)]
+    )
     with test_pipeline.TestPipeline() as p:
         out = (
             p
@@ -340,7 +362,7 @@ def test_fixed_counts_write_no_shards_for_a_split_without_records(tmp_path):
 
 
 def test_fixed_counts_refuse_a_split_they_do_not_name(tmp_path):
-    elements = [(VALIDATION, PreparedRecord(_sha(1), "/c/odd.jpg", b"x"))]
+    elements = _staged(tmp_path, [(VALIDATION, PreparedRecord(_sha(1), "/c/odd.jpg", b"x"))])
     with pytest.raises(Exception, match=r"no shard count for split 'validation' \(of /c/odd.jpg\)"):
         with test_pipeline.TestPipeline() as p:
             _ = p | beam.Create(elements) | WriteShards(str(tmp_path), shard_counts={TRAIN: 2})
