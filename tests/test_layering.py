@@ -1,0 +1,167 @@
+"""The layering, checked on the import graph and by running the pipeline without TensorFlow.
+
+* ``schemas/``, ``objstore/`` and ``catalog/`` are the bottom floor: they import nothing of the
+  project (``catalog`` may import ``schemas``).
+* ``beam_pipelines`` imports neither ``tfrecord_io`` nor ``trainer``, at any depth (also inside
+  functions), and so never TensorFlow: Beam workers install the package without it.
+* The pipeline runs where TensorFlow cannot be imported (``sys.modules["tensorflow"] = None``,
+  as on a pipeline-only install) against a bucket behind a fault-injecting proxy: transient
+  errors are retried, a missing file is rejected with its real reason, and the run publishes.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.fault_proxy import FaultPlan
+from tests.fixtures.images import make_image_tree
+from tests.fixtures.object_store import BucketEnv, Server, upload_tree
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES: list[str] = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+    "packages"
+]
+# Package -> the project packages it may import (besides itself).
+BOTTOM_FLOOR = {"schemas": set(), "objstore": set(), "catalog": {"schemas"}}
+NEVER_FROM_BEAM = ("tfrecord_io", "trainer", "tensorflow", "tensorboard", "keras")
+_BLOCK_TENSORFLOW = 'import sys\nsys.modules["tensorflow"] = None  # as if not installed\n'
+
+
+def _imports(path: Path) -> set[str]:
+    """Top-level names of every module ``path`` imports, at any depth of the file."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _modules(package: str) -> list[Path]:
+    return sorted((REPO / package).rglob("*.py"))
+
+
+def _run_blocked(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _BLOCK_TENSORFLOW + code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+        env=env,
+    )
+
+
+@pytest.mark.parametrize("package", sorted(BOTTOM_FLOOR))
+def test_bottom_floor_packages_import_nothing_of_ours(package: str) -> None:
+    allowed = BOTTOM_FLOOR[package] | {package}
+    assert _modules(package), package
+    offenders = {
+        str(path.relative_to(REPO)): sorted((_imports(path) & set(PACKAGES)) - allowed)
+        for path in _modules(package)
+    }
+    assert not {k: v for k, v in offenders.items() if v}, offenders
+
+
+def test_beam_pipelines_never_imports_the_reader_trainer_or_tensorflow() -> None:
+    offenders = {
+        str(path.relative_to(REPO)): sorted(_imports(path) & set(NEVER_FROM_BEAM))
+        for path in _modules("beam_pipelines")
+    }
+    assert not {k: v for k, v in offenders.items() if v}, offenders
+
+
+@pytest.mark.slow
+def test_every_beam_pipelines_module_imports_with_tensorflow_blocked() -> None:
+    # The whole import graph, as Python resolves it: every module of the bottom floor and of
+    # beam_pipelines, in one process where TensorFlow cannot be imported.
+    modules = [
+        ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+        for package in (*BOTTOM_FLOOR, "beam_pipelines")
+        for path in _modules(package)
+    ]
+    done = _run_blocked(
+        "import importlib, json\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m, v in sys.modules.items() if v is not None)))\n"
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    loaded = json.loads(done.stdout.splitlines()[-1])
+    assert not [m for m in loaded if m.split(".")[0] in NEVER_FROM_BEAM]
+    assert set(modules) <= set(loaded)
+
+
+@pytest.mark.slow
+def test_pipeline_runs_without_tensorflow_against_a_faulty_bucket(
+    s3_env: BucketEnv,
+    moto_server: Server,
+    fault_proxy: Callable,
+    tmp_path: Path,
+) -> None:
+    images = tmp_path / "images"
+    made = make_image_tree(images, {"cat": 3, "dog": 3}, size=(40, 32))
+    upload_tree(images, s3_env.uri("images"))
+    # Every image GET fails on its first try (a body cut short), plus random 503s and resets.
+    plan = FaultPlan(seed=5, error_rate=0.1, reset_rate=0.05, latency_s=0.002, fail_first="images")
+    proxy = fault_proxy(moto_server.url, plan, flavour="s3")
+    s3_env.point_at(proxy.url)
+    missing_in_bucket = s3_env.uri("images", "dog", "gone.jpg")
+    missing_on_disk = tmp_path / "nowhere" / "cat.jpg"
+    rows = [
+        f"{s3_env.uri('images', label, path.name)},{label}"
+        for label, paths in made.items()
+        for path in paths
+    ]
+    listing = tmp_path / "listing.csv"
+    listing.write_text(
+        "\n".join(["uri,label", *rows, f"{missing_in_bucket},dog", f"{missing_on_disk},cat"]) + "\n"
+    )
+    output = tmp_path / "dataset"
+    argv = ["--input", str(listing), "--output", str(output), "--num_shards", "2"]
+    argv += ["--image_size", "24", "--max_bad_fraction", "0.5"]
+
+    done = _run_blocked(
+        "import json\n"
+        "from beam_pipelines import images_to_tfrecord\n"
+        f"code = images_to_tfrecord.main({argv!r})\n"
+        "loaded = sorted(m for m, v in sys.modules.items() if v and m.split('.')[0] in "
+        f"{NEVER_FROM_BEAM!r})\n"
+        "print(json.dumps({'code': code, 'loaded': loaded}))\n",
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    assert result == {"code": 0, "loaded": []}, done.stderr[-4000:]
+    # The run published, with every image that exists.
+    manifest = json.loads((output / "dataset.json").read_text())
+    assert manifest["counts"]["written"] == 6, manifest["counts"]
+    # Transient errors were met on image reads, and retried: every image still made it.
+    cut = [k for action, k in proxy.stats.fault_log if action == "truncate" and "images" in k]
+    assert len(cut) >= 6, proxy.stats.fault_log
+    # The missing files are rejected with their real reason, not a failed TensorFlow import.
+    rejected = {
+        row["uri"]: row
+        for row in map(json.loads, (output / "rejected.jsonl").read_text().splitlines())
+    }
+    assert set(rejected) == {missing_in_bucket, str(missing_on_disk)}, rejected
+    for uri, row in rejected.items():
+        assert row["reason"] == "unreadable", row
+        assert uri in row["detail"], row
+        assert "TensorFlow" not in row["detail"] and "ImportError" not in row["detail"], row
+        assert any(real in row["detail"].lower() for real in ("not found", "no such file")), row
+    # The bucket's missing object was asked for once (plus the certain first-try fault): a
+    # permanent error is not retried.
+    gone = [n for k, n in proxy.stats.attempts_by_request.items() if "gone.jpg" in k]
+    assert gone and max(gone) <= 2, proxy.stats.attempts_by_request
