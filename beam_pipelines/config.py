@@ -192,7 +192,8 @@ class ImagesToTFRecordOptions(PipelineOptions):
             "--accepted_formats",
             default="default",
             help="Pillow formats to accept: 'default' (every raster format Pillow decodes "
-            "without external programs), a list 'JPEG,PNG', or changes '+EPS,-TGA' (default)",
+            "without external programs), a list 'JPEG,PNG', or changes 'default,+EPS,-TGA' "
+            "(default)",
         )
         parser.add_argument(
             "--high_bit_depth",

@@ -163,7 +163,8 @@ def parse_accepted_formats(text: str) -> tuple[str, ...]:
     Forms (names are Pillow's, case-insensitive, comma-separated):
       ``default``: ``DEFAULT_ACCEPTED_FORMATS``;
       ``JPEG,PNG``: exactly these;
-      ``+EPS,-TGA``: the default list with EPS added and TGA removed (every item signed).
+      ``+EPS,-TGA`` or ``default,+EPS,-TGA``: the default list with EPS added and TGA removed
+      (on a command line, a value starting with ``-`` needs ``--accepted_formats=-TGA``).
 
     Raises:
       ValueError: naming the unknown format or the malformed list, and the flag.
@@ -171,14 +172,20 @@ def parse_accepted_formats(text: str) -> tuple[str, ...]:
     items = [item.strip() for item in text.split(",") if item.strip()]
     if not items:
         raise ValueError("--accepted_formats is empty; pass 'default', 'JPEG,PNG' or '+EPS,-TGA'")
-    if items == ["default"]:
-        return DEFAULT_ACCEPTED_FORMATS
+    if items[0].lower() == "default":
+        if len(items) == 1:
+            return DEFAULT_ACCEPTED_FORMATS
+        items = items[1:]
+        if not all(item[0] in "+-" for item in items):
+            raise ValueError(
+                f"--accepted_formats {text!r}: after 'default' every item must be +NAME or -NAME"
+            )
     known = pillow_formats()
     signed = [item[0] in "+-" for item in items]
     if any(signed) and not all(signed):
         raise ValueError(
             f"--accepted_formats {text!r} mixes signed (+X/-X) and plain names; use either a "
-            "full list ('JPEG,PNG') or changes to the default ('+EPS,-TGA')"
+            "full list ('JPEG,PNG') or changes to the default ('default,+EPS,-TGA')"
         )
 
     def name_of(item: str) -> str:

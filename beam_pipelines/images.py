@@ -19,6 +19,7 @@ orientation is applied, and the stored image carries no EXIF and no profile: it 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import traceback
 import warnings
@@ -95,6 +96,11 @@ _ENCODINGS = ("jpeg", "png", "raw")
 _CROPS = ("none", "center")
 _OUT_OF_BOUNDS = ("reject", "crop")
 _JPEG_MAX_SIDE = 65_500  # libjpeg's limit on either side
+
+# Pillow refuses headers above 2 x its MAX_IMAGE_PIXELS (about 179 MP), which would silently
+# cap --max_pixels. open_image checks --max_pixels from the header before any decode, so
+# Pillow's own global limit is turned off in processes that prepare images.
+Image.MAX_IMAGE_PIXELS = None
 # Exceptions Pillow's plugins raise for bad files (anything else is internal_error). The AVIF
 # plugin raises RuntimeError for what libavif refuses.
 _PILLOW_ERRORS = (
@@ -337,6 +343,19 @@ def _unidentified(data: bytes, sniffed: str | None, accepted: tuple[str, ...]) -
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _open_order(accepted_formats: tuple[str, ...], sniffed: str | None) -> tuple[str, ...]:
+    """The formats ``Image.open`` tries, the sniffed one first."""
+    # MPO has no opener of its own: Pillow's JPEG opener returns MPO files.
+    formats = [f for f in accepted_formats if f != "MPO"]
+    if "MPO" in accepted_formats and "JPEG" not in formats:
+        formats.insert(0, "JPEG")
+    if sniffed in formats:
+        formats.remove(sniffed)
+        formats.insert(0, sniffed)
+    return tuple(formats)
+
+
 def open_image(
     data: bytes,
     max_pixels: int,
@@ -361,18 +380,10 @@ def open_image(
     if not data:
         raise RejectedImage("empty_file", "the file has 0 bytes")
     sniffed = sniff_format(data)
-    # MPO has no opener of its own: Pillow's JPEG opener returns MPO files.
-    formats = [f for f in accepted_formats if f != "MPO"]
-    if "MPO" in accepted_formats and "JPEG" not in formats:
-        formats.insert(0, "JPEG")
-    if sniffed in formats:
-        formats.remove(sniffed)
-        formats.insert(0, sniffed)
+    formats = _open_order(accepted_formats, sniffed)
     try:
-        with warnings.catch_warnings():
-            # Our own max_pixels check below is the limit; Pillow's warning adds nothing.
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data), formats=formats)
+        # No DecompressionBombWarning either: Pillow's limit is off, --max_pixels is checked below.
+        image = Image.open(io.BytesIO(data), formats=formats)
     except Image.DecompressionBombError as e:
         # Pillow refuses headers above twice its MAX_IMAGE_PIXELS before we see the size.
         raise RejectedImage(
@@ -504,9 +515,7 @@ def decode_srgb(
         if fmt in ("JPEG", "MPO"):
             image.draft(None, (min_side, min_side))
         wide = wide_colour_rawmode(image)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            image.load()
+        image.load()
     except (*_PILLOW_ERRORS, Image.DecompressionBombError) as e:
         reason = classify_error(e, stage="pixels")
         if reason == "truncated":

@@ -207,6 +207,9 @@ def test_parse_accepted_formats_forms():
     assert parse_accepted_formats("png, jpeg,PNG") == ("PNG", "JPEG")
     widened = parse_accepted_formats("+EPS,-GIF")
     assert "EPS" in widened and "GIF" not in widened and widened[-1] == "TGA"
+    assert parse_accepted_formats("default,+eps,-gif") == widened
+    with pytest.raises(ValueError, match="after 'default' every item must be"):
+        parse_accepted_formats("default,PNG")
     with pytest.raises(ValueError, match="unknown format 'JPG'"):
         parse_accepted_formats("JPG")
     with pytest.raises(ValueError, match="mixes signed"):
