@@ -43,6 +43,7 @@ from beam_pipelines.image_formats import (
     sniff_format,
     why_not_accepted,
 )
+from beam_pipelines.image_hash import perceptual_hash
 
 __all__ = [
     "REASONS",
@@ -252,6 +253,7 @@ class PreparedImage:
       source_size: the source's ``(width, height)`` as declared in its header.
       decoded_size: the ``(width, height)`` actually decoded (smaller than ``source_size`` when
         JPEG DCT-domain downscaling applied).
+      phash: the 64-bit perceptual hash of the prepared pixels (``catalog.phash``), unsigned.
       events: what preparing it involved, as counter names (``icc_converted``,
         ``high_bit_depth_stretch_sbit``, ``cropped_out_of_bounds``…).
     """
@@ -264,6 +266,7 @@ class PreparedImage:
     source_format: str
     source_size: tuple[int, int]
     decoded_size: tuple[int, int]
+    phash: int | None = None
     events: tuple[str, ...] = ()
 
 
@@ -656,6 +659,7 @@ def _prepare(data: bytes, options: ImageOptions) -> PreparedImage:
         encoded, fmt = encode_image(
             final, encoding=options.encoding, jpeg_quality=options.jpeg_quality
         )
+        phash = perceptual_hash(final)
     except (OSError, ValueError) as e:
         raise RejectedImage("decode_error", f"{source_format}: {e}") from e
     if keep_ratio is not None:
@@ -669,5 +673,6 @@ def _prepare(data: bytes, options: ImageOptions) -> PreparedImage:
         source_format=source_format,
         source_size=source_size,
         decoded_size=decoded_size,
+        phash=phash,
         events=events,
     )

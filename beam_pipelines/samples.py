@@ -12,6 +12,13 @@ datasets hold: an empty file, an HTML error page saved as ``.jpg``, a truncated 
 duplicate, a PNG named ``.JPEG`` and an EXIF-rotated JPEG. With the default 100 images per
 class the 3 bad files stay under the pipeline's default ``--max_bad_fraction`` of 1%.
 
+Two near-duplicates test the leakage report (``tfrecord_io.inspect``): a validation image
+re-encoded at another JPEG quality, whose bytes put it in train (at ``--validation_fraction
+0.2``, not stratified, as the quickstart runs), and a half-size copy of a train image filed
+under another class (a possible label error). Every image also gets its own soft patches of
+light and shade, so distinct images differ in their coarse structure, as photos do, and only the
+planted copies come within the default near-duplicate threshold.
+
 Everything is generated from fixed seeds: the same arguments always write the same bytes.
 """
 
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import io
 import sys
 from collections.abc import Sequence
@@ -27,10 +35,14 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from beam_pipelines.shards import TRAIN, VALIDATION, assign_split
+from cliflags import StrictArgumentParser, command_name
+
 __all__ = [
     "SAMPLE_CLASSES",
     "ClassStyle",
     "textured_rgb",
+    "scene_rgb",
     "imagenet_like_jpeg",
     "write_imagenet_like_jpegs",
     "write_sample_set",
@@ -88,21 +100,82 @@ def textured_rgb(
     return np.clip(image, 0, 255).astype(np.uint8)
 
 
+def scene_rgb(size: tuple[int, int], *, seed: int = 0) -> np.ndarray:
+    """A distinct photo-like ``(height, width, 3)`` uint8 scene: 1/f colour noise and shapes.
+
+    Natural photos have a power spectrum falling as 1/f^2; colour noise with that spectrum,
+    mixed across channels and overlaid with a few flat ellipses and rectangles, gives scenes
+    that differ from one another in their coarse structure, as distinct photos do. Used to
+    measure near-duplicate detection (``benchmarks/bench_near_duplicates.py``).
+
+    Args:
+      size: ``(width, height)``.
+      seed: different seeds give different scenes.
+    """
+    from PIL import ImageDraw
+
+    width, height = size
+    rng = np.random.default_rng(seed)
+    fy = np.fft.fftfreq(height)[:, None]
+    fx = np.fft.rfftfreq(width)[None, :]
+    radius = np.sqrt(fx * fx + fy * fy)
+    radius[0, 0] = 1.0
+    channels = []
+    for _ in range(3):
+        spectrum = (rng.normal(size=radius.shape) + 1j * rng.normal(size=radius.shape)) / radius
+        spectrum[0, 0] = 0
+        field = np.fft.irfft2(spectrum, s=(height, width))
+        channels.append((field - field.mean()) / (field.std() + 1e-9))
+    mix = rng.normal(size=(3, 3)) * 0.5 + np.eye(3)
+    pixels = np.tensordot(np.stack(channels, -1), mix, axes=([2], [1])) * 40
+    pixels += rng.uniform(60, 190, 3)
+    image = Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(image)
+    for _ in range(int(rng.integers(2, 6))):
+        x0, y0 = rng.uniform(0, width), rng.uniform(0, height)
+        w, h = rng.uniform(0.06, 0.4, 2) * (width, height)
+        colour = tuple(int(v) for v in rng.integers(0, 256, 3))
+        shape = draw.ellipse if rng.random() < 0.5 else draw.rectangle
+        shape([x0, y0, x0 + w, y0 + h], fill=colour)
+    return np.asarray(image)
+
+
 def _jpeg(array: np.ndarray, quality: int = 90, **save_args) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(array).save(buffer, format="JPEG", quality=quality, **save_args)
     return buffer.getvalue()
 
 
+def _lighting(size: tuple[int, int], seed: int, patches: int = 6, amplitude: float = 45.0):
+    # Soft Gaussian patches of light and shade, different for every image.
+    width, height = size
+    rng = np.random.default_rng(seed + 104_729)
+    x = np.arange(width, dtype=np.float32)
+    y = np.arange(height, dtype=np.float32)
+    field = np.zeros((height, width), np.float32)
+    for _ in range(patches):
+        cx, cy = rng.uniform(0, width), rng.uniform(0, height)
+        sigma = rng.uniform(0.12, 0.35) * max(width, height)
+        gain = rng.uniform(-amplitude, amplitude)
+        # A round Gaussian is the outer product of two 1-D ones.
+        field += gain * np.outer(
+            np.exp(-((y - cy) ** 2) / (2 * sigma * sigma)),
+            np.exp(-((x - cx) ** 2) / (2 * sigma * sigma)),
+        )
+    return field
+
+
 def _styled(style: ClassStyle, size: tuple[int, int], seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed + 7_919)
-    return textured_rgb(
+    texture = textured_rgb(
         size,
         seed=seed,
         colour=style.colour,
         period=rng.uniform(*style.period),
         angle=rng.uniform(*style.angle),
     )
+    lit = texture.astype(np.float32) + _lighting(size, seed)[..., None]
+    return np.clip(lit, 0, 255).astype(np.uint8)
 
 
 def imagenet_like_jpeg(seed: int, size: tuple[int, int] = (500, 375), quality: int = 90) -> bytes:
@@ -137,23 +210,80 @@ def _exif_rotated(array: np.ndarray) -> bytes:
     return _jpeg(np.ascontiguousarray(np.rot90(array, k=1)), exif=exif.tobytes())
 
 
+def _split(data: bytes, validation_fraction: float) -> str:
+    return assign_split(hashlib.sha256(data).hexdigest(), validation_fraction)
+
+
+def _plant_near_duplicates(
+    root: Path, plain: list[Path], validation_fraction: float
+) -> list[tuple[Path, Path]]:
+    """Writes the two near-duplicates; returns ``(copy, original)`` paths.
+
+    1. The first plain JPEG (in path order) in validation, re-encoded at the first quality from
+       75 down whose bytes land in train: leakage.
+    2. The first plain JPEG in train, at half size, filed under the next class, at the first
+       JPEG quality from 90 down that keeps it in train: a cross-class pair.
+    Without any image in validation (a tiny set) the first image is re-encoded as is.
+    """
+    names = sorted(SAMPLE_CLASSES)
+    in_validation = [p for p in plain if _split(p.read_bytes(), validation_fraction) == VALIDATION]
+    in_train = [p for p in plain if p not in in_validation]
+    planted = []
+    original = (in_validation or plain)[0]
+    pixels = np.asarray(Image.open(original))
+    for quality in range(75, 40, -1):
+        data = _jpeg(pixels, quality)
+        if _split(data, validation_fraction) == TRAIN:
+            break
+    copy = original.with_name(f"{original.stem}_reencoded.JPEG")
+    copy.write_bytes(data)
+    planted.append((copy, original))
+    original = (in_train or plain)[0]
+    image = Image.open(original)
+    half = np.asarray(image.resize((max(8, image.width // 2), max(8, image.height // 2))))
+    for quality in range(90, 40, -1):
+        data = _jpeg(half, quality)
+        if _split(data, validation_fraction) == TRAIN:
+            break
+    other = names[(names.index(original.parent.name) + 1) % len(names)]
+    copy = root / other / f"near_copy_of_{original.stem}.JPEG"
+    copy.write_bytes(data)
+    planted.append((copy, original))
+    return planted
+
+
 def write_sample_set(
-    root: Path | str, *, per_class: int = 100, size: tuple[int, int] = (500, 375)
+    root: Path | str,
+    *,
+    per_class: int = 100,
+    size: tuple[int, int] = (500, 375),
+    validation_fraction: float = 0.2,
 ) -> dict[str, int]:
     """Writes the sample set under ``root``.
 
+    Args:
+      root: the directory to fill.
+      per_class: distinct images per class.
+      size: their ``(width, height)``.
+      validation_fraction: the pipeline's ``--validation_fraction`` the leakage near-duplicate
+        is placed for (the quickstart's 0.2).
+
     Returns:
-      Counts of what was written: ``images`` (good, distinct), ``bad``, ``duplicates``.
+      Counts of what was written: ``images`` (good, distinct), ``bad``, ``duplicates``,
+      ``near_duplicates``.
 
     Raises:
-      ValueError: if ``per_class`` < 3 (each class holds a rotated, a PNG and a plain image)
-        or ``size`` is below 8x8.
+      ValueError: if ``per_class`` < 3 (each class holds a rotated, a PNG and a plain image),
+        ``size`` is below 8x8 or ``validation_fraction`` is not in (0, 1).
     """
     if per_class < 3:
         raise ValueError(f"per_class must be >= 3, got {per_class}")
     if size[0] < 8 or size[1] < 8:
         raise ValueError(f"size must be at least 8x8, got {size[0]}x{size[1]}")
+    if not 0.0 < validation_fraction < 1.0:
+        raise ValueError(f"validation_fraction must be in (0, 1), got {validation_fraction!r}")
     root = Path(root)
+    plain: list[Path] = []
     for c, (name, style) in enumerate(SAMPLE_CLASSES.items()):
         directory = root / name
         directory.mkdir(parents=True, exist_ok=True)
@@ -168,6 +298,8 @@ def write_sample_set(
                 path.write_bytes(buffer.getvalue())  # the ImageNet PNG-named-.JPEG case
             else:
                 path.write_bytes(_jpeg(array))
+                plain.append(path)
+    _plant_near_duplicates(root, sorted(plain), validation_fraction)
     first = sorted(SAMPLE_CLASSES)[0]
     source = root / first / f"{first.replace(' ', '_')}_0002.JPEG"
     (root / first / "copy_of_0002.JPEG").write_bytes(source.read_bytes())
@@ -179,7 +311,12 @@ def write_sample_set(
         b"<body><h1>Forbidden</h1></body></html>\n"
     )
     (bad_dir / "truncated.JPEG").write_bytes(good[: len(good) // 3])
-    return {"images": per_class * len(SAMPLE_CLASSES), "bad": 3, "duplicates": 1}
+    return {
+        "images": per_class * len(SAMPLE_CLASSES),
+        "bad": 3,
+        "duplicates": 1,
+        "near_duplicates": 2,
+    }
 
 
 def _parse_size(text: str) -> tuple[int, int]:
@@ -192,19 +329,33 @@ def _parse_size(text: str) -> tuple[int, int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry: writes the sample set and says what it holds."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = StrictArgumentParser(
+        prog=command_name("beam_pipelines.samples"), description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--output", required=True, help="directory to fill")
     parser.add_argument("--per_class", type=int, default=100, help="images per class (100)")
     parser.add_argument("--size", type=_parse_size, default=(500, 375), help="WxH (500x375)")
+    parser.add_argument(
+        "--validation_fraction",
+        type=float,
+        default=0.2,
+        help="the pipeline's --validation_fraction the leakage near-duplicate is placed for (0.2)",
+    )
     args = parser.parse_args(argv)
     try:
-        counts = write_sample_set(args.output, per_class=args.per_class, size=args.size)
+        counts = write_sample_set(
+            args.output,
+            per_class=args.per_class,
+            size=args.size,
+            validation_fraction=args.validation_fraction,
+        )
     except ValueError as e:
         parser.error(str(e))
     print(
         f"wrote {counts['images']} images in {len(SAMPLE_CLASSES)} classes "
-        f"({', '.join(SAMPLE_CLASSES)}), plus {counts['bad']} bad files and "
-        f"{counts['duplicates']} duplicate, to {args.output}"
+        f"({', '.join(SAMPLE_CLASSES)}), plus {counts['bad']} bad files, "
+        f"{counts['duplicates']} duplicate and {counts['near_duplicates']} near-duplicates, "
+        f"to {args.output}"
     )
     return 0
 

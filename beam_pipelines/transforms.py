@@ -19,6 +19,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
+from beam_pipelines.base import BaseDamagedError, BaseDataset, BaseSpec, load_base
 from beam_pipelines.catalog_io import MergeCatalogs
 from beam_pipelines.config import PipelineConfig
 from beam_pipelines.elements import CatalogMeta, PreparedRecord, Rejection, SourceFile
@@ -80,7 +81,8 @@ class PrepareImageFn(beam.DoFn):
     Side input ``label_names``: the sorted class names, whose positions are the labels.
     ``progress`` says how the images done are shown while the pipeline runs. ``staging``: the
     dataset directory whose staging area receives the examples; None yields each
-    ``PreparedRecord`` itself (tests, benchmarks).
+    ``PreparedRecord`` itself (tests, benchmarks). ``base``: a previous dataset whose stored
+    example is reused, without decoding, for source bytes it holds (``beam_pipelines.base``).
     """
 
     def __init__(
@@ -89,10 +91,14 @@ class PrepareImageFn(beam.DoFn):
         progress: ProgressSpec | None = None,
         *,
         staging: str | None = None,
+        base: BaseSpec | None = None,
     ) -> None:
         self._options = options
         self._progress = progress
         self._staging = staging
+        self._base_spec = base
+        self._base: BaseDataset | None = None
+        self._reused = Metrics.counter(METRICS_NAMESPACE, "images_reused")
         self._stager: RecordStager | None = None
         self._reporter: ProgressReporter | None = None
         self._read = Metrics.counter(METRICS_NAMESPACE, "images_read")
@@ -111,6 +117,8 @@ class PrepareImageFn(beam.DoFn):
     def setup(self) -> None:
         if self._progress is not None:
             self._reporter = reporter_for(self._progress)
+        if self._base_spec is not None:
+            self._base = load_base(self._base_spec)
 
     def start_bundle(self) -> None:
         if self._staging is not None:
@@ -130,6 +138,8 @@ class PrepareImageFn(beam.DoFn):
     def process(self, source: SourceFile, label_names: tuple[str, ...]):
         try:
             record = self._prepare(source, self._label_index(label_names))
+        except BaseDamagedError:
+            raise  # a damaged base fails the build: never a rejection, never a silent rebuild
         except Exception as error:  # noqa: BLE001  (per-image work never takes the job down)
             rejected = error if isinstance(error, RejectedImage) else internal_error(error)
             if self._reporter is not None:
@@ -158,6 +168,17 @@ class PrepareImageFn(beam.DoFn):
         self._read.inc()
         self._bytes_read.inc(len(data))
         sha256 = hashlib.sha256(data).hexdigest()
+        if self._base is not None:
+            reused = self._base.reuse(
+                sha256,
+                uri=source.uri,
+                label=index[source.label],
+                text=source.label,
+                source_bytes=len(data),
+            )
+            if reused is not None:  # the base's stored example, relabelled if need be: no decode
+                self._reused.inc()
+                return PreparedRecord(sha256, source.uri, reused.serialized, reused.meta)
         prepared = prepare_image(data, self._options)
         Metrics.counter(METRICS_NAMESPACE, f"source_format_{prepared.source_format}").inc()
         for event in prepared.events:  # icc_converted, high_bit_depth_*, cropped_out_of_bounds
@@ -189,6 +210,7 @@ class PrepareImageFn(beam.DoFn):
             source_bytes=len(data),
             source_height=prepared.source_size[1],
             source_width=prepared.source_size[0],
+            phash=prepared.phash,
         )
         return PreparedRecord(sha256, source.uri, serialize_record(record), meta)
 
@@ -202,6 +224,7 @@ class PrepareImages(beam.PTransform):
       label_names: a one-element PCollection holding the sorted class names.
       progress: how the images done are shown.
       staging: the dataset directory whose staging area receives the examples.
+      base: a previous dataset to reuse examples from (``--base``).
     """
 
     def __init__(
@@ -211,16 +234,18 @@ class PrepareImages(beam.PTransform):
         progress: ProgressSpec | None = None,
         *,
         staging: str | None = None,
+        base: BaseSpec | None = None,
     ):
         super().__init__()
         self._options = options
         self._label_names = label_names
         self._progress = progress
         self._staging = staging
+        self._base = base
 
     def expand(self, sources):
         return sources | "Prepare" >> beam.ParDo(
-            PrepareImageFn(self._options, self._progress, staging=self._staging),
+            PrepareImageFn(self._options, self._progress, staging=self._staging, base=self._base),
             beam.pvalue.AsSingleton(self._label_names),
         ).with_outputs(REJECTED_TAG, main="records")
 
@@ -239,7 +264,8 @@ class ImagesToShards(beam.PTransform):
 
     ``progress`` says how the image step shows the images done (None: not at all).
     ``resume`` (``resume.ResumeState``) hands over what an interrupted build left: its shard
-    counts, the shards it completed and the examples it staged.
+    counts, the shards it completed and the examples it staged. ``base``: an opened ``--base``
+    whose image options match (``base.BaseDataset.spec``), to reuse examples from.
     """
 
     def __init__(
@@ -248,11 +274,13 @@ class ImagesToShards(beam.PTransform):
         progress: ProgressSpec | None = None,
         *,
         resume: ResumeState | None = None,
+        base: BaseSpec | None = None,
     ) -> None:
         super().__init__()
         self._config = config
         self._progress = progress
         self._resume = resume or ResumeState()
+        self._base = base
 
     def expand(self, pbegin):
         config = self._config
@@ -281,7 +309,7 @@ class ImagesToShards(beam.PTransform):
             split = sources | "ReuseStaged" >> SplitReusable(earlier)
             to_prepare, reused = split.sources, [split[REUSED_TAG]]
         prepared = to_prepare | "PrepareImages" >> PrepareImages(
-            config.image, label_names, self._progress, staging=config.output
+            config.image, label_names, self._progress, staging=config.output, base=self._base
         )
         # StagedRecord, and Rejection on the rejected output
         records = prepared.records

@@ -1,4 +1,5 @@
-"""The dataset catalog (one Parquet row per example) and per-shard index files.
+"""The dataset catalog (one Parquet row per example), per-shard index files, and the
+perceptual hash and near-duplicate search over the catalog's ``phash`` column.
 
 A bottom package: it imports only ``schemas``, ``pyarrow`` and ``numpy``, so the pipeline's
 workers, the reader and the tools can all use it.
@@ -15,6 +16,14 @@ from catalog.index_files import (
     parse_index,
 )
 from catalog.keys import key_prefixes
+from catalog.near_duplicates import (
+    DEFAULT_THRESHOLD,
+    Pairs,
+    classify,
+    find_pairs,
+    leakage_moves,
+)
+from catalog.phash import FLIP_MASK, flip_hash, hamming, phash, phash_of_grid
 from catalog.table import (
     CATALOG_VERSION,
     COLUMNS,
@@ -32,6 +41,16 @@ from catalog.table import (
 )
 
 __all__ = [
+    "DEFAULT_THRESHOLD",
+    "FLIP_MASK",
+    "Pairs",
+    "classify",
+    "find_pairs",
+    "flip_hash",
+    "hamming",
+    "leakage_moves",
+    "phash",
+    "phash_of_grid",
     "key_prefixes",
     "FRAME_OVERHEAD",
     "INDEX_SUFFIX",

@@ -16,12 +16,12 @@ from schemas.image_example import record_from_example
 
 def test_sample_set_layout_and_odd_files(tmp_path):
     counts = samples.write_sample_set(tmp_path, per_class=3, size=(64, 48))
-    assert counts == {"images": 12, "bad": 3, "duplicates": 1}
+    assert counts == {"images": 12, "bad": 3, "duplicates": 1, "near_duplicates": 2}
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names == sorted(samples.SAMPLE_CLASSES)
     assert any(" " in n for n in names) and any(not n.isascii() for n in names)
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
-    assert len(files) == 12 + 3 + 1
+    assert len(files) == 12 + 3 + 1 + 2
     png_named_jpeg = [
         p for p in files if p.suffix == ".JPEG" and sniff_format(p.read_bytes()) == "PNG"
     ]
@@ -69,11 +69,11 @@ def test_quickstart_flow_on_a_small_sample_set(tmp_path, capsys):
     images = tmp_path / "images"
     assert samples.main(["--output", str(images), "--per_class", "6", "--size", "80x60"]) == 0
     output = tmp_path / "dataset"
-    # 3 bad of 28 files is above the default 1%, as the small set is 1/16 of the default one.
+    # 3 bad of 30 files is above the default 1%, as the small set is 1/16 of the default one.
     argv = ["--input", str(images), "--output", str(output), "--validation_fraction", "0.2"]
     assert images_to_tfrecord.main([*argv, "--overwrite", "--max_bad_fraction", "0.15"]) == 0
     out = capsys.readouterr().out
-    assert "input 28  written 24  rejected 3  duplicates 1" in out
+    assert "input 30  written 26  rejected 3  duplicates 1" in out
     rows = [json.loads(x) for x in (output / "rejected.jsonl").read_text().splitlines()]
     assert sorted(r["reason"] for r in rows) == ["empty_file", "not_an_image", "truncated"]
     manifest = json.loads((output / "dataset.json").read_text(encoding="utf-8"))
@@ -87,3 +87,32 @@ def test_quickstart_flow_on_a_small_sample_set(tmp_path, capsys):
                 record = record_from_example(bytes(raw.numpy()))
                 heights.add(min(Image.open(io.BytesIO(record.encoded)).size))
     assert heights == {256}
+
+
+def test_sample_set_plants_a_leakage_and_a_cross_class_near_duplicate(tmp_path):
+    import hashlib
+
+    from beam_pipelines.images import ImageOptions, prepare_image
+    from beam_pipelines.shards import assign_split
+    from catalog.near_duplicates import DEFAULT_THRESHOLD
+    from catalog.phash import hamming
+
+    samples.write_sample_set(tmp_path, per_class=12, size=(160, 120))
+
+    def split(path):
+        return assign_split(hashlib.sha256(path.read_bytes()).hexdigest(), 0.2)
+
+    def phash(path):
+        return prepare_image(path.read_bytes(), ImageOptions()).phash
+
+    (reencoded,) = tmp_path.rglob("*_reencoded.JPEG")
+    original = reencoded.with_name(reencoded.name.replace("_reencoded", ""))
+    assert (split(original), split(reencoded)) == ("validation", "train")
+    assert reencoded.read_bytes() != original.read_bytes()
+    assert hamming(phash(original), phash(reencoded)) <= DEFAULT_THRESHOLD
+
+    (near,) = tmp_path.rglob("near_copy_of_*.JPEG")
+    source = next(tmp_path.rglob(near.name.removeprefix("near_copy_of_")))
+    assert near.parent.name != source.parent.name
+    assert Image.open(near).width == Image.open(source).width // 2
+    assert hamming(phash(source), phash(near)) <= DEFAULT_THRESHOLD

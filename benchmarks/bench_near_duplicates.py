@@ -1,0 +1,226 @@
+"""Benchmark: near-duplicate recall and precision per variant, the hash's cost, the search's speed.
+
+Quality rows. ``N`` distinct photo-like scenes (``beam_pipelines.samples.scene_rgb``, 500x375,
+JPEG q90) each get one copy per variant:
+
+* ``jpeg_q50``, ``jpeg_q75``: the decoded original re-encoded at another quality;
+* ``resize_50``: half the size (then JPEG q90);
+* ``crop_5``, ``crop_10``: 5% / 10% cut from the width and the height, at a random place;
+* ``brightness_+20``: +20 levels on every channel (clipped), ``brightness_x1.2``: x1.2;
+* ``flip``: mirrored left-right.
+
+Every file goes through the pipeline's own ``prepare_image`` (256 px shorter side, JPEG q90)
+and is hashed as the pipeline hashes it. ``find_pairs`` then runs over all of them together
+(flips on). Recall of a variant: the share of its copies paired with their original. Precision
+of a variant: of the pairs that hold one of its copies, the share joining two images of the same
+scene. ``distinct pairs`` counts pairs between different scenes' originals.
+
+Cost rows:
+* hash cost: ``prepare_image`` with and without the hash, interleaved in one process, per image
+  (the pipeline's CPU per image is larger still: Beam's overhead, ``bench_pipeline``);
+* search: ``find_pairs`` over N uniform random hashes, CPU seconds (uniform hashes are the
+  worst case for chance pairs and a fair one for bucket sizes).
+
+Usage::
+
+  python -m benchmarks.bench_near_duplicates [--n 1000] [--search 100000,1000000] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from PIL import Image
+
+from beam_pipelines import image_hash, images
+from beam_pipelines.images import ImageOptions, prepare_image
+from beam_pipelines.samples import scene_rgb
+from catalog.near_duplicates import find_pairs
+
+VARIANTS = (
+    "jpeg_q50",
+    "jpeg_q75",
+    "resize_50",
+    "crop_5",
+    "crop_10",
+    "brightness_+20",
+    "brightness_x1.2",
+    "flip",
+)
+THRESHOLDS = (6, 8, 10, 12)
+
+
+def _jpeg(pixels: np.ndarray, quality: int = 90) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=quality)
+    return buffer.getvalue()
+
+
+def _crop(pixels: np.ndarray, fraction: float, rng: np.random.Generator) -> np.ndarray:
+    height, width = pixels.shape[:2]
+    cut_x, cut_y = round(width * fraction), round(height * fraction)
+    left, top = int(rng.integers(0, cut_x + 1)), int(rng.integers(0, cut_y + 1))
+    return pixels[top : top + height - cut_y, left : left + width - cut_x]
+
+
+def variant(name: str, original: bytes, rng: np.random.Generator) -> bytes:
+    """The bytes of one variant of an original JPEG."""
+    pixels = np.asarray(Image.open(io.BytesIO(original)).convert("RGB"))
+    if name == "jpeg_q50":
+        return _jpeg(pixels, 50)
+    if name == "jpeg_q75":
+        return _jpeg(pixels, 75)
+    if name == "resize_50":
+        image = Image.fromarray(pixels)
+        return _jpeg(np.asarray(image.resize((image.width // 2, image.height // 2))))
+    if name == "crop_5":
+        return _jpeg(np.ascontiguousarray(_crop(pixels, 0.05, rng)))
+    if name == "crop_10":
+        return _jpeg(np.ascontiguousarray(_crop(pixels, 0.10, rng)))
+    if name == "brightness_+20":
+        return _jpeg(np.clip(pixels.astype(np.int16) + 20, 0, 255).astype(np.uint8))
+    if name == "brightness_x1.2":
+        return _jpeg(np.clip(pixels.astype(np.float32) * 1.2, 0, 255).astype(np.uint8))
+    if name == "flip":
+        return _jpeg(np.ascontiguousarray(pixels[:, ::-1]))
+    raise ValueError(f"unknown variant {name!r}; expected one of {VARIANTS}")
+
+
+def quality_rows(n: int, seed: int = 0) -> list[dict]:
+    """Recall and precision per variant and threshold over ``n`` scenes."""
+    rng = np.random.default_rng(seed)
+    options = ImageOptions()
+    hashes: list[int] = []
+    scene: list[int] = []
+    kind: list[str] = []
+    for i in range(n):
+        original = _jpeg(scene_rgb((500, 375), seed=1_000_003 + i))
+        for name in ("original", *VARIANTS):
+            data = original if name == "original" else variant(name, original, rng)
+            hashes.append(prepare_image(data, options).phash)
+            scene.append(i)
+            kind.append(name)
+    h = np.array(hashes, dtype=np.uint64)
+    scenes = np.array(scene)
+    kinds = np.array(kind)
+    rows = []
+    for threshold in THRESHOLDS:
+        pairs = find_pairs(h, threshold)
+        same = scenes[pairs.first] == scenes[pairs.second]
+        originals = (kinds[pairs.first] == "original") & (kinds[pairs.second] == "original")
+        row = {"threshold": threshold, "distinct pairs": int((originals & ~same).sum())}
+        for name in VARIANTS:
+            with_original = (
+                same
+                & (
+                    ((kinds[pairs.first] == name) & (kinds[pairs.second] == "original"))
+                    | ((kinds[pairs.second] == name) & (kinds[pairs.first] == "original"))
+                )
+            ).sum()
+            involved = (kinds[pairs.first] == name) | (kinds[pairs.second] == name)
+            found = int(involved.sum())
+            row[name] = (
+                int(with_original) / n,
+                (int((involved & same).sum()) / found) if found else 1.0,
+            )
+        rows.append(row)
+    return rows
+
+
+def _cpu(fn: Callable[[], object]) -> float:
+    start = time.process_time()
+    fn()
+    return time.process_time() - start
+
+
+def hash_cost(n: int, rounds: int = 5) -> tuple[float, float]:
+    """CPU microseconds per image of ``prepare_image`` with and without the hash."""
+    sources = [_jpeg(scene_rgb((500, 375), seed=s)) for s in range(n)]
+    options = ImageOptions()
+    real = image_hash.perceptual_hash
+
+    def run() -> None:
+        for data in sources:
+            prepare_image(data, options)
+
+    run()  # warm caches and imports
+    with_hash, without = [], []
+    for _ in range(rounds):
+        with_hash.append(_cpu(run))
+        images.perceptual_hash = lambda image: None
+        try:
+            without.append(_cpu(run))
+        finally:
+            images.perceptual_hash = real
+    return min(with_hash) / n * 1e6, min(without) / n * 1e6
+
+
+def search_cost(n: int, threshold: int) -> tuple[float, int]:
+    """CPU seconds of ``find_pairs`` over ``n`` uniform random hashes, and the pairs found."""
+    rng = np.random.default_rng(7)
+    hashes = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+    start = time.process_time()
+    pairs = find_pairs(hashes, threshold)
+    return time.process_time() - start, len(pairs)
+
+
+def chance_pairs(n: int, threshold: int, flips: bool = True) -> float:
+    """Expected pairs among ``n`` independent uniform 64-bit hashes within ``threshold``."""
+    within = sum(math.comb(64, k) for k in range(threshold + 1)) / 2.0**64
+    return n * (n - 1) / 2 * within * (2 if flips else 1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=1000, help="distinct scenes (1000)")
+    parser.add_argument("--cost_n", type=int, default=200, help="images for the hash cost (200)")
+    parser.add_argument(
+        "--search", default="100000,1000000", help="hash counts for the search rows"
+    )
+    parser.add_argument("--quick", action="store_true", help="a smoke run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.n, args.cost_n, args.search = 30, 30, "20000"
+    sizes = [int(s) for s in args.search.split(",") if s]
+
+    print(f"near-duplicates of {args.n} distinct scenes, flips on (recall / precision):")
+    rows = quality_rows(args.n)
+    header = "| variant | " + " | ".join(f"t={r['threshold']}" for r in rows) + " |"
+    print(header)
+    print("|---|" + "---:|" * len(rows))
+    for name in VARIANTS:
+        cells = [f"{r[name][0]:.1%} / {r[name][1]:.1%}" for r in rows]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    pairs_total = args.n * (args.n - 1) // 2
+    cells = [f"{r['distinct pairs']} of {pairs_total:,}" for r in rows]
+    print("| distinct scenes paired | " + " | ".join(cells) + " |")
+
+    print("\nhash cost (CPU per image, prepare_image at 256 px, interleaved, best of 5):")
+    with_hash, without = hash_cost(args.cost_n)
+    print(
+        f"  with hash {with_hash:.0f} us, without {without:.0f} us: the hash costs "
+        f"{with_hash - without:.0f} us = {(with_hash - without) / with_hash:.1%} of prepare_image"
+    )
+
+    print("\nsearch (find_pairs, uniform random hashes, flips on):")
+    print("| hashes | threshold | CPU s | pairs found | chance pairs expected |")
+    print("|---:|---:|---:|---:|---:|")
+    for n in sizes:
+        for threshold in (8, 10):
+            seconds, found = search_cost(n, threshold)
+            print(
+                f"| {n:,} | {threshold} | {seconds:.1f} | {found:,} | "
+                f"{chance_pairs(n, threshold):,.0f} |"
+            )
+            sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
