@@ -306,13 +306,19 @@ def _through_profile(image: Image.Image, icc: bytes) -> Image.Image:
 
 
 def to_srgb(
-    image: Image.Image, *, background: tuple[int, int, int] = (255, 255, 255)
+    image: Image.Image,
+    *,
+    background: tuple[int, int, int] = (255, 255, 255),
+    defer_rgb_profile: bool = False,
 ) -> tuple[Image.Image, tuple[str, ...]]:
     """Converts an 8-bit image of any mode to ``RGB`` sRGB, through its ICC profile if any.
 
     Args:
       image: loaded, 8 bits per sample (after ``reduce_bit_depth``).
       background: RGB colour that transparent pixels are composited over.
+      defer_rgb_profile: leave an ``RGB`` image with a profile as it is (profile still in
+        ``info``), for a caller that converts it after downscaling, where there are fewer
+        pixels to convert; ``resize`` and ``transpose`` carry ``info`` along.
 
     Returns:
       The ``RGB`` image, with no ``icc_profile`` in its ``info`` once the profile is applied,
@@ -322,7 +328,7 @@ def to_srgb(
       OSError, ValueError: from Pillow, for a mode it cannot convert.
     """
     icc = image.info.get("icc_profile")
-    if image.mode == "RGB" and not icc:
+    if image.mode == "RGB" and (not icc or defer_rgb_profile):
         return image, ()  # the common case: nothing to do
     events: tuple[str, ...] = ()
     if icc:
