@@ -21,8 +21,9 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.catalog_io import CatalogResult
-from beam_pipelines.elements import Duplicate, ShardResult
+from beam_pipelines.elements import Duplicate, Rejection, ShardResult
 from beam_pipelines.object_store_io import create_empty_file
+from beam_pipelines.reports import WriteSortedReport
 from catalog.index_files import index_filename
 from schemas.manifest import (
     MANIFEST_NAME,
@@ -95,10 +96,6 @@ def staged_path(output_dir: str, run_id: str) -> str:
     return FileSystems.join(output_dir, f".staged-{run_id}.json")
 
 
-def _jsonl(lines: Iterable[str]) -> str:
-    return "".join(f"{line}\n" for line in lines)
-
-
 def label_conflict_groups(duplicates: Iterable[Duplicate]) -> list[dict[str, Any]]:
     """Groups the label conflicts among ``duplicates`` by content hash.
 
@@ -121,6 +118,42 @@ def label_conflict_groups(duplicates: Iterable[Duplicate]) -> list[dict[str, Any
     ]
 
 
+class _RejectedSummary:
+    """Counts rejections by reason as ``rejected.jsonl`` is written (``reports.Summarizer``)."""
+
+    def __init__(self) -> None:
+        self._reasons: dict[str, int] = {}
+
+    def add(self, rejection: Rejection) -> None:
+        self._reasons[rejection.reason] = self._reasons.get(rejection.reason, 0) + 1
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "count": sum(self._reasons.values()),
+            "by_reason": dict(sorted(self._reasons.items())),
+        }
+
+
+class _DuplicatesSummary:
+    """Counts duplicates and groups label conflicts as ``duplicates.jsonl`` is written.
+
+    Only the label conflicts are kept (copies of one file under two classes: labelling errors,
+    few in any dataset worth publishing); plain duplicates are only counted.
+    """
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._conflicts: list[Duplicate] = []
+
+    def add(self, duplicate: Duplicate) -> None:
+        self._count += 1
+        if duplicate.label_conflict:
+            self._conflicts.append(duplicate)
+
+    def result(self) -> dict[str, Any]:
+        return {"count": self._count, "label_conflicts": label_conflict_groups(self._conflicts)}
+
+
 class _StageFn(beam.DoFn):
     def __init__(self, output_dir: str, run_id: str) -> None:
         self._output_dir = output_dir
@@ -138,28 +171,16 @@ class _StageFn(beam.DoFn):
         skipped_count=0,
         skipped_examples=(),
     ):
-        rejected = sorted(rejected)
-        duplicates = sorted(duplicates)
-        write_text(
-            FileSystems.join(self._output_dir, REJECTED_NAME),
-            _jsonl(r.to_json() for r in rejected),
-        )
-        write_text(
-            FileSystems.join(self._output_dir, DUPLICATES_NAME),
-            _jsonl(d.to_json() for d in duplicates),
-        )
-        reasons: dict[str, int] = {}
-        for r in rejected:
-            reasons[r.reason] = reasons.get(r.reason, 0) + 1
+        # rejected, duplicates: the summaries of the reports, already written (WriteSortedReport)
         staged = {
             "input": input_count,
             "label_names": list(label_names),
             "shards": [s._asdict() for s in sorted(shards)],
             "catalogs": [c._asdict() for c in sorted(catalogs)],
-            "rejected": len(rejected),
-            "rejected_by_reason": dict(sorted(reasons.items())),
-            "duplicates": len(duplicates),
-            "label_conflicts": label_conflict_groups(duplicates),
+            "rejected": rejected["count"],
+            "rejected_by_reason": rejected["by_reason"],
+            "duplicates": duplicates["count"],
+            "label_conflicts": duplicates["label_conflicts"],
             "skipped": skipped_count,
             "skipped_examples": sorted(skipped_examples),
         }
@@ -182,6 +203,13 @@ class StageResults(beam.PTransform):
     def expand(self, results):
         as_list = beam.pvalue.AsList
         input_count = results["sources"] | "CountInputs" >> beam.combiners.Count.Globally()
+        # Written sorted with bounded memory; only their counts reach the summary below.
+        rejected = results["rejected"] | "RejectedReport" >> WriteSortedReport(
+            self._output_dir, REJECTED_NAME, Rejection, _RejectedSummary
+        )
+        duplicates = results["duplicates"] | "DuplicatesReport" >> WriteSortedReport(
+            self._output_dir, DUPLICATES_NAME, Duplicate, _DuplicatesSummary
+        )
         skipped = {}
         if "skipped" in results:
             # str (URI) -> int, and -> [str], the first few in URI order
@@ -202,8 +230,8 @@ class StageResults(beam.PTransform):
                 beam.pvalue.AsSingleton(input_count),
                 beam.pvalue.AsSingleton(results["label_names"]),
                 as_list(results["shards"]),
-                as_list(results["rejected"]),
-                as_list(results["duplicates"]),
+                beam.pvalue.AsSingleton(rejected),
+                beam.pvalue.AsSingleton(duplicates),
                 *([as_list(results["catalogs"])] if "catalogs" in results else []),
                 **skipped,
             )
