@@ -27,6 +27,19 @@ import os
 import statistics
 from collections.abc import Sequence
 
+from trainer.metrics import (
+    EVENT_FILE_PATTERN,
+    EXAMPLES_PER_SEC,
+    GPU_UTILIZATION,
+    GRAD_NORM,
+    INPUT_WAIT,
+    LOSS,
+    STEP_TIME,
+    TRAIN_RUN,
+    VALIDATION_RUN,
+    WORKERS_DIR,
+)
+
 __all__ = [
     "OK",
     "WARN",
@@ -96,15 +109,15 @@ class Verdict:
 def _event_dirs(model_dir: str) -> dict[str, str]:
     """Run name -> directory holding event files."""
     runs: dict[str, str] = {}
-    if glob.glob(os.path.join(model_dir, "events.out.tfevents.*")):
-        runs["train"] = model_dir
-    for name in ("train", "validation"):
+    if glob.glob(os.path.join(model_dir, EVENT_FILE_PATTERN)):
+        runs[TRAIN_RUN] = model_dir
+    for name in (TRAIN_RUN, VALIDATION_RUN):
         path = os.path.join(model_dir, name)
-        if glob.glob(os.path.join(path, "events.out.tfevents.*")):
+        if glob.glob(os.path.join(path, EVENT_FILE_PATTERN)):
             runs[name] = path
-    for path in sorted(glob.glob(os.path.join(model_dir, "workers", "*", "train"))):
-        if glob.glob(os.path.join(path, "events.out.tfevents.*")):
-            runs[f"{os.path.basename(os.path.dirname(path))}/train"] = path
+    for path in sorted(glob.glob(os.path.join(model_dir, WORKERS_DIR, "*", TRAIN_RUN))):
+        if glob.glob(os.path.join(path, EVENT_FILE_PATTERN)):
+            runs[f"{os.path.basename(os.path.dirname(path))}/{TRAIN_RUN}"] = path
     return runs
 
 
@@ -203,11 +216,11 @@ def _too_few(check: str, tag: str, count: int, t: Thresholds) -> Verdict:
 
 def _step_time(train: dict[str, Series], t: Thresholds) -> Verdict:
     check = "step time"
-    if "step_time" not in train:
+    if STEP_TIME not in train:
         return Verdict(check, NA, "not logged", "no 'step_time' scalar")
-    values = _after_warmup(_values(train["step_time"]), t)
+    values = _after_warmup(_values(train[STEP_TIME]), t)
     if len(values) < t.min_points:
-        return _too_few(check, "step_time", len(values), t)
+        return _too_few(check, STEP_TIME, len(values), t)
     median = statistics.median(values)
     p10, p90 = _quantile(values, 0.1), _quantile(values, 0.9)
     spread = (p90 - p10) / median if median > 0 else math.inf
@@ -225,20 +238,20 @@ def _input_wait(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
     check = "input pipeline"
     medians: dict[str, float] = {}
     for run, series in runs.items():
-        if run.endswith("train") and "input_wait" in series:
-            values = _after_warmup(_values(series["input_wait"]), t)
+        if run.endswith(TRAIN_RUN) and INPUT_WAIT in series:
+            values = _after_warmup(_values(series[INPUT_WAIT]), t)
             if len(values) >= t.min_points:
                 medians[run] = statistics.median(values)
     if not medians:
-        logged = any("input_wait" in s for s in runs.values())
+        logged = any(INPUT_WAIT in s for s in runs.values())
         if logged:
-            count = max(len(_after_warmup(_values(s.get("input_wait")), t)) for s in runs.values())
-            return _too_few(check, "input_wait", count, t)
+            count = max(len(_after_warmup(_values(s.get(INPUT_WAIT)), t)) for s in runs.values())
+            return _too_few(check, INPUT_WAIT, count, t)
         return Verdict(check, NA, "not logged", "no 'input_wait' scalar")
     worst_run = max(medians, key=lambda r: medians[r])
     worst = medians[worst_run]
     parts = [f"median input_wait {medians[r]:.0%} of the step ({r})" for r in sorted(medians)]
-    speed = _values(runs.get("train", {}).get("examples_per_sec"))
+    speed = _values(runs.get(TRAIN_RUN, {}).get(EXAMPLES_PER_SEC))
     if speed:
         parts.append(f"median {statistics.median(_after_warmup(speed, t)):.0f} examples/s")
     evidence = "; ".join(parts) + f"; threshold {t.input_wait:.0%}"
@@ -249,12 +262,12 @@ def _input_wait(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
 
 def _accelerator(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
     check = "accelerator"
-    train = runs.get("train", {})
-    if "gpu_utilization" not in train:
+    train = runs.get(TRAIN_RUN, {})
+    if GPU_UTILIZATION not in train:
         return Verdict(check, NA, "not logged", "no 'gpu_utilization' scalar (no GPU)")
-    values = _after_warmup(_values(train["gpu_utilization"]), t)
+    values = _after_warmup(_values(train[GPU_UTILIZATION]), t)
     if len(values) < t.min_points:
-        return _too_few(check, "gpu_utilization", len(values), t)
+        return _too_few(check, GPU_UTILIZATION, len(values), t)
     median = statistics.median(values)
     low = sum(v < t.gpu_utilization for v in values) / len(values)
     evidence = (
@@ -263,7 +276,7 @@ def _accelerator(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
     )
     if median >= t.gpu_utilization:
         return Verdict(check, OK, "busy", evidence)
-    waits = _values(train.get("input_wait"))
+    waits = _values(train.get(INPUT_WAIT))
     if waits and statistics.median(_after_warmup(waits, t)) > t.input_wait:
         return Verdict(check, WARN, "GPU idle while waiting for input: I/O bottleneck", evidence)
     return Verdict(
@@ -273,11 +286,11 @@ def _accelerator(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
 
 def _grad_norm(train: dict[str, Series], t: Thresholds) -> Verdict:
     check = "gradient norm"
-    if "grad_norm" not in train:
+    if GRAD_NORM not in train:
         return Verdict(check, NA, "not logged", "no 'grad_norm' scalar")
-    values = _values(train["grad_norm"])
+    values = _values(train[GRAD_NORM])
     if len(values) < t.min_points:
-        return _too_few(check, "grad_norm", len(values), t)
+        return _too_few(check, GRAD_NORM, len(values), t)
     bad = [v for v in values if not math.isfinite(v)]
     if bad:
         return Verdict(
@@ -321,11 +334,11 @@ def _running_median(values: list[float], half: int = 2) -> list[float]:
 
 def _loss(train: dict[str, Series], t: Thresholds) -> Verdict:
     check = "loss curve"
-    if "loss" not in train:
+    if LOSS not in train:
         return Verdict(check, NA, "not logged", "no 'loss' scalar")
-    values = _values(train["loss"])
+    values = _values(train[LOSS])
     if len(values) < t.min_points:
-        return _too_few(check, "loss", len(values), t)
+        return _too_few(check, LOSS, len(values), t)
     if not all(math.isfinite(v) for v in values):
         return Verdict(check, WARN, "diverged (NaN/inf loss)", f"{len(values)} points")
     first, last = _quarters(values)
@@ -366,13 +379,13 @@ def _loss(train: dict[str, Series], t: Thresholds) -> Verdict:
 
 def _validation(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
     check = "validation"
-    val = _values(runs.get("validation", {}).get("loss"))
+    val = _values(runs.get(VALIDATION_RUN, {}).get(LOSS))
     if not val:
         return Verdict(check, NA, "not logged", "no validation 'loss'")
     if len(val) < 3:
         return Verdict(check, NA, "too few points", f"{len(val)} validation points < 3")
     best, latest = min(val), val[-1]
-    train_loss = _values(runs.get("train", {}).get("loss"))
+    train_loss = _values(runs.get(TRAIN_RUN, {}).get(LOSS))
     first, last = _quarters(train_loss) if train_loss else ([0.0], [0.0])
     falling = statistics.fmean(last) < statistics.fmean(first)
     evidence = (
@@ -397,7 +410,7 @@ def diagnose_run(
       One verdict per check, in the table's order.
     """
     t = thresholds or Thresholds()
-    train = runs.get("train", {})
+    train = runs.get(TRAIN_RUN, {})
     return [
         _step_time(train, t),
         _input_wait(runs, t),

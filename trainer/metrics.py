@@ -25,20 +25,59 @@ import os
 import threading
 from typing import Any
 
-__all__ = ["TAGS", "StepWindow", "SummaryWriters", "GpuUtilization"]
+__all__ = [
+    "ACCURACY",
+    "EVENT_FILE_PATTERN",
+    "EXAMPLES_PER_SEC",
+    "GPU_UTILIZATION",
+    "GRAD_NORM",
+    "INPUT_WAIT",
+    "LEARNING_RATE",
+    "LOSS",
+    "STEP_TIME",
+    "TAGS",
+    "TRAIN_RUN",
+    "VALIDATION_RUN",
+    "WORKERS_DIR",
+    "GpuUtilization",
+    "StepWindow",
+    "SummaryWriters",
+    "worker_dir",
+]
 
 _log = logging.getLogger(__name__)
 
+# The scalar tags (see the table above); trainer.diagnosis reads them by these names.
+LOSS = "loss"
+ACCURACY = "accuracy"
+LEARNING_RATE = "learning_rate"
+GRAD_NORM = "grad_norm"
+STEP_TIME = "step_time"
+EXAMPLES_PER_SEC = "examples_per_sec"
+INPUT_WAIT = "input_wait"
+GPU_UTILIZATION = "gpu_utilization"
 TAGS = (
-    "loss",
-    "accuracy",
-    "learning_rate",
-    "grad_norm",
-    "step_time",
-    "examples_per_sec",
-    "input_wait",
-    "gpu_utilization",
+    LOSS,
+    ACCURACY,
+    LEARNING_RATE,
+    GRAD_NORM,
+    STEP_TIME,
+    EXAMPLES_PER_SEC,
+    INPUT_WAIT,
+    GPU_UTILIZATION,
 )
+
+# The run-directory layout: MODEL_DIR/{train,validation}/ for the chief,
+# MODEL_DIR/workers/worker-<k>/train/ for the others.
+TRAIN_RUN = "train"
+VALIDATION_RUN = "validation"
+WORKERS_DIR = "workers"
+EVENT_FILE_PATTERN = "events.out.tfevents.*"
+
+
+def worker_dir(model_dir: str, worker_index: int) -> str:
+    """Where a non-chief worker writes its runs."""
+    return os.path.join(model_dir, WORKERS_DIR, f"worker-{worker_index:05d}")
 
 
 @dataclasses.dataclass
@@ -97,13 +136,9 @@ class SummaryWriters:
     def __init__(self, model_dir: str, *, is_chief: bool, worker_index: int) -> None:
         import tensorflow as tf
 
-        base = (
-            model_dir
-            if is_chief
-            else os.path.join(model_dir, "workers", f"worker-{worker_index:05d}")
-        )
-        self.train_dir = os.path.join(base, "train")
-        self.eval_dir = os.path.join(base, "validation")
+        base = model_dir if is_chief else worker_dir(model_dir, worker_index)
+        self.train_dir = os.path.join(base, TRAIN_RUN)
+        self.eval_dir = os.path.join(base, VALIDATION_RUN)
         self._train = tf.summary.create_file_writer(self.train_dir)
         self._eval = tf.summary.create_file_writer(self.eval_dir) if is_chief else None
 
