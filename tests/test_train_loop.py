@@ -8,6 +8,7 @@ run as real processes in ``test_train_cli.py``.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -195,9 +196,7 @@ def test_images_of_the_wrong_size_are_refused(tmp_path, one_device):
         _run(config, one_device)
 
 
-def test_tf_data_service_input_saves_model_and_step_not_the_data_position(
-    jpeg_dataset, tmp_path, one_device
-):
+def test_tf_data_service_input_resumes_from_the_delivered_set(jpeg_dataset, tmp_path, one_device):
     import tensorflow as tf
 
     from trainer.inputs import ReaderInputs
@@ -224,12 +223,18 @@ def test_tf_data_service_input_saves_model_and_step_not_the_data_position(
     finally:
         worker.stop()
         dispatcher.stop()
-    assert first.step == 3
-    assert (resumed.start_step, resumed.step, resumed.input_restored) == (3, 5, False)
+    assert first.step == 3 and first.resume_kind == "fresh"
+    # The service's position is not an iterator: the resume reads the rest of the epoch.
+    assert (resumed.start_step, resumed.step, resumed.input_restored) == (3, 5, True)
+    assert resumed.resume_kind == "elastic"
     # Evaluation reads directly (exactly once per example), not through the service.
     assert resumed.eval_metrics["examples"] == 10
-    trained = keys.read_text().split()
-    assert len(trained) == 5 * 8 and set(trained) <= set(jpeg_dataset.keys("train"))
+    # The resume started a new segment of audit files at step 3.
+    assert len(keys.read_text().split()) == 3 * 8
+    trained = keys.read_text().split() + (tmp_path / "keys.from-00000003").read_text().split()
+    assert len(trained) == 5 * 8 and set(trained) == set(jpeg_dataset.keys("train"))
+    # 40 keys of a 24-example split: the first epoch whole, each key at most twice.
+    assert max(Counter(trained).values()) == 2
     assert not (tmp_path / "run" / "checkpoints" / "input" / "worker-00000").exists()
 
 
@@ -267,7 +272,7 @@ def test_float16_loss_scaling_reports_the_unscaled_gradient_norm(one_device):
                 image_dtype=tf.uint8,
                 label_dtype=tf.int32,
             )
-            totals, norm = steps.train_with_norm(x, y, tf.constant(0.0))
+            totals, norm, _ = steps.train_with_norm(x, y, tf.constant(0.0))
             norms[policy] = float(norm)
             assert np.isfinite(totals.numpy()).all()
     finally:

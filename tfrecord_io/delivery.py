@@ -354,7 +354,8 @@ class DeliveryTracker(tf.train.experimental.PythonState):
         mine = [p for p in self._later if start <= p < end]
         mask[np.asarray(mine, dtype=np.int64) - start] = True
         self._later -= set(mine)
-        self._value = dataclasses.replace(self._value, epoch=epoch)
+        # The value's own ``later`` is stale (the tracker keeps them in ``_later``).
+        self._value = dataclasses.replace(self._value, epoch=epoch, bits=b"", later=())
         self._mask = mask
         self._count = int(mask.sum())
 

@@ -57,6 +57,11 @@ _ENDLESS = int(np.iinfo(np.int64).max)
 _ORDER_SALT = 0x19E0
 _SHUFFLE_SALT = 0x19E1
 
+# On the tf.data service a worker's record shuffle holds at most 1/64 of an epoch, and its
+# interleave at most 1/8 of the shards at once (see ``exact_epoch_records``).
+_SERVICE_SHARE = 64
+_SERVICE_SHARE_OF_SHARDS = 8
+
 ReadShard = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor], tf.data.Dataset]
 
 
@@ -232,6 +237,9 @@ def exact_epoch_records(
             f"{exclude.epoch}"
         )
     shuffle_word = _seed_word(seed, _SHUFFLE_SALT)
+    cycle = max(1, min(cycle_length, num_shards))
+    if on_service:
+        cycle = max(1, min(cycle, num_shards // _SERVICE_SHARE_OF_SHARDS))
 
     def read_unit(
         shard: tf.Tensor, skip: tf.Tensor, take: tf.Tensor, epoch: tf.Tensor, bits: tf.Tensor | None
@@ -264,7 +272,7 @@ def exact_epoch_records(
         units = resolved.prepare_files(units, path_index=0)
         return units.interleave(
             lambda path, shard, skip, take, epoch: read_unit(shard, skip, take, epoch, bits),
-            cycle_length=max(1, min(cycle_length, num_shards)),
+            cycle_length=cycle,
             block_length=1,
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=deterministic,
@@ -337,7 +345,10 @@ def exact_epoch_records(
     for stream in streams[1:]:
         records = records.concatenate(stream)
     if on_service:
-        records = records.shuffle(max(1, shuffle_buffer), seed=shuffle_word % (2**31 - 1))
+        # Neighbouring epochs overlap by what the service's workers hold in flight; kept well
+        # under an epoch so one is complete before the one after next begins.
+        buffer = max(1, min(shuffle_buffer, n // _SERVICE_SHARE))
+        records = records.shuffle(buffer, seed=shuffle_word % (2**31 - 1))
     options = tf.data.Options()
     # Seeded shuffles built inside flat_map carry a (stateless) dummy seed generator, which
     # iterator checkpoints would otherwise refuse as external state; their seeds are fixed

@@ -15,9 +15,16 @@ A restore pairs the chief's latest model checkpoint at step N with each worker's
 exists without its input positions. ``MODEL_DIR`` must be on storage every worker can read, as
 for any multi-worker checkpoint.
 
-When the input cannot be saved (tf.data service) or the layout changed (other workers, batch,
-seed, data), the model, optimiser and step are restored and the data position restarts, with a
-warning saying so.
+With exact epochs (the project's reader over a dataset with ``dataset.json``) the model
+checkpoint also holds the delivered set (``tfrecord_io.DeliveryTracker``), and
+``trainer.resume.plan_resume`` decides, before the pipelines are built, whether the iterators
+are restored (same layout) or the pipelines start from the delivered set (any other layout,
+the tf.data service). ``input/origin-<digest>.bin`` keeps the delivered set each run of
+pipelines started from.
+
+Otherwise (foreign shards, a record cache), when the input cannot be saved (tf.data service)
+or the layout changed (other workers, batch, seed, data), the model, optimiser and step are
+restored and the data position restarts, with a warning saying so.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from tfrecord_io.delivery import DeliveryTracker
+    from trainer.resume import ResumePlan
     from trainer.strategy import Distribution
 
 __all__ = ["Checkpointer", "RestoreResult"]
@@ -45,14 +54,17 @@ class RestoreResult:
     Attributes:
       step: the step training continues from (0 for a fresh run).
       checkpoint: the model checkpoint restored, or None.
-      input_restored: whether this worker's data position was restored.
-      reason: why the data position was not restored, if it was not.
+      input_restored: whether this worker's data position was restored (as an iterator
+        position, or with exact epochs as the delivered set).
+      reason: why the data position was not restored exactly, if it was not.
+      kind: ``trainer.resume.KINDS`` with exact epochs, else ``"legacy"``.
     """
 
     step: int
     checkpoint: str | None
     input_restored: bool
     reason: str | None = None
+    kind: str = "legacy"
 
 
 class Checkpointer:
@@ -67,6 +79,7 @@ class Checkpointer:
       input_layout: what determines the example order; a resume with a different layout
         restarts the data position instead of restoring a meaningless one.
       keep: checkpoints to keep.
+      delivery: with exact epochs, the delivered set, saved with the model.
     """
 
     def __init__(
@@ -80,6 +93,7 @@ class Checkpointer:
         iterator: Any | None,
         input_layout: dict[str, Any],
         keep: int = 3,
+        delivery: DeliveryTracker | None = None,
     ) -> None:
         import tensorflow as tf
 
@@ -90,7 +104,15 @@ class Checkpointer:
         self._input_root = os.path.join(self.directory, "input")
         self._layout_path = os.path.join(self._input_root, "layout.json")
         self._layout = {**input_layout, "num_workers": distribution.num_workers}
-        self._model_ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+        # Restores read model, optimiser and step only: ``plan_resume`` has read the delivered
+        # set already, and a checkpoint written before exact epochs has none.
+        self._restore_ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+        if delivery is None:
+            self._model_ckpt = self._restore_ckpt
+        else:
+            self._model_ckpt = tf.train.Checkpoint(
+                model=model, optimizer=optimizer, step=step, delivered=delivery
+            )
         if distribution.is_chief:
             self._write_dir = self.directory
         else:
@@ -131,8 +153,42 @@ class Checkpointer:
             json.dump(self._layout, f, indent=2, sort_keys=True)
         tf.io.gfile.rename(tmp, self._layout_path, overwrite=True)
 
-    def restore_or_create(self) -> RestoreResult:
+    def _restore_model(self, latest: str) -> int:
+        import tensorflow as tf
+
+        try:
+            self._restore_ckpt.restore(latest).assert_existing_objects_matched()
+        except (AssertionError, ValueError, tf.errors.OpError) as e:
+            raise ValueError(
+                f"checkpoint {latest} does not fit this model (was it written with another "
+                f"--model, --image_size or number of classes?): {e}"
+            ) from e
+        return int(self._step.numpy())
+
+    def _restore_iterator(self, step: int) -> str:
+        import tensorflow as tf
+
+        input_path = os.path.join(self.input_directory, f"ckpt-{step}")
+        try:
+            self._input_ckpt.restore(input_path).assert_consumed()
+        except (AssertionError, ValueError, tf.errors.OpError) as e:
+            raise RuntimeError(
+                f"cannot restore the input position from {input_path}: {e}. Delete "
+                f"{self.input_directory} to resume with a fresh data order."
+            ) from e
+        if int(self._step.numpy()) != step:
+            raise RuntimeError(
+                f"input checkpoint {input_path} holds step {int(self._step.numpy())}, "
+                f"expected {step}"
+            )
+        return input_path
+
+    def restore_or_create(self, plan: ResumePlan | None = None) -> RestoreResult:
         """Restores the latest checkpoint, or starts fresh when there is none.
+
+        Args:
+          plan: with exact epochs, ``trainer.resume.plan_resume``'s decision (it restored the
+            delivered set already); None otherwise.
 
         Returns:
           The step to continue from and whether the data position was restored.
@@ -144,18 +200,28 @@ class Checkpointer:
         """
         import tensorflow as tf
 
+        if plan is not None:
+            if plan.checkpoint is None:
+                return RestoreResult(0, None, True, kind=plan.kind)
+            step = self._restore_model(plan.checkpoint)
+            if step != plan.step:
+                raise RuntimeError(f"{plan.checkpoint} holds step {step}, expected {plan.step}")
+            if plan.kind == "exact" and self._iterator is not None:
+                input_path = self._restore_iterator(step)
+                _log.info(
+                    "restored %s and input position %s at step %d",
+                    plan.checkpoint,
+                    input_path,
+                    step,
+                )
+            return RestoreResult(
+                step, plan.checkpoint, plan.kind != "restart", plan.reason, kind=plan.kind
+            )
         latest = tf.train.latest_checkpoint(self.directory)
         if latest is None:
             self._write_layout()
             return RestoreResult(0, None, self._iterator is not None)
-        try:
-            self._model_ckpt.restore(latest).assert_existing_objects_matched()
-        except (AssertionError, ValueError, tf.errors.OpError) as e:
-            raise ValueError(
-                f"checkpoint {latest} does not fit this model (was it written with another "
-                f"--model, --image_size or number of classes?): {e}"
-            ) from e
-        step = int(self._step.numpy())
+        step = self._restore_model(latest)
         if self._iterator is None:
             reason = "the input pipeline runs on the tf.data service, whose position is not saved"
             _log.warning(
@@ -180,18 +246,7 @@ class Checkpointer:
                 "restored %s at step %d; %s, so the data position restarts", latest, step, reason
             )
             return RestoreResult(step, latest, False, reason)
-        try:
-            self._input_ckpt.restore(input_path).assert_consumed()
-        except (AssertionError, ValueError, tf.errors.OpError) as e:
-            raise RuntimeError(
-                f"cannot restore the input position from {input_path}: {e}. Delete "
-                f"{self.input_directory} to resume with a fresh data order."
-            ) from e
-        if int(self._step.numpy()) != step:
-            raise RuntimeError(
-                f"input checkpoint {input_path} holds step {int(self._step.numpy())}, "
-                f"expected {step}"
-            )
+        self._restore_iterator(step)
         _log.info("restored %s and input position %s at step %d", latest, input_path, step)
         return RestoreResult(step, latest, True)
 

@@ -20,7 +20,15 @@ from trainer.config import DataConfig
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from tfrecord_io.delivery import DeliveredSet
+
 __all__ = ["Inputs", "ReaderInputs"]
+
+
+def _largest_batch_below(examples: int) -> int:
+    # A power of two: the batch sizes people pick, and they divide evenly among replicas.
+    return 1 << max(examples.bit_length() - 1, 0)
+
 
 _log = logging.getLogger(__name__)
 
@@ -70,7 +78,8 @@ class ReaderInputs:
       train_examples: from the manifest, or None.
       has_eval: whether the manifest has ``data.eval_split``.
       sharding: ``tfrecord_io`` sharding policy; ``auto`` falls back to record sharding when a
-        split has fewer files than workers.
+        split has fewer files than workers. Not used with exact epochs.
+      split_digest: ``tfrecord_io.split_digest`` of the train split, or None (no manifest).
     """
 
     data: DataConfig
@@ -80,10 +89,18 @@ class ReaderInputs:
     train_examples: int | None
     has_eval: bool
     sharding: str = "auto"
+    split_digest: str | None = None
 
     @property
     def checkpointable(self) -> bool:
         return self.data.data_service is None
+
+    @property
+    def exact_epochs(self) -> bool:
+        """Whether training reads exact epochs (``ReadConfig(exclude=...)``), so that a run
+        resumes at its data position on any topology: needs the manifest's record counts, and
+        no record cache."""
+        return self.split_digest is not None and self.data.cache is None
 
     @classmethod
     def from_config(cls, data: DataConfig, *, global_batch_size: int, seed: int) -> ReaderInputs:
@@ -99,13 +116,14 @@ class ReaderInputs:
 
         manifest = tfrecord_io.load_manifest(data.source)
         if manifest is None:
+            # First whether the source exists at all (a glob that matches nothing, a mistyped
+            # path), then what it lacks.
+            tfrecord_io.resolve_source(data.source, data.train_split)
             if data.num_classes is None:
                 raise ValueError(
                     f"{data.source!r} has no dataset.json, so the number of classes is unknown; "
                     "pass --num_classes"
                 )
-            # Resolving now turns a glob that matches nothing into an error before training.
-            tfrecord_io.resolve_source(data.source, data.train_split)
             return cls(data, global_batch_size, seed, data.num_classes, None, False)
         names = manifest.label_names
         if data.num_classes is not None and data.num_classes != len(names):
@@ -117,21 +135,51 @@ class ReaderInputs:
         if train_examples < global_batch_size:
             raise ValueError(
                 f"split {data.train_split!r} of {data.source!r} has {train_examples} examples, "
-                f"fewer than one global batch of {global_batch_size}"
+                f"fewer than one global batch of {global_batch_size}; pass --global_batch_size "
+                f"{_largest_batch_below(train_examples)} or less"
             )
         has_eval = data.eval_split in manifest.splits and data.eval_split != data.train_split
         if not has_eval:
             _log.warning(
                 "%s has no %r split: training without validation", data.source, data.eval_split
             )
-        return cls(data, global_batch_size, seed, len(names), train_examples, has_eval)
+        from tfrecord_io.delivery import split_digest
+
+        digest = split_digest(
+            (shard.file, shard.num_examples) for shard in manifest.split(data.train_split).shards
+        )
+        return cls(
+            data,
+            global_batch_size,
+            seed,
+            len(names),
+            train_examples,
+            has_eval,
+            split_digest=digest,
+        )
 
     def train_dataset(
-        self, input_context: tf.distribute.InputContext, *, with_keys: bool
+        self,
+        input_context: tf.distribute.InputContext,
+        *,
+        with_keys: bool,
+        exclude: DeliveredSet | None = None,
+        service_job_name: str | None = None,
     ) -> tf.data.Dataset:
-        import tfrecord_io
+        """The training batches; with ``exclude`` (exact epochs) the rest of its epoch first,
+        and each element ends with the examples' positions."""
+        from tfrecord_io.read_config import ReadConfig
+        from tfrecord_io.reader import make_dataset
+        from tfrecord_io.service_client import ServiceConfig
 
-        return tfrecord_io.make_dataset(
+        service = None
+        if self.data.data_service is not None:
+            service = ServiceConfig(
+                self.data.data_service,
+                job_name=service_job_name,
+                compression=self.data.data_service_compression,
+            )
+        return make_dataset(
             self.data.source,
             self.data.train_split,
             global_batch_size=self.global_batch_size,
@@ -139,29 +187,30 @@ class ReaderInputs:
             training=True,
             image_size=self.data.image_size,
             seed=self.seed,
-            service=None
-            if self.data.data_service is None
-            else tfrecord_io.ServiceConfig(
-                self.data.data_service, compression=self.data.data_service_compression
+            read_config=ReadConfig(
+                with_keys=with_keys,
+                cache=self.data.cache,
+                output="uint8",
+                sharding=self.sharding,
+                exclude=exclude,
             ),
-            read_config=tfrecord_io.ReadConfig(
-                with_keys=with_keys, cache=self.data.cache, output="uint8", sharding=self.sharding
-            ),
+            service=service,
         )
 
     def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        import tfrecord_io
+        from tfrecord_io.read_config import ReadConfig
+        from tfrecord_io.reader import make_dataset
 
         # Evaluation reads directly even under the tf.data service: it is small, and each
         # worker must see its own shard exactly once for the totals to be exact.
-        return tfrecord_io.make_dataset(
+        return make_dataset(
             self.data.source,
             self.data.eval_split,
             global_batch_size=self.global_batch_size,
             input_context=input_context,
             training=False,
             image_size=self.data.image_size,
-            read_config=tfrecord_io.ReadConfig(output="uint8", sharding=self.sharding),
+            read_config=ReadConfig(output="uint8", sharding=self.sharding),
         )
 
     def layout(self) -> dict[str, Any]:

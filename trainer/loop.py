@@ -14,6 +14,10 @@ Why not ``model.fit``: Keras 3's ``fit`` fails under ``MultiWorkerMirroredStrate
 ("Attempt to convert a value (PerReplica…)"). Why not ``distribute_datasets_from_function``:
 its iterators cannot be saved in a checkpoint, so the data position would be lost on resume.
 
+With exact epochs (``trainer.resume``) every batch also carries its examples' positions; the
+step all-gathers them, so every worker adds the same global batch to the delivered set that
+is saved with the model.
+
 Keras 3 keeps one copy of BatchNormalization's moving statistics per replica and updates each
 from its own slice of the batch; with more than one replica the loop averages them after each
 step (one all-reduce), so every replica, and the checkpoint, holds the same statistics.
@@ -27,7 +31,7 @@ import math
 import time
 from typing import TYPE_CHECKING, Any
 
-from trainer.audit import KeyAudit, audit_path
+from trainer.audit import KeyAudit, audit_path, close_previous_segments
 from trainer.checkpoints import Checkpointer
 from trainer.config import TrainConfig
 from trainer.inputs import Inputs
@@ -35,6 +39,7 @@ from trainer.metrics import GpuUtilization, StepWindow, SummaryWriters
 from trainer.models import build_model
 from trainer.optim import build_optimizer, learning_rate_at
 from trainer.preemption import StopSignal
+from trainer.resume import ResumePlan, agree_on_nonce, plan_resume
 from trainer.strategy import Distribution, precision_policy
 
 if TYPE_CHECKING:
@@ -54,6 +59,7 @@ class TrainResult:
       step: the last completed step.
       exit_code: 0 when the target was reached, 128 + signal number when stopped by a signal.
       input_restored: whether the data position was restored on resume.
+      resume_kind: ``trainer.resume.KINDS`` with exact epochs, else ``"legacy"``.
       train_metrics: the last logged training scalars.
       eval_metrics: the last validation ``loss``, ``accuracy`` and ``examples``, or None.
       checkpoint: the last checkpoint written by the chief, or None.
@@ -66,6 +72,7 @@ class TrainResult:
     train_metrics: dict[str, float]
     eval_metrics: dict[str, float] | None
     checkpoint: str | None
+    resume_kind: str = "legacy"
 
 
 def plan_steps(config: TrainConfig, train_examples: int | None) -> tuple[int, int | None]:
@@ -119,8 +126,12 @@ class _Steps:
         self._image_size = image_size
         self._loss_scaling = loss_scaling
         self._replicas = dist.num_replicas
-        self.train_plain = tf.function(lambda x, y, s: self._train(x, y, s, with_norm=False))
-        self.train_with_norm = tf.function(lambda x, y, s: self._train(x, y, s, with_norm=True))
+        self.train_plain = tf.function(
+            lambda x, y, s, p=None: self._train(x, y, s, p, with_norm=False)
+        )
+        self.train_with_norm = tf.function(
+            lambda x, y, s, p=None: self._train(x, y, s, p, with_norm=True)
+        )
         spec = (
             tf.TensorSpec([None, image_size, image_size, 3], image_dtype),
             tf.TensorSpec([None], label_dtype),
@@ -137,11 +148,21 @@ class _Steps:
 
         return self._strategy.experimental_distribute_values_from_function(piece)
 
-    def _train(self, images: tf.Tensor, labels: tf.Tensor, stop: tf.Tensor, *, with_norm: bool):
+    def _train(
+        self,
+        images: tf.Tensor,
+        labels: tf.Tensor,
+        stop: tf.Tensor,
+        positions: tf.Tensor | None,
+        *,
+        with_norm: bool,
+    ):
+        """One step; returns the global (loss, correct, stop votes), the gradient norm and
+        the positions of the whole global batch (empty without positions)."""
         tf, keras = self._tf, self._keras
         model, optimizer, replicas = self._model, self._optimizer, self._replicas
 
-        def replica_step(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        def replica_step(x: tf.Tensor, y: tf.Tensor, p: tf.Tensor | None) -> Any:
             ctx = tf.distribute.get_replica_context()
             with tf.GradientTape() as tape:
                 logits = model(x, training=True)
@@ -177,13 +198,18 @@ class _Steps:
             totals = tf.stack([tf.cast(loss, tf.float32), correct, stop])
             if replicas > 1:
                 totals = ctx.all_reduce(tf.distribute.ReduceOp.SUM, totals)
-            return totals, norm
+            if p is None:
+                gathered = tf.zeros([0], tf.int64)
+            else:
+                gathered = ctx.all_gather(p, axis=0) if replicas > 1 else p
+            return totals, norm, gathered
 
-        totals, norm = self._strategy.run(
-            replica_step, args=(self._split(images), self._split(labels))
+        split_positions = None if positions is None else self._split(positions)
+        totals, norm, gathered = self._strategy.run(
+            replica_step, args=(self._split(images), self._split(labels), split_positions)
         )
         first = self._strategy.experimental_local_results
-        return first(totals)[0], first(norm)[0]
+        return first(totals)[0], first(norm)[0], first(gathered)[0]
 
     def _eval(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
         tf, keras = self._tf, self._keras
@@ -303,8 +329,24 @@ def run_training(config: TrainConfig, dist: Distribution, inputs: Inputs) -> Tra
     with_keys = config.audit_keys is not None
     # The dataset is built before the global seed is set: its ops carry their own seeds, and
     # a global seed would change them, so the order would no longer be the one
-    # ``tfrecord_io.make_dataset(seed=...)`` gives on its own.
-    dataset = inputs.train_dataset(dist.input_context(), with_keys=with_keys)
+    # ``tfrecord_io.make_dataset(seed=...)`` gives on its own. With exact epochs what it is
+    # built from comes from the checkpoint, so the resume is planned first.
+    plan, tracker = None, None
+    if getattr(inputs, "exact_epochs", False):
+        plan, tracker = _plan(config, dist, inputs, worker_batch)
+        job_name = None
+        if not inputs.checkpointable:
+            # A job of its own per run: one rejoined by name would go on from where the
+            # service stood, not from the checkpoint.
+            job_name = f"train-{plan.origin.digest()}-{agree_on_nonce(dist):08x}"
+        dataset = inputs.train_dataset(  # type: ignore[call-arg]
+            dist.input_context(),
+            with_keys=with_keys,
+            exclude=plan.origin,
+            service_job_name=job_name,
+        )
+    else:
+        dataset = inputs.train_dataset(dist.input_context(), with_keys=with_keys)
     keras.utils.set_random_seed(config.seed)
     image_spec, label_spec = dataset.element_spec[0], dataset.element_spec[1]
     image_dtype = image_spec.dtype.name
@@ -365,26 +407,47 @@ def run_training(config: TrainConfig, dist: Distribution, inputs: Inputs) -> Tra
         iterator=iterator if inputs.checkpointable else None,
         input_layout=inputs.layout(),
         keep=config.keep_checkpoints,
+        delivery=tracker,
     )
-    if not inputs.checkpointable:
+    if not inputs.checkpointable and plan is None:
         _log.warning(
             "the input pipeline runs on the tf.data service: its position cannot be saved, so "
             "checkpoints hold the model, optimiser and step, and a resumed run restarts the "
             "data order"
         )
-    restored = checkpointer.restore_or_create()
+    restored = checkpointer.restore_or_create(plan)
     start_step = step = restored.step
+    if plan is not None and tracker is not None:
+        _log_resume(plan, tracker, dist, service=not inputs.checkpointable)
     if step >= total_steps:
         _log.info("already at step %d of %d: nothing to train", step, total_steps)
 
     audit = None
     if with_keys:
+        segment_start = int(plan.segment["start"]) if plan is not None else 0
         path = audit_path(
             config.audit_keys,  # type: ignore[arg-type]
             num_workers=dist.num_workers,
             worker_index=dist.worker_index,
+            start_step=segment_start,
         )
-        audit = KeyAudit(path, keep_lines=step * worker_batch)
+        if plan is not None and dist.is_chief:
+            current = {
+                audit_path(
+                    config.audit_keys,  # type: ignore[arg-type]
+                    num_workers=dist.num_workers,
+                    worker_index=k,
+                    start_step=segment_start,
+                )
+                for k in range(dist.num_workers)
+            }
+            close_previous_segments(
+                config.audit_keys,  # type: ignore[arg-type]
+                plan.previous,
+                step=step,
+                current=current,
+            )
+        audit = KeyAudit(path, keep_lines=(step - segment_start) * worker_batch)
 
     writers = SummaryWriters(
         config.model_dir, is_chief=dist.is_chief, worker_index=dist.worker_index
@@ -451,17 +514,25 @@ def run_training(config: TrainConfig, dist: Distribution, inputs: Inputs) -> Tra
                 variant = "with_norm" if log_now else "plain"
                 fn = steps.train_with_norm if log_now else steps.train_plain
                 flag = tf.constant(1.0 if stop.requested else 0.0)
-                totals, norm = fn(element[0], element[1], flag)
+                positions = element[-1] if tracker is not None else None
+                totals, norm, gathered = fn(element[0], element[1], flag, positions)
                 loss, correct, stop_votes = (float(v) for v in totals.numpy())
                 finished = time.perf_counter()
                 step += 1
                 if not math.isfinite(loss) and not loss_scaling:
                     raise FloatingPointError(
                         f"loss is {loss} at step {step}: training diverged. Lower --base_lr or "
-                        f"lengthen --warmup_steps; the last checkpoint is {last_checkpoint}"
+                        "lengthen --warmup_steps; "
+                        + (
+                            f"the last checkpoint is {last_checkpoint}"
+                            if last_checkpoint
+                            else "no checkpoint was written yet"
+                        )
                     )
                 if audit is not None:
                     audit.write(element[2].numpy().tolist())
+                if tracker is not None:
+                    _record_delivery(tracker, gathered.numpy(), step)
                 window.add(
                     loss=loss,
                     correct=correct,
@@ -513,4 +584,82 @@ def run_training(config: TrainConfig, dist: Distribution, inputs: Inputs) -> Tra
         train_metrics=last_train,
         eval_metrics=last_eval,
         checkpoint=last_checkpoint,
+        resume_kind=restored.kind,
     )
+
+
+def _plan(
+    config: TrainConfig, dist: Distribution, inputs: Inputs, worker_batch: int
+) -> tuple[ResumePlan, Any]:
+    """Plans the resume of an exact-epochs run (``trainer.resume``)."""
+    import os
+
+    from tfrecord_io.delivery import DeliveredSet, DeliveryTracker
+
+    empty = DeliveredSet.empty(
+        inputs.train_examples,  # type: ignore[arg-type]
+        seed=config.seed,
+        split=inputs.split_digest,  # type: ignore[attr-defined]
+    )
+    tracker = DeliveryTracker(empty)
+    layout = {
+        **inputs.layout(),
+        "num_workers": dist.num_workers,
+        "service": not inputs.checkpointable,
+    }
+    plan = plan_resume(
+        os.path.join(config.model_dir, "checkpoints"),
+        dist,
+        tracker,
+        layout=layout,
+        worker_batch=worker_batch,
+        empty=empty,
+    )
+    return plan, tracker
+
+
+def _log_resume(plan: ResumePlan, tracker: Any, dist: Distribution, *, service: bool) -> None:
+    """Logs the kind of resume and what is left of the epoch."""
+    total, epoch = tracker.num_examples, tracker.epoch
+    left = total - tracker.count
+    remaining = f"epoch {epoch}: {left} of {total} examples remain"
+    if plan.kind == "fresh":
+        _log.info("resume: fresh start; epoch 0: %d examples", total)
+    elif plan.kind == "exact":
+        _log.info(
+            "resume: exact at step %d (same input layout; iterator positions restored); %s",
+            plan.step,
+            remaining,
+        )
+    else:
+        if service:
+            where = "split dynamically over the tf.data service's workers"
+        else:
+            q, r = divmod(plan.origin.remaining, dist.num_workers)
+            mine = q + (1 if dist.worker_index < r else 0)
+            where = f"{mine} of them in this worker's pipeline"
+        log = _log.warning if plan.kind == "restart" else _log.info
+        log(
+            "resume: %s at step %d (%s); %s, %s",
+            plan.kind,
+            plan.step,
+            plan.reason,
+            remaining,
+            where,
+        )
+
+
+def _record_delivery(tracker: Any, positions: Any, step: int) -> None:
+    """Adds a global batch's positions to the delivered set; reports what should not happen."""
+    result = tracker.add(positions)
+    if result.duplicates or result.stale:
+        _log.error(
+            "step %d trained on %d example(s) already trained on in their epoch and %d of a "
+            "closed epoch: the exactly-once guarantee is broken",
+            step,
+            result.duplicates,
+            result.stale,
+        )
+    for epoch, missing in result.completed:
+        if not missing:
+            _log.info("epoch %d complete at step %d: every example exactly once", epoch, step)
