@@ -13,6 +13,7 @@ from beam_pipelines.image_colour import HIGH_BIT_DEPTH_POLICIES
 from beam_pipelines.image_formats import parse_accepted_formats
 from beam_pipelines.images import ImageOptions
 from beam_pipelines.shards import LABEL_CONFLICT_POLICIES
+from schemas.constants import CROPS, ENCODINGS, MAX_SHARDS
 
 __all__ = ["PipelineConfig", "ImagesToTFRecordOptions", "config_from_options", "parse_background"]
 
@@ -82,8 +83,8 @@ class PipelineConfig:
             raise ValueError(
                 f"--validation_fraction must be in [0, 1), got {self.validation_fraction!r}"
             )
-        if self.num_shards is not None and not 1 <= self.num_shards <= 99999:
-            raise ValueError(f"--num_shards must be in [1, 99999], got {self.num_shards!r}")
+        if self.num_shards is not None and not 1 <= self.num_shards <= MAX_SHARDS:
+            raise ValueError(f"--num_shards must be in [1, {MAX_SHARDS}], got {self.num_shards!r}")
         if not self.target_shard_mb > 0:
             raise ValueError(f"--target_shard_mb must be > 0, got {self.target_shard_mb!r}")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
@@ -146,12 +147,10 @@ class ImagesToTFRecordOptions(PipelineOptions):
         parser.add_argument(
             "--image_size", type=int, default=256, help="shorter side after resizing (256)"
         )
-        parser.add_argument(
-            "--crop", choices=("none", "center"), default="none", help="center: square crop"
-        )
+        parser.add_argument("--crop", choices=CROPS, default="none", help="center: square crop")
         parser.add_argument(
             "--encoding",
-            choices=("jpeg", "png", "raw"),
+            choices=ENCODINGS,
             default="jpeg",
             help="stored encoding; raw (uint8 HWC) requires --crop center",
         )

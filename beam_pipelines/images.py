@@ -44,6 +44,7 @@ from beam_pipelines.image_formats import (
     why_not_accepted,
 )
 from beam_pipelines.image_hash import perceptual_hash
+from schemas.constants import CROPS, ENCODINGS
 
 __all__ = [
     "REASONS",
@@ -93,8 +94,6 @@ _TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
-_ENCODINGS = ("jpeg", "png", "raw")
-_CROPS = ("none", "center")
 _OUT_OF_BOUNDS = ("reject", "crop")
 _JPEG_MAX_SIDE = 65_500  # libjpeg's limit on either side
 
@@ -187,10 +186,10 @@ class ImageOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.image_size, int) or not 1 <= self.image_size <= 16384:
             raise ValueError(f"image_size must be an int in [1, 16384], got {self.image_size!r}")
-        if self.crop not in _CROPS:
-            raise ValueError(f"crop must be one of {_CROPS}, got {self.crop!r}")
-        if self.encoding not in _ENCODINGS:
-            raise ValueError(f"encoding must be one of {_ENCODINGS}, got {self.encoding!r}")
+        if self.crop not in CROPS:
+            raise ValueError(f"crop must be one of {CROPS}, got {self.crop!r}")
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
         if self.encoding == "raw" and self.crop != "center":
             raise ValueError(
                 "encoding 'raw' stores uint8 HWC arrays that must share one shape: "
@@ -618,7 +617,7 @@ def encode_image(image: Image.Image, *, encoding: str, jpeg_quality: int = 90) -
     if encoding == "png":
         image.save(buffer, format="PNG")
         return buffer.getvalue(), "PNG"
-    raise ValueError(f"encoding must be one of {_ENCODINGS}, got {encoding!r}")
+    raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
 
 
 def prepare_image(data: bytes, options: ImageOptions) -> PreparedImage:

@@ -34,6 +34,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipelines.catalog_io import STAGING_DIR, write_file
 from beam_pipelines.images import ImageOptions
 from beam_pipelines.shards import fixed_shard_counts
+from schemas.constants import MAX_SHARDS
 
 __all__ = [
     "PLAN_NAME",
@@ -58,7 +59,6 @@ EXAMPLE_OVERHEAD_BYTES = 400
 # Recorded in dataset.json but without effect on what a shard holds: a resumed build may
 # change them (a build refused for its bad fraction is resumed with a higher limit).
 _NOT_CONTENT = frozenset({"max_bad_fraction"})
-_MAX_SHARDS = 99999
 
 
 def estimated_example_bytes(image: ImageOptions) -> int:
@@ -97,7 +97,7 @@ def listing_shard_counts(
             f"target_shard_bytes ({target_shard_bytes}) >= 1"
         )
     train_bytes = num_inputs * (1.0 - validation_fraction) * example_bytes
-    train_shards = min(_MAX_SHARDS, max(1, math.ceil(train_bytes / target_shard_bytes)))
+    train_shards = min(MAX_SHARDS, max(1, math.ceil(train_bytes / target_shard_bytes)))
     return fixed_shard_counts(train_shards, validation_fraction)
 
 

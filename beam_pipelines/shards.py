@@ -27,6 +27,7 @@ from beam_pipelines.elements import Duplicate, PreparedRecord, ShardResult, Stag
 from beam_pipelines.object_store_io import create_empty_file, write_object
 from beam_pipelines.staging import DEFAULT_READ_AHEAD_BYTES, StagedRecordReader, is_local
 from catalog.index_files import frame_length
+from schemas.constants import MAX_SHARDS, TRAIN, VALIDATION
 from schemas.manifest import shard_filename
 
 __all__ = [
@@ -48,8 +49,6 @@ __all__ = [
     "WriteShards",
 ]
 
-TRAIN = "train"
-VALIDATION = "validation"
 METRICS_NAMESPACE = "images_to_tfrecord"
 DUPLICATES_TAG = "duplicates"
 # What happens to byte-identical inputs under different classes (--label_conflicts).
@@ -91,14 +90,14 @@ def fixed_shard_counts(num_shards: int, validation_fraction: float) -> dict[str,
     Knowing the counts up front lets records go from the image step straight to the group-by-
     shard: no step has to wait for all records to be prepared before any can be placed.
     """
-    if not 1 <= num_shards <= 99999:
-        raise ValueError(f"num_shards must be in [1, 99999], got {num_shards!r}")
+    if not 1 <= num_shards <= MAX_SHARDS:
+        raise ValueError(f"num_shards must be in [1, {MAX_SHARDS}], got {num_shards!r}")
     if not 0.0 <= validation_fraction < 1.0:
         raise ValueError(f"validation_fraction must be in [0, 1), got {validation_fraction!r}")
     counts = {TRAIN: num_shards}
     if validation_fraction > 0:
         wanted = math.ceil(num_shards * validation_fraction / (1.0 - validation_fraction))
-        counts[VALIDATION] = min(wanted, 99999)
+        counts[VALIDATION] = min(wanted, MAX_SHARDS)
     return counts
 
 
@@ -116,7 +115,7 @@ def plan_shard_counts(
             counts[split] = 0
             continue
         wanted = math.ceil(size / target_shard_bytes)
-        counts[split] = max(1, min(wanted, examples, 99999))
+        counts[split] = max(1, min(wanted, examples, MAX_SHARDS))
     return counts
 
 

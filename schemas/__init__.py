@@ -1,5 +1,6 @@
 """The versioned example layout and the ``dataset.json`` manifest shared by writer and reader."""
 
+from schemas.constants import MAX_SHARDS, SPLITS, TRAIN, VALIDATION
 from schemas.image_example import (
     FORMATS,
     KEY_CHANNELS,
@@ -37,6 +38,10 @@ from schemas.manifest import (
 )
 
 __all__ = [
+    "MAX_SHARDS",
+    "SPLITS",
+    "TRAIN",
+    "VALIDATION",
     "FORMATS",
     "KEY_CHANNELS",
     "KEY_ENCODED",

@@ -14,6 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from schemas.constants import CROPS, ENCODINGS, MAX_SHARDS, TOOL_NAME, TOOL_VERSION
 from schemas.image_example import SCHEMA_VERSION
 
 __all__ = [
@@ -35,10 +36,6 @@ __all__ = [
 
 MANIFEST_NAME = "dataset.json"
 REJECTED_NAME = "rejected.jsonl"
-TOOL_NAME = "tfrecord-service"
-TOOL_VERSION = "0.1.0"
-ENCODINGS = ("jpeg", "png", "raw")
-CROPS = ("none", "center")
 COLOR_SPACES = ("sRGB",)
 
 _SHARD_RE = re.compile(
@@ -55,9 +52,9 @@ def shard_filename(split: str, index: int, count: int) -> str:
     """
     if not re.match(r"^[a-z][a-z0-9_]*$", split):
         raise ValueError(f"split name must be a lowercase identifier like 'train', got {split!r}")
-    if not 0 <= index < count or count > 99999:
+    if not 0 <= index < count or count > MAX_SHARDS:
         raise ValueError(
-            f"shard index must be in [0, count) with count <= 99999, got {index} of {count}"
+            f"shard index must be in [0, count) with count <= {MAX_SHARDS}, got {index} of {count}"
         )
     return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
 

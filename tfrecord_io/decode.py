@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from schemas import KEY_ENCODED, KEY_LABEL, KEY_SHA256, feature_spec
+from schemas.constants import ENCODINGS as STORED_ENCODINGS
 
 __all__ = [
     "CROP_PADDING",
@@ -38,7 +39,7 @@ STDDEV_RGB = (58.395, 57.12, 57.375)
 CROP_PADDING = 32
 # "auto" (foreign shards): JPEG takes the decode-and-crop fast path, anything else
 # tf.io.decode_image reads (PNG, GIF, BMP) takes the generic path.
-ENCODINGS = ("jpeg", "png", "raw", "auto")
+ENCODINGS = (*STORED_ENCODINGS, "auto")
 OUTPUTS = ("uint8", "float32")
 DCT_METHODS = ("", "INTEGER_FAST", "INTEGER_ACCURATE")
 

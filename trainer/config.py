@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from schemas.constants import TRAIN, VALIDATION
+
 __all__ = [
     "MODELS",
     "STRATEGIES",
@@ -60,8 +62,8 @@ class DataConfig:
     """
 
     source: str
-    train_split: str = "train"
-    eval_split: str = "validation"
+    train_split: str = TRAIN
+    eval_split: str = VALIDATION
     image_size: int = 224
     num_classes: int | None = None
     data_service: str | None = None
