@@ -12,7 +12,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_pipelines.image_colour import HIGH_BIT_DEPTH_POLICIES
 from beam_pipelines.image_formats import parse_accepted_formats
 from beam_pipelines.images import ImageOptions
+from beam_pipelines.leakage import LEAKAGE_ACTIONS
 from beam_pipelines.shards import LABEL_CONFLICT_POLICIES
+from catalog.near_duplicates import DEFAULT_THRESHOLD, MAX_THRESHOLD
 from schemas.constants import CROPS, ENCODINGS, MAX_SHARDS
 
 __all__ = ["PipelineConfig", "ImagesToTFRecordOptions", "config_from_options", "parse_background"]
@@ -55,6 +57,10 @@ class PipelineConfig:
         ``LABEL_CONFLICT_POLICIES``: keep the first copy (in URI order), drop every copy, or
         keep the first and refuse to publish.
       stratify_validation: give every class its share of ``validation`` (``splits``).
+      leakage: what to do with validation examples that are near-duplicates of train ones
+        (``leakage``): ``report`` them in ``near_duplicates.jsonl`` only, or ``move_to_train``.
+      near_duplicate_threshold: the largest Hamming distance between perceptual hashes (of 64
+        bits) that makes two examples near-duplicates.
 
     Raises:
       ValueError: naming the bad field and value.
@@ -71,6 +77,8 @@ class PipelineConfig:
     resume: bool = False
     label_conflicts: str = "keep_first"
     stratify_validation: bool = False
+    leakage: str = "report"
+    near_duplicate_threshold: int = DEFAULT_THRESHOLD
 
     def __post_init__(self) -> None:
         if not isinstance(self.input, str) or not self.input:
@@ -93,6 +101,16 @@ class PipelineConfig:
             raise ValueError(
                 f"--label_conflicts must be one of {', '.join(LABEL_CONFLICT_POLICIES)}, "
                 f"got {self.label_conflicts!r}"
+            )
+        if self.leakage not in LEAKAGE_ACTIONS:
+            raise ValueError(
+                f"--leakage must be one of {', '.join(LEAKAGE_ACTIONS)}, got {self.leakage!r}"
+            )
+        threshold = self.near_duplicate_threshold
+        if not isinstance(threshold, int) or not 0 <= threshold <= MAX_THRESHOLD:
+            raise ValueError(
+                f"--near_duplicate_threshold must be an int in [0, {MAX_THRESHOLD}] bits, "
+                f"got {threshold!r}"
             )
         out = self.output.rstrip("/")
         if out == self.input.rstrip("/") or out.startswith(self.input.rstrip("/") + "/"):
@@ -130,6 +148,8 @@ class PipelineConfig:
             "max_bad_fraction": self.max_bad_fraction,
             "label_conflicts": self.label_conflicts,
             "stratify_validation": self.stratify_validation,
+            "leakage": self.leakage,
+            "near_duplicate_threshold": self.near_duplicate_threshold,
         }
 
 
@@ -239,6 +259,20 @@ class ImagesToTFRecordOptions(PipelineOptions):
             "every copy, or keep the first and refuse to publish (keep_first)",
         )
         parser.add_argument(
+            "--leakage",
+            choices=LEAKAGE_ACTIONS,
+            default="report",
+            help="validation examples that are near-duplicates of train ones: report them in "
+            "near_duplicates.jsonl, or move them to train before writing (report)",
+        )
+        parser.add_argument(
+            "--near_duplicate_threshold",
+            type=int,
+            default=DEFAULT_THRESHOLD,
+            help="largest Hamming distance between 64-bit perceptual hashes that makes two "
+            f"examples near-duplicates, 0-{MAX_THRESHOLD} ({DEFAULT_THRESHOLD})",
+        )
+        parser.add_argument(
             "--overwrite",
             action="store_true",
             default=False,
@@ -293,4 +327,6 @@ def config_from_options(options: PipelineOptions) -> PipelineConfig:
         resume=own.resume,
         label_conflicts=own.label_conflicts,
         stratify_validation=own.stratify_validation,
+        leakage=own.leakage,
+        near_duplicate_threshold=own.near_duplicate_threshold,
     )

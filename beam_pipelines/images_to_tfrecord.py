@@ -222,6 +222,7 @@ def run(argv: Sequence[str] | None = None, *, progress: str = "auto") -> RunSumm
         elapsed_s=time.monotonic() - started,
         skipped_examples=tuple(staged.skipped_examples),
         label_conflicts=tuple(staged.label_conflicts),
+        near_duplicates=staged.near_duplicates,
         not_published_because=tuple(blockers),
     )
 

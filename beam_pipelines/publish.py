@@ -170,6 +170,7 @@ class _StageFn(beam.DoFn):
         catalogs=(),
         skipped_count=0,
         skipped_examples=(),
+        near_duplicates=None,
     ):
         # rejected, duplicates: the summaries of the reports, already written (WriteSortedReport)
         staged = {
@@ -183,6 +184,7 @@ class _StageFn(beam.DoFn):
             "label_conflicts": duplicates["label_conflicts"],
             "skipped": skipped_count,
             "skipped_examples": sorted(skipped_examples),
+            "near_duplicates": near_duplicates,
         }
         path = staged_path(self._output_dir, self._run_id)
         write_text(path, json.dumps(staged, ensure_ascii=False, sort_keys=True))
@@ -221,6 +223,12 @@ class StageResults(beam.PTransform):
                 "skipped_count": beam.pvalue.AsSingleton(count),
                 "skipped_examples": beam.pvalue.AsSingleton(first),
             }
+        near_duplicates = {}
+        if "near_duplicates" in results:
+            # {pairs, leakage, cross_class, moved_to_train...}, one element (leakage.py)
+            near_duplicates = {
+                "near_duplicates": beam.pvalue.AsSingleton(results["near_duplicates"])
+            }
         return (
             results["sources"].pipeline
             | "Once" >> beam.Create([None])
@@ -234,6 +242,7 @@ class StageResults(beam.PTransform):
                 beam.pvalue.AsSingleton(duplicates),
                 *([as_list(results["catalogs"])] if "catalogs" in results else []),
                 **skipped,
+                **near_duplicates,
             )
         )
 
@@ -260,6 +269,7 @@ class StagedResult:
         self.label_conflicts: list[dict[str, Any]] = list(data.get("label_conflicts", ()))
         self.skipped: int = data.get("skipped", 0)
         self.skipped_examples: list[str] = list(data.get("skipped_examples", ()))
+        self.near_duplicates: dict[str, Any] | None = data.get("near_duplicates")
         self.catalogs: tuple[CatalogResult, ...] = tuple(
             CatalogResult(**c) for c in data.get("catalogs", ())
         )

@@ -7,6 +7,7 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
+from beam_pipelines.leakage import summary_lines
 from beam_pipelines.publish import DUPLICATES_NAME
 from schemas.manifest import MANIFEST_NAME, REJECTED_NAME, Manifest
 
@@ -38,6 +39,7 @@ class RunSummary:
       label_conflicts: one dict per content hash found under different classes
         (``publish.label_conflict_groups``).
       not_published_because: why the dataset was not published, one line per gate that failed.
+      near_duplicates: the near-duplicate counts (``leakage``), None when not searched.
     """
 
     output: str
@@ -51,6 +53,7 @@ class RunSummary:
     skipped_examples: tuple[str, ...] = ()
     label_conflicts: tuple[dict[str, Any], ...] = ()
     not_published_because: tuple[str, ...] = ()
+    near_duplicates: dict[str, Any] | None = None
 
     @property
     def images_per_s(self) -> float:
@@ -116,6 +119,7 @@ class RunSummary:
                 )
             if len(self.label_conflicts) > _CONFLICTS_SHOWN:
                 lines.append(f"  … {len(self.label_conflicts) - _CONFLICTS_SHOWN} more")
+        lines.extend(summary_lines(self.near_duplicates, self.output))
         lines.extend(self._class_table())
         shards = m.all_shards()
         if shards:
@@ -180,4 +184,5 @@ class RunSummary:
             "manifest": FileSystems.join(self.output, MANIFEST_NAME) if self.published else None,
             "metrics": dict(self.metrics),
             "removed": list(self.removed),
+            "near_duplicates": self.near_duplicates,
         }

@@ -24,6 +24,7 @@ from beam_pipelines.catalog_io import MergeCatalogs
 from beam_pipelines.config import PipelineConfig
 from beam_pipelines.elements import CatalogMeta, PreparedRecord, Rejection, SourceFile
 from beam_pipelines.images import ImageOptions, RejectedImage, internal_error, prepare_image
+from beam_pipelines.leakage import FindNearDuplicates, MoveLeakageToTrain
 from beam_pipelines.object_store_io import read_with_retries
 from beam_pipelines.plan import PlanShards
 from beam_pipelines.progress import ProgressReporter, ProgressSpec, reporter_for
@@ -260,7 +261,9 @@ class ImagesToShards(beam.PTransform):
       ``shards``: ``ShardResult`` for every shard written;
       ``rejected``: ``Rejection`` for every input that did not become an example;
       ``duplicates``: ``Duplicate`` for every input dropped as a byte-identical copy;
-      ``catalogs``: ``CatalogResult`` for every split's merged catalog.
+      ``catalogs``: ``CatalogResult`` for every split's merged catalog;
+      ``near_duplicates``: one dict counting the near-duplicate pairs (``leakage``), whose
+      report ``near_duplicates.jsonl`` is written.
 
     ``progress`` says how the image step shows the images done (None: not at all).
     ``resume`` (``resume.ResumeState``) hands over what an interrupted build left: its shard
@@ -324,6 +327,12 @@ class ImagesToShards(beam.PTransform):
             label_conflicts=config.label_conflicts,
         )
         # (split, StagedRecord)
+        near = by_split | "FindNearDuplicates" >> FindNearDuplicates(
+            config.output, threshold=config.near_duplicate_threshold, action=config.leakage
+        )
+        if config.leakage == "move_to_train":
+            # Every record waits for the search over all of them, then leakage goes to train.
+            by_split = by_split | "MoveLeakageToTrain" >> MoveLeakageToTrain(near["found"])
         written = by_split | "WriteShards" >> WriteShards(
             config.output, plan=plan, done=done, label_conflicts=config.label_conflicts
         )
@@ -337,4 +346,5 @@ class ImagesToShards(beam.PTransform):
             "rejected": prepared[REJECTED_TAG],
             "duplicates": written[DUPLICATES_TAG],
             "catalogs": catalogs,
+            "near_duplicates": near["summary"],
         }

@@ -56,12 +56,14 @@ class Pairs:
       first, second: int64 positions.
       distance: uint8 Hamming distance (the smaller of plain and mirrored when ``flipped``).
       flipped: True where the pair matched as mirror images (closer mirrored than as is).
+      complete: False when the search stopped at ``max_pairs``: these are some of the pairs.
     """
 
     first: np.ndarray
     second: np.ndarray
     distance: np.ndarray
     flipped: np.ndarray
+    complete: bool = True
 
     def __len__(self) -> int:
         return int(self.first.shape[0])
@@ -92,7 +94,11 @@ def _check(hashes: np.ndarray, threshold: int) -> np.ndarray:
     return array.astype(np.uint64)
 
 
-def _finish(firsts, seconds, distances, flips, n: int) -> Pairs:
+class _Enough(Exception):  # noqa: N818  (control flow: max_pairs reached)
+    pass
+
+
+def _finish(firsts, seconds, distances, flips, n: int, max_pairs: int | None = None) -> Pairs:
     if not firsts:
         return Pairs.empty()
     first = np.concatenate(firsts)
@@ -106,10 +112,17 @@ def _finish(firsts, seconds, distances, flips, n: int) -> Pairs:
     keep = np.ones(key.shape[0], bool)
     keep[1:] = key[1:] != key[:-1]
     chosen = order[keep]
-    return Pairs(first[chosen], second[chosen], distance[chosen].astype(np.uint8), flipped[chosen])
+    complete = max_pairs is None or chosen.shape[0] < max_pairs
+    if not complete:
+        chosen = chosen[:max_pairs]  # in (first, second) order: deterministic
+    return Pairs(
+        first[chosen], second[chosen], distance[chosen].astype(np.uint8), flipped[chosen], complete
+    )
 
 
-def brute_force_pairs(hashes: np.ndarray, threshold: int, *, flips: bool = True) -> Pairs:
+def brute_force_pairs(
+    hashes: np.ndarray, threshold: int, *, flips: bool = True, max_pairs: int | None = None
+) -> Pairs:
     """The same result as ``find_pairs`` by comparing all pairs: for small inputs and tests."""
     h = _check(hashes, threshold)
     n = h.shape[0]
@@ -127,7 +140,9 @@ def brute_force_pairs(hashes: np.ndarray, threshold: int, *, flips: bool = True)
             seconds.append(c[keep].astype(np.int64))
             distances.append(dist[r[keep], c[keep]].astype(np.uint8))
             flipped.append(np.full(int(keep.sum()), mirrored))
-    return _finish(firsts, seconds, distances, flipped, n)
+        if max_pairs is not None and sum(len(f) for f in firsts) >= 2 * max_pairs:
+            break
+    return _finish(firsts, seconds, distances, flipped, n, max_pairs)
 
 
 def _chunk_layout(n: int, chunks: int | None) -> list[tuple[int, int]]:
@@ -159,9 +174,12 @@ class _Collector:
     are read in runs; only the near pairs are mapped back to input positions.
     """
 
-    def __init__(self, threshold: int, flips: bool) -> None:
+    def __init__(self, threshold: int, flips: bool, max_pairs: int | None = None) -> None:
         self._threshold = threshold
         self._flips = flips
+        # Raw finds include repeats (a pair found through several chunks): stop at twice.
+        self._limit = None if max_pairs is None else 2 * max_pairs
+        self._found = 0
         self.firsts: list[np.ndarray] = []
         self.seconds: list[np.ndarray] = []
         self.distances: list[np.ndarray] = []
@@ -194,6 +212,9 @@ class _Collector:
         self.seconds.append(np.maximum(a, b))
         self.distances.append(distance.astype(np.uint8))
         self.flipped.append(flipped)
+        self._found += a.shape[0]
+        if self._limit is not None and self._found >= self._limit:
+            raise _Enough
 
 
 def _expand(
@@ -231,6 +252,7 @@ def find_pairs(
     flips: bool = True,
     chunks: int | None = None,
     method: str = "auto",
+    max_pairs: int | None = None,
 ) -> Pairs:
     """Finds every pair of hashes within ``threshold`` bits of each other.
 
@@ -240,6 +262,8 @@ def find_pairs(
       flips: also find pairs that match when one is mirrored left-right.
       chunks: multi-index chunk count; default about ``64 / log2(N)``.
       method: ``"auto"`` (brute force below 4,096 hashes), ``"index"`` or ``"brute"``.
+      max_pairs: stop after about this many pairs (a set of thousands of copies of one image
+        has millions); the result then says ``complete=False``. None: no limit.
 
     Returns:
       ``Pairs`` with ``first < second``, sorted.
@@ -252,17 +276,21 @@ def find_pairs(
         raise ValueError(f"method must be 'auto', 'index' or 'brute', got {method!r}")
     h = _check(hashes, threshold)
     n = h.shape[0]
+    if max_pairs is not None and max_pairs < 1:
+        raise ValueError(f"max_pairs must be >= 1 or None, got {max_pairs!r}")
     if method == "brute" or (method == "auto" and n < _BRUTE_FORCE_BELOW):
-        return brute_force_pairs(h, threshold, flips=flips)
+        return brute_force_pairs(h, threshold, flips=flips, max_pairs=max_pairs)
     layout = _chunk_layout(n, chunks)
     per_chunk, extra = divmod(threshold, len(layout))
-    out = _Collector(threshold, flips)
-    for index, (low, width) in enumerate(layout):
-        radius = per_chunk if index <= extra else per_chunk - 1
-        if radius < 0:
-            continue
-        _search_chunk(h, low, width, radius, flips, out)
-    return _finish(out.firsts, out.seconds, out.distances, out.flipped, n)
+    out = _Collector(threshold, flips, max_pairs)
+    try:
+        for index, (low, width) in enumerate(layout):
+            radius = per_chunk if index <= extra else per_chunk - 1
+            if radius >= 0:
+                _search_chunk(h, low, width, radius, flips, out)
+    except _Enough:
+        pass
+    return _finish(out.firsts, out.seconds, out.distances, out.flipped, n, max_pairs)
 
 
 def _search_chunk(

@@ -129,3 +129,13 @@ def test_leakage_moves_whole_components_to_train():
     pairs = find_pairs(hashes, 1)
     assert leakage_moves(pairs, splits).tolist() == [1, 2]
     assert leakage_moves(find_pairs(hashes[3:5], 1), splits[3:5]).tolist() == []
+
+
+@pytest.mark.parametrize("method", ["index", "brute"])
+def test_max_pairs_stops_a_crowd_and_says_so(method):
+    hashes = np.zeros(5000, np.uint64)  # 12.5 million pairs at distance 0
+    pairs = find_pairs(hashes, 0, method=method, max_pairs=1000)
+    assert len(pairs) == 1000 and not pairs.complete
+    assert find_pairs(hashes[:10], 0, max_pairs=1000).complete
+    with pytest.raises(ValueError, match="max_pairs"):
+        find_pairs(hashes, 0, max_pairs=0)

@@ -1,0 +1,154 @@
+"""Near-duplicates at build time: the report, --leakage move_to_train, and the flags."""
+
+from __future__ import annotations
+
+import array
+import hashlib
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from beam_pipelines import images_to_tfrecord, samples
+from beam_pipelines.config import PipelineConfig
+from beam_pipelines.leakage import _search, key_number
+
+
+@pytest.fixture(scope="module")
+def sample_images(tmp_path_factory):
+    root = tmp_path_factory.mktemp("samples")
+    samples.write_sample_set(root, per_class=10, size=(160, 120))
+    return root
+
+
+def _build(images, output, *extra):
+    return images_to_tfrecord.run(
+        [
+            "--input",
+            str(images),
+            "--output",
+            str(output),
+            "--validation_fraction",
+            "0.2",
+            "--max_bad_fraction",
+            "0.2",
+            *extra,
+        ]
+    )
+
+
+def _report(output):
+    text = (output / "near_duplicates.jsonl").read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def _uris(output, split):
+    return set(
+        pq.read_table(output / f"catalog-{split}.parquet", columns=["uri"])["uri"].to_pylist()
+    )
+
+
+@pytest.mark.slow
+def test_report_lists_the_planted_leakage_first_then_the_cross_class_pair(sample_images, tmp_path):
+    summary = _build(sample_images, tmp_path / "ds")
+    assert summary.published
+    counts = summary.near_duplicates
+    assert (counts["pairs"], counts["leakage"], counts["cross_class"]) == (2, 1, 1)
+    assert counts["moved_to_train"] == 0 and counts["complete"]
+    leak, cross = _report(tmp_path / "ds")
+    members = {leak["a"]["split"]: leak["a"], leak["b"]["split"]: leak["b"]}
+    assert leak["leakage"] and not leak["cross_class"]
+    assert members["train"]["uri"].endswith("_reencoded.JPEG")
+    assert members["validation"]["uri"] == members["train"]["uri"].replace("_reencoded", "")
+    assert members["validation"]["uri"] in _uris(tmp_path / "ds", "validation")
+    assert cross["cross_class"] and not cross["leakage"]
+    assert {cross["a"]["text"], cross["b"]["text"]} == {"desert", "forêt"}
+    assert "near_copy_of_" in cross["a"]["uri"] + cross["b"]["uri"]
+    assert "1 train-validation leakage" in summary.describe()
+    manifest = json.loads((tmp_path / "ds" / "dataset.json").read_text(encoding="utf-8"))
+    assert manifest["options"]["leakage"] == "report"
+
+
+@pytest.mark.slow
+def test_move_to_train_leaves_no_leakage_in_the_published_splits(sample_images, tmp_path):
+    summary = _build(sample_images, tmp_path / "ds", "--leakage", "move_to_train")
+    assert summary.published
+    assert summary.near_duplicates["leakage"] == 0
+    assert summary.near_duplicates["moved_to_train"] == 1
+    (moved,) = [m for p in _report(tmp_path / "ds") for m in (p["a"], p["b"]) if m["moved"]]
+    assert moved["split"] == "train"
+    assert moved["uri"] in _uris(tmp_path / "ds", "train")
+    assert moved["uri"] not in _uris(tmp_path / "ds", "validation")
+    manifest = json.loads((tmp_path / "ds" / "dataset.json").read_text(encoding="utf-8"))
+    assert manifest["options"]["leakage"] == "move_to_train"
+    assert "1 validation example moved to train" in summary.describe()
+
+
+def _columns(rows):
+    columns = (array.array("q"), array.array("q"), array.array("B"), array.array("q"))
+    for row in rows:
+        for column, value in zip(columns, row, strict=True):
+            column.append(value)
+    return columns
+
+
+def _key(text: str) -> int:
+    return key_number(hashlib.sha256(text.encode()).hexdigest())
+
+
+def test_search_counts_each_content_once_and_leaves_label_conflicts_out():
+    rows = [
+        (_key("a"), 100, 0, 0),  # train
+        (_key("a"), 100, 0, 0),  # the same bytes again (a duplicate): one example
+        (_key("b"), 101, 1, 0),  # validation, 1 bit from a: leakage
+        (_key("c"), 100, 1, 0),  # the same bytes under two classes: left out
+        (_key("c"), 100, 1, 2),
+        (_key("d"), -1, 1, 1),  # a hash above 2**63, carried signed: far from the rest
+    ]
+    found = _search(_columns(rows), 8, move=True)
+    assert found["examples"] == 3
+    assert sorted([found["a"][0], found["b"][0]]) == sorted([_key("a"), _key("b")])
+    assert found["leakage"] == [False]  # b was moved, so no leakage is left
+    assert found["moved"] == [_key("b")]
+    reported = _search(_columns(rows), 8, move=False)
+    assert reported["leakage"] == [True] and reported["moved"] == []
+
+
+def test_empty_search():
+    found = _search(_columns([]), 8, move=True)
+    assert found["examples"] == 0 and found["a"] == [] and found["complete"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("leakage", "drop", "--leakage must be one of report, move_to_train"),
+        ("near_duplicate_threshold", 17, r"--near_duplicate_threshold must be an int in \[0, 16\]"),
+        ("near_duplicate_threshold", -1, "--near_duplicate_threshold"),
+    ],
+)
+def test_bad_flags_are_named(tmp_path, field, value, message):
+    with pytest.raises(ValueError, match=message):
+        PipelineConfig(input=str(tmp_path / "in"), output=str(tmp_path / "out"), **{field: value})
+
+
+def test_flags_parse(tmp_path):
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_pipelines.config import config_from_options
+
+    options = PipelineOptions(
+        [
+            "--input",
+            str(tmp_path / "in"),
+            "--output",
+            str(tmp_path / "out"),
+            "--leakage",
+            "move_to_train",
+            "--near_duplicate_threshold",
+            "6",
+        ]
+    )
+    config = config_from_options(options)
+    assert (config.leakage, config.near_duplicate_threshold) == ("move_to_train", 6)
+    assert config.manifest_options()["near_duplicate_threshold"] == 6
