@@ -33,8 +33,9 @@ import dataclasses
 import hashlib
 import io
 import logging
+import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -60,8 +61,10 @@ __all__ = [
     "BaseIndex",
     "BaseDataset",
     "Reused",
+    "BaseSpec",
     "resolve_base_root",
     "open_base",
+    "load_base",
     "lineage_block",
 ]
 
@@ -170,10 +173,17 @@ class BaseDataset:
     manifest_sha256: str
     reason: str
     index: BaseIndex | None
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    tool_version: str = ""
 
     @property
     def reusable(self) -> bool:
         return self.index is not None
+
+    @property
+    def spec(self) -> BaseSpec:
+        """What a worker needs to open this base again (small, pickles cheaply)."""
+        return BaseSpec(self.root, self.manifest_sha256, dict(self.options), self.tool_version)
 
     def reuse(
         self, sha256: str, *, uri: str, label: int, text: str, source_bytes: int
@@ -394,9 +404,47 @@ def open_base(
         )
         if log:
             _log.warning("%s", reason)
-        return BaseDataset(root, manifest, digest, reason, None)
+        return BaseDataset(root, manifest, digest, reason, None, dict(options), tool_version)
     _check_shards(root, base, manifest)
-    return BaseDataset(root, manifest, digest, "", _load_index(root, base, manifest))
+    index = _load_index(root, base, manifest)
+    return BaseDataset(root, manifest, digest, "", index, dict(options), tool_version)
+
+
+class BaseSpec(NamedTuple):
+    """An opened base as the launcher saw it, for the image step's workers."""
+
+    root: str
+    manifest_sha256: str
+    options: dict[str, Any]
+    tool_version: str
+
+
+_OPENED: dict[BaseSpec | tuple, BaseDataset] = {}
+_OPENED_LOCK = threading.Lock()
+
+
+def load_base(spec: BaseSpec) -> BaseDataset:
+    """The base a worker reuses from: opened once per process (every image-step instance of a
+    process shares its lookup) and checked to be the one the launcher opened.
+
+    Raises:
+      BaseRefusedError: if the base changed since the launcher opened it, or fails its checks.
+    """
+    key = (spec.root, spec.manifest_sha256)
+    with _OPENED_LOCK:
+        if key not in _OPENED:
+            base = open_base(
+                spec.root, options=spec.options, tool_version=spec.tool_version, log=False
+            )
+            if base.manifest_sha256 != spec.manifest_sha256:
+                raise _refuse(
+                    spec.root,
+                    "its dataset.json changed while this build was running (sha256 "
+                    f"{spec.manifest_sha256[:12]}… when the build started, now "
+                    f"{base.manifest_sha256[:12]}…)",
+                )
+            _OPENED[key] = base
+        return _OPENED[key]
 
 
 def lineage_block(base: BaseDataset, *, reused: int, prepared: int) -> dict[str, Any]:

@@ -7,6 +7,7 @@ import os
 import re
 from typing import Any
 
+import PIL
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipelines.image_colour import HIGH_BIT_DEPTH_POLICIES
@@ -61,6 +62,10 @@ class PipelineConfig:
         (``leakage``): ``report`` them in ``near_duplicates.jsonl`` only, or ``move_to_train``.
       near_duplicate_threshold: the largest Hamming distance between perceptual hashes (of 64
         bits) that makes two examples near-duplicates.
+      base: a previous dataset (or a versions root with ``latest``) whose stored examples are
+        reused for unchanged source bytes when the image options match (``base``); None for a
+        clean build. It is only read, and never recorded in ``manifest_options``: an
+        incremental build's dataset equals a clean build's.
 
     Raises:
       ValueError: naming the bad field and value.
@@ -79,6 +84,7 @@ class PipelineConfig:
     stratify_validation: bool = False
     leakage: str = "report"
     near_duplicate_threshold: int = DEFAULT_THRESHOLD
+    base: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.input, str) or not self.input:
@@ -118,6 +124,11 @@ class PipelineConfig:
                 f"--output {self.output!r} must not be inside --input {self.input!r}: "
                 "a later run would read its own shards as images"
             )
+        if self.base is not None and self.base.rstrip("/") == out:
+            raise ValueError(
+                f"--base {self.base!r} must not be --output: the base is never modified; write "
+                "the new version beside it (python -m beam_pipelines.versions ROOT --next)"
+            )
 
     @property
     def target_shard_bytes(self) -> int:
@@ -142,6 +153,8 @@ class PipelineConfig:
             "out_of_bounds": self.image.out_of_bounds,
             "accepted_formats": list(self.image.accepted_formats),
             "high_bit_depth": self.image.high_bit_depth,
+            # Resampling and the encoders live in Pillow: another version may store other bytes.
+            "image_library": f"Pillow {PIL.__version__}",
             "validation_fraction": self.validation_fraction,
             "num_shards": self.num_shards,
             "target_shard_mb": self.target_shard_mb,
@@ -285,6 +298,13 @@ class ImagesToTFRecordOptions(PipelineOptions):
             help="continue an interrupted build of this command at --output: complete shards are "
             "kept, prepared images are not decoded again, the result is byte-identical",
         )
+        parser.add_argument(
+            "--base",
+            default=None,
+            help="a previous dataset (or versions root with a latest pointer), local or bucket: "
+            "its stored examples are reused, without decoding, for images whose bytes are "
+            "unchanged when the image options match; the result equals a clean build",
+        )
 
 
 def _absolute(path: str) -> str:
@@ -329,4 +349,5 @@ def config_from_options(options: PipelineOptions) -> PipelineConfig:
         stratify_validation=own.stratify_validation,
         leakage=own.leakage,
         near_duplicate_threshold=own.near_duplicate_threshold,
+        base=_absolute(own.base) if own.base else None,
     )

@@ -17,6 +17,7 @@ input image can cause it, since per-image failures are rejections), with nothing
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 import time
@@ -28,6 +29,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
+from beam_pipelines.base import lineage_block, open_base
 from beam_pipelines.catalog_io import (
     remove_staged_fragments,
     remove_unlisted_catalog_files,
@@ -57,7 +59,7 @@ from beam_pipelines.shards import METRICS_NAMESPACE, TRAIN, VALIDATION, fixed_sh
 from beam_pipelines.sources import is_listing
 from beam_pipelines.summary import RunSummary
 from beam_pipelines.transforms import ImagesToShards
-from schemas.manifest import ImageSpec
+from schemas.manifest import TOOL_VERSION, ImageSpec
 
 __all__ = [
     "ImagesToTFRecordOptions",
@@ -161,6 +163,11 @@ def run(argv: Sequence[str] | None = None, *, progress: str = "auto") -> RunSumm
     config = config_from_options(options)
     _check_input(config)
     content = config.manifest_options()
+    # Opened (and refused, naming the problem) before anything is written; when its image
+    # options differ it says so and nothing is reused.
+    base = None
+    if config.base is not None:
+        base = open_base(config.base, options=content, tool_version=TOOL_VERSION)
     if config.resume and (done := published_by_earlier_attempt(config.output, content)):
         # Killed after publishing: nothing left to do but tidy up.
         return summary_of_published(config.output, done, time.monotonic() - started)
@@ -177,7 +184,9 @@ def run(argv: Sequence[str] | None = None, *, progress: str = "auto") -> RunSumm
     # Beam's launcher leaves directories in the temp dir on every run; they go with this one.
     with private_temp_dir():
         pipeline = beam.Pipeline(options=options)
-        results = pipeline | "ImagesToShards" >> ImagesToShards(config, spec, resume=resume)
+        results = pipeline | "ImagesToShards" >> ImagesToShards(
+            config, spec, resume=resume, base=base.spec if base and base.reusable else None
+        )
         _ = results | "StageResults" >> StageResults(config.output, run_id)
         try:
             result = pipeline.run()
@@ -201,6 +210,12 @@ def run(argv: Sequence[str] | None = None, *, progress: str = "auto") -> RunSumm
         options=config.manifest_options(),
         splits=splits,
     )
+    metrics = _counters(result)
+    if base is not None:
+        reused, prepared = metrics.get("images_reused", 0), metrics.get("images_prepared", 0)
+        manifest = dataclasses.replace(
+            manifest, lineage=lineage_block(base, reused=reused, prepared=prepared)
+        )
     blockers = _publish_blockers(staged, config)
     published = not blockers
     removed: list[str] = []
@@ -217,7 +232,7 @@ def run(argv: Sequence[str] | None = None, *, progress: str = "auto") -> RunSumm
         manifest=manifest,
         bad_fraction=staged.bad_fraction,
         rejected_by_reason=staged.rejected_by_reason,
-        metrics=_counters(result),
+        metrics=metrics,
         removed=tuple(removed),
         elapsed_s=time.monotonic() - started,
         skipped_examples=tuple(staged.skipped_examples),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import shutil
@@ -25,6 +26,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A published base: 14 images in 3 classes, two train shards and a validation one."""
     root = tmp_path_factory.mktemp("base")
     make_image_tree(root / "images", {"cat": 5, "dog": 5, "fish": 4}, size=(40, 32))
+    (root / "images" / "fish" / "copy.jpg").write_bytes(
+        (root / "images" / "fish" / "fish_0000.jpg").read_bytes()
+    )  # a duplicate: reused like any other image
     summary = images_to_tfrecord.run(
         ["--input", str(root / "images"), "--output", str(root / "v0001"), *FLAGS]
     )
@@ -176,3 +180,96 @@ def test_a_damaged_record_fails_the_reuse_naming_it(damaged: Path) -> None:
     with pytest.raises(BaseDamagedError, match=f"{row['shard']} record at byte {row['offset']}"):
         base.reuse(row["key"], uri=row["uri"], label=row["label"], text=row["text"],
                    source_bytes=1)  # fmt: skip
+
+
+# --- incremental builds against clean builds ---------------------------------------------------
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    files = {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+    manifest = json.loads(files.pop(MANIFEST_NAME))
+    lineage = manifest.pop("lineage", None)
+    files[MANIFEST_NAME] = json.dumps(manifest, sort_keys=True).encode()
+    return {"files": files, "lineage": lineage}
+
+
+def _change(images: Path, change: str) -> None:
+    if change == "add":  # two new images, one in a new class: every label index moves
+        new = make_image_tree(images.parent / "new", {"ant": 1, "cat": 1}, size=(40, 32), seed=7)
+        (images / "ant").mkdir()
+        new["ant"][0].rename(images / "ant" / "ant_new.jpg")
+        new["cat"][0].rename(images / "cat" / "cat_new.jpg")
+    elif change == "remove":
+        for path in sorted(images.rglob("*.jpg"))[:3]:
+            path.unlink()
+    elif change == "relabel":  # same bytes, another class (and so another file name)
+        for path in sorted((images / "cat").iterdir())[:2]:
+            path.rename(images / "dog" / path.name)
+
+
+@pytest.mark.parametrize(
+    ("change", "extra", "reused"),
+    [
+        ("add", [], 15),
+        ("remove", [], 12),
+        ("relabel", [], 15),
+        ("options", ["--image_size", "20"], 0),
+    ],
+)
+def test_incremental_build_equals_a_clean_build(
+    built: Path, tmp_path: Path, change: str, extra: list[str], reused: int
+) -> None:
+    images = tmp_path / "images"
+    shutil.copytree(built.parent / "images", images)
+    _change(images, change)
+    flags = [*FLAGS, *extra]
+    clean = images_to_tfrecord.run(
+        ["--input", str(images), "--output", str(tmp_path / "clean"), *flags]
+    )
+    incremental = images_to_tfrecord.run(
+        ["--input", str(images), "--output", str(tmp_path / "inc"), *flags, "--base", str(built)]
+    )
+    assert clean.published and incremental.published
+    a, b = _snapshot(tmp_path / "clean"), _snapshot(tmp_path / "inc")
+    assert a["lineage"] is None
+    assert sorted(a["files"]) == sorted(b["files"])
+    for name in a["files"]:
+        assert a["files"][name] == b["files"][name], name
+    written = clean.manifest.counts.written + clean.manifest.counts.duplicates
+    digest = hashlib.sha256((built / MANIFEST_NAME).read_bytes()).hexdigest()
+    assert b["lineage"] == {
+        "base_manifest_sha256": digest, "reused": reused, "prepared": written - reused,
+    }  # fmt: skip
+    assert incremental.metrics.get("images_reused", 0) == reused
+    assert (built / MANIFEST_NAME).read_text() == (built.parent / "reference.json").read_text()
+
+
+def test_the_command_refuses_an_unpublished_base(
+    built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    base = _copy(built, tmp_path / "b")
+    (base / MANIFEST_NAME).unlink()
+    status = images_to_tfrecord.main(
+        ["--input", str(built.parent / "images"), "--output", str(tmp_path / "out"), *FLAGS,
+         "--base", str(base)]
+    )  # fmt: skip
+    assert status == 2
+    assert "is refused" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_a_base_on_a_bucket(built: Path, tmp_path: Path, s3_env) -> None:
+    from tests.fixtures.object_store import upload_tree
+
+    upload_tree(built, s3_env.uri("v0001"))
+    images = tmp_path / "images"
+    shutil.copytree(built.parent / "images", images)
+    _change(images, "relabel")
+    clean = tmp_path / "clean"
+    images_to_tfrecord.run(["--input", str(images), "--output", str(clean), *FLAGS])
+    summary = images_to_tfrecord.run(
+        ["--input", str(images), "--output", str(tmp_path / "inc"), *FLAGS,
+         "--base", s3_env.uri("v0001")]
+    )  # fmt: skip
+    assert summary.metrics["images_reused"] == 15
+    assert _snapshot(clean)["files"] == _snapshot(tmp_path / "inc")["files"]
