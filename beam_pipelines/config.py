@@ -54,6 +54,9 @@ class PipelineConfig:
       overwrite: replace an existing dataset at ``output``.
       resume: continue the build that ``DST/.staging/`` holds (``resume``): complete shards are
         kept and staged examples reused, for a byte-identical result.
+      staging_file_mb: the image step commits its staging file (and hands its examples on)
+        once it holds this many MiB, or 10 s after its first example (``staging``): smaller
+        loses less work to a kill, larger makes fewer objects.
       label_conflicts: what to do with byte-identical files under different classes, one of
         ``LABEL_CONFLICT_POLICIES``: keep the first copy (in URI order), drop every copy, or
         keep the first and refuse to publish.
@@ -80,6 +83,7 @@ class PipelineConfig:
     max_bad_fraction: float = 0.01
     overwrite: bool = False
     resume: bool = False
+    staging_file_mb: float = 32.0
     label_conflicts: str = "keep_first"
     stratify_validation: bool = False
     leakage: str = "report"
@@ -101,6 +105,8 @@ class PipelineConfig:
             raise ValueError(f"--num_shards must be in [1, {MAX_SHARDS}], got {self.num_shards!r}")
         if not self.target_shard_mb > 0:
             raise ValueError(f"--target_shard_mb must be > 0, got {self.target_shard_mb!r}")
+        if not self.staging_file_mb > 0:
+            raise ValueError(f"--staging_file_mb must be > 0, got {self.staging_file_mb!r}")
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ValueError(f"--max_bad_fraction must be in [0, 1], got {self.max_bad_fraction!r}")
         if self.label_conflicts not in LABEL_CONFLICT_POLICIES:
@@ -299,6 +305,12 @@ class ImagesToTFRecordOptions(PipelineOptions):
             "kept, prepared images are not decoded again, the result is byte-identical",
         )
         parser.add_argument(
+            "--staging_file_mb",
+            type=float,
+            default=32.0,
+            help="MiB of prepared examples per staging file, the unit --resume reuses (32)",
+        )
+        parser.add_argument(
             "--base",
             default=None,
             help="a previous dataset (or versions root with a latest pointer), local or bucket: "
@@ -345,6 +357,7 @@ def config_from_options(options: PipelineOptions) -> PipelineConfig:
         max_bad_fraction=own.max_bad_fraction,
         overwrite=own.overwrite,
         resume=own.resume,
+        staging_file_mb=own.staging_file_mb,
         label_conflicts=own.label_conflicts,
         stratify_validation=own.stratify_validation,
         leakage=own.leakage,

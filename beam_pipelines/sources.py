@@ -24,6 +24,7 @@ from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.elements import SourceFile
+from beam_pipelines.object_store_io import list_one_level
 
 __all__ = [
     "LISTING_SUFFIXES",
@@ -32,6 +33,7 @@ __all__ = [
     "is_skipped",
     "source_from_path",
     "parse_listing_line",
+    "MatchTree",
     "ListSources",
     "LabelNames",
 ]
@@ -169,8 +171,7 @@ class ListSources(beam.PTransform):
             root = self._input.rstrip("/")
             listed = (
                 pbegin
-                | "MatchFiles"
-                >> fileio.MatchFiles(FileSystems.join(root, "**"), empty_match_treatment=_DISALLOW)
+                | "MatchFiles" >> MatchTree(root)
                 # FileMetadata -> SourceFile, and str (skipped path) on the skipped output
                 | "ClassFromPath"
                 >> beam.ParDo(_ClassFromPath(root)).with_outputs(SKIPPED_TAG, main="sources")
@@ -180,7 +181,55 @@ class ListSources(beam.PTransform):
         return {"sources": sources | "Reshuffle" >> beam.Reshuffle(), SKIPPED_TAG: skipped}
 
 
-_DISALLOW = fileio.EmptyMatchTreatment.DISALLOW
+_ALLOW = fileio.EmptyMatchTreatment.ALLOW
+_ROOT_FILES = "root_files"
+
+
+class _ListTopLevelFn(beam.DoFn):
+    """``root -> str``: a ``<class dir>/**`` pattern per directory directly under the root, and
+    the ``FileMetadata`` of each file directly under it on the ``root_files`` output."""
+
+    def process(self, root: str):
+        level = list_one_level(root)
+        if level is None:
+            yield FileSystems.join(root, "**")  # a scheme without a one-level listing
+            return
+        dirs, files = level
+        for directory in dirs:
+            yield FileSystems.join(directory, "**")
+        for meta in files:
+            yield beam.pvalue.TaggedOutput(_ROOT_FILES, meta)
+
+
+class MatchTree(beam.PTransform):
+    """``PBegin -> FileMetadata``: every file under ``root``, listed one class directory at a
+    time, each on whichever worker takes it.
+
+    One step lists the root's first level (a delimiter listing on buckets: directories and the
+    files directly under the root); the directories are then spread over workers and each is
+    matched on its own (``fileio.MatchAll``). What stays sequential: the first level, and each
+    class directory's own listing (paginated, in one worker).
+    """
+
+    def __init__(self, root: str) -> None:
+        super().__init__()
+        self._root = root
+
+    def expand(self, pbegin):
+        top = (
+            pbegin
+            | "Root" >> beam.Create([self._root])
+            | "ListTopLevel"
+            >> beam.ParDo(_ListTopLevelFn()).with_outputs(_ROOT_FILES, main="patterns")
+            # str: "<class dir>/**"; FileMetadata on root_files
+        )
+        nested = (
+            top.patterns
+            | "Spread" >> beam.Reshuffle()
+            | "MatchEach" >> fileio.MatchAll(empty_match_treatment=_ALLOW)
+            # FileMetadata
+        )
+        return (top[_ROOT_FILES], nested) | "AllFiles" >> beam.Flatten()
 
 
 def _sorted_names(names: Iterable[str]) -> tuple[str, ...]:

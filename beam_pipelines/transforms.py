@@ -43,7 +43,7 @@ from beam_pipelines.shards import (
 )
 from beam_pipelines.sources import SKIPPED_TAG, LabelNames, ListSources
 from beam_pipelines.splits import AssignSplits
-from beam_pipelines.staging import RecordStager
+from beam_pipelines.staging import DEFAULT_FILE_BYTES, RecordStager
 from schemas.image_example import ImageRecord, serialize_record
 
 __all__ = [
@@ -92,11 +92,13 @@ class PrepareImageFn(beam.DoFn):
         progress: ProgressSpec | None = None,
         *,
         staging: str | None = None,
+        staging_file_bytes: int = DEFAULT_FILE_BYTES,
         base: BaseSpec | None = None,
     ) -> None:
         self._options = options
         self._progress = progress
         self._staging = staging
+        self._staging_file_bytes = staging_file_bytes
         self._base_spec = base
         self._base: BaseDataset | None = None
         self._reused = Metrics.counter(METRICS_NAMESPACE, "images_reused")
@@ -125,7 +127,7 @@ class PrepareImageFn(beam.DoFn):
         if self._staging is not None:
             if self._stager is not None:
                 self._stager.close()  # left by a failed bundle: its records were never emitted
-            self._stager = RecordStager(self._staging)
+            self._stager = RecordStager(self._staging, max_file_bytes=self._staging_file_bytes)
 
     def finish_bundle(self):
         if self._stager is not None:
@@ -225,6 +227,7 @@ class PrepareImages(beam.PTransform):
       label_names: a one-element PCollection holding the sorted class names.
       progress: how the images done are shown.
       staging: the dataset directory whose staging area receives the examples.
+      staging_file_bytes: commit a staging file once it holds this many bytes.
       base: a previous dataset to reuse examples from (``--base``).
     """
 
@@ -235,6 +238,7 @@ class PrepareImages(beam.PTransform):
         progress: ProgressSpec | None = None,
         *,
         staging: str | None = None,
+        staging_file_bytes: int = DEFAULT_FILE_BYTES,
         base: BaseSpec | None = None,
     ):
         super().__init__()
@@ -242,11 +246,18 @@ class PrepareImages(beam.PTransform):
         self._label_names = label_names
         self._progress = progress
         self._staging = staging
+        self._staging_file_bytes = staging_file_bytes
         self._base = base
 
     def expand(self, sources):
         return sources | "Prepare" >> beam.ParDo(
-            PrepareImageFn(self._options, self._progress, staging=self._staging, base=self._base),
+            PrepareImageFn(
+                self._options,
+                self._progress,
+                staging=self._staging,
+                staging_file_bytes=self._staging_file_bytes,
+                base=self._base,
+            ),
             beam.pvalue.AsSingleton(self._label_names),
         ).with_outputs(REJECTED_TAG, main="records")
 
@@ -312,7 +323,12 @@ class ImagesToShards(beam.PTransform):
             split = sources | "ReuseStaged" >> SplitReusable(earlier)
             to_prepare, reused = split.sources, [split[REUSED_TAG]]
         prepared = to_prepare | "PrepareImages" >> PrepareImages(
-            config.image, label_names, self._progress, staging=config.output, base=self._base
+            config.image,
+            label_names,
+            self._progress,
+            staging=config.output,
+            staging_file_bytes=int(config.staging_file_mb * 2**20),
+            base=self._base,
         )
         # StagedRecord, and Rejection on the rejected output
         records = prepared.records
