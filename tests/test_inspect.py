@@ -1,0 +1,168 @@
+"""The dataset report: what it reads, what it shows, on local disks and buckets."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from PIL import Image
+
+from beam_pipelines import images_to_tfrecord, samples
+from tests.fixtures.object_store import upload_tree
+from tfrecord_io import inspect as inspect_cli
+from tfrecord_io import random_access
+from tfrecord_io.inspection import gather, histogram, imbalance
+
+PER_CLASS = 4
+
+
+def build_sample_dataset(root, *extra):
+    """The bundled sample set (small), through the real pipeline: it holds a planted leakage
+    pair, a cross-class near-duplicate, an exact duplicate and three rejected files."""
+    images = root / "images"
+    samples.write_sample_set(images, per_class=10, size=(160, 120))
+    output = root / "dataset"
+    summary = images_to_tfrecord.run(
+        [
+            "--input",
+            str(images),
+            "--output",
+            str(output),
+            "--validation_fraction",
+            "0.2",
+            "--max_bad_fraction",
+            "0.2",
+            *extra,
+        ]
+    )
+    assert summary.published
+    return images, output
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    return build_sample_dataset(tmp_path_factory.mktemp("inspect"))
+
+
+@pytest.mark.slow
+def test_report_shows_the_dataset_and_reads_only_the_records_it_shows(built, tmp_path, monkeypatch):
+    images, dataset = built
+    manifest = json.loads((dataset / "dataset.json").read_text(encoding="utf-8"))
+    reads = []
+    real = random_access.read_range
+
+    def counting(path, start, end):
+        reads.append((path, start, end))
+        return real(path, start, end)
+
+    monkeypatch.setattr("tfrecord_io.inspection.read_range", counting)
+    assert inspect_cli.main([str(dataset), "--out", str(tmp_path / "r"), "--per_class", "4"]) == 0
+
+    stats = json.loads((tmp_path / "r" / "stats.json").read_text(encoding="utf-8"))
+    assert stats["counts"] == manifest["counts"]
+    assert {n: s["examples"] for n, s in stats["splits"].items()} == {
+        n: s["num_examples"] for n, s in manifest["splits"].items()
+    }
+    for name, split in manifest["splits"].items():
+        assert stats["splits"][name]["class_counts"] == split["class_counts"]
+    # Only the samples and the near-duplicate pairs' members were read, each by its range.
+    shown = {s["key"] for rows in stats["samples"].values() for s in rows}
+    assert all(len(rows) == PER_CLASS for rows in stats["samples"].values())
+    assert stats["records_read"] == len(reads) <= len(shown) + 2 * stats["near_duplicates"]["pairs"]
+    assert len(reads) < manifest["counts"]["written"]
+    assert all(end - start < 200_000 for _, start, end in reads)
+    assert stats["near_duplicates"]["leakage"] == 1
+    assert stats["near_duplicates"]["cross_class"] == 1
+    assert stats["rejected"]["by_reason"] == {"empty_file": 1, "not_an_image": 1, "truncated": 1}
+    assert stats["duplicates"] == {"count": 1, "label_conflicts": 0}
+    assert stats["distributions"]["source_format"] == {"JPEG": 38, "PNG": 4}
+
+    html = (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
+    assert "http://" not in html and "https://" not in html  # nothing to fetch
+    assert html.count('class="sample"') == PER_CLASS * len(manifest["label_names"])
+    assert html.count('class="pair leakage"') == 1
+    assert "partial: the file ends early" in html  # the truncated JPEG, as far as it goes
+    sheet = Image.open(tmp_path / "r" / "contact_sheet.png")
+    assert sheet.width > PER_CLASS * 160 and sheet.height > len(manifest["label_names"]) * 160
+
+
+@pytest.mark.slow
+def test_same_seed_same_samples_other_seed_others(built, tmp_path):
+    _, dataset = built
+    one = gather(str(dataset), per_class=3, seed=5).stats["samples"]
+    two = gather(str(dataset), per_class=3, seed=5).stats["samples"]
+    other = gather(str(dataset), per_class=3, seed=6).stats["samples"]
+    assert one == two
+    assert one != other
+
+
+@pytest.mark.slow
+def test_fail_on_leakage_fails_on_the_planted_pair_and_passes_once_moved(built, tmp_path, capsys):
+    _, dataset = built
+    argv = [str(dataset), "--out", str(tmp_path / "r"), "--fail_on_leakage"]
+    assert inspect_cli.main(argv) == 1
+    assert "1 validation example(s) have a near-duplicate in train" in capsys.readouterr().err
+    _, moved = build_sample_dataset(tmp_path / "moved", "--leakage", "move_to_train")
+    assert inspect_cli.main([str(moved), "--out", str(tmp_path / "r2"), "--fail_on_leakage"]) == 0
+
+
+@pytest.mark.slow
+def test_pairs_are_computed_from_the_catalogs_without_the_report(built, tmp_path):
+    _, dataset = built
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset, copy)
+    (copy / "near_duplicates.jsonl").unlink()
+    near = gather(str(copy), per_class=1).stats["near_duplicates"]
+    assert near["source"].startswith("computed")
+    assert (near["pairs"], near["leakage"], near["cross_class"]) == (2, 1, 1)
+
+
+@pytest.mark.slow
+def test_a_damaged_catalog_is_named_and_exits_2(built, tmp_path, capsys):
+    _, dataset = built
+    copy = tmp_path / "copy"
+    shutil.copytree(dataset, copy)
+    catalog = copy / "catalog-train.parquet"
+    catalog.write_bytes(catalog.read_bytes()[:-10] + b"0123456789")
+    assert inspect_cli.main([str(copy), "--out", str(tmp_path / "r")]) == 2
+    assert "catalog-train.parquet is damaged" in capsys.readouterr().err
+
+
+def test_missing_dataset_exits_2(tmp_path, capsys):
+    assert inspect_cli.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "r")]) == 2
+    assert "has no dataset.json" in capsys.readouterr().err
+
+
+def test_bad_flags_exit_2(tmp_path):
+    with pytest.raises(SystemExit) as exit_info:
+        inspect_cli.main([str(tmp_path), "--out", str(tmp_path / "r"), "--per_class", "0"])
+    assert exit_info.value.code == 2
+    with pytest.raises(SystemExit):
+        inspect_cli.main([str(tmp_path), "--out", str(tmp_path / "r"), "--per-clas", "3"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env_name", ["s3_env", "gcs_env"])
+def test_report_on_a_bucket_equals_the_local_one(built, tmp_path, request, env_name):
+    _, dataset = built
+    bucket = request.getfixturevalue(env_name)
+    upload_tree(dataset, bucket.uri("ds"))
+    local = gather(str(dataset), per_class=2, seed=3).stats
+    remote = gather(bucket.uri("ds"), per_class=2, seed=3).stats
+    for name in ("counts", "splits", "samples", "near_duplicates", "rejected", "distributions"):
+        assert remote[name] == local[name], name
+
+
+def test_histogram_and_imbalance():
+    h = histogram([1, 5, 5, 50, float("nan")], [0, 4, 10])
+    assert h["counts"] == [1, 2, 1] and h["median"] == 5
+    assert imbalance({"a": 10, "b": 10})["flagged"] is False
+    assert imbalance({"a": 16, "b": 10}) == {
+        "smallest": "b",
+        "largest": "a",
+        "max_over_min": 1.6,
+        "missing": [],
+        "flagged": True,
+    }
+    assert imbalance({"a": 3, "b": 0})["missing"] == ["b"]
