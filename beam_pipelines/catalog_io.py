@@ -19,13 +19,11 @@ Every write goes through Beam FileSystems under a temporary name, then a rename.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import os
 import re
 import tempfile
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -34,7 +32,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.elements import CatalogMeta, ShardResult
-from beam_pipelines.object_store_io import create_empty_file
+from beam_pipelines.object_store_io import write_file
 from catalog.index_files import format_index, index_filename
 from catalog.table import build_table, catalog_filename, merge_fragments, write_table
 from schemas.manifest import Manifest
@@ -76,45 +74,6 @@ def fragment_path(output_dir: str, shard_name: str) -> str:
     """Where a shard's catalog fragment is staged until the split's catalog is merged."""
     stem = index_filename(shard_name)[: -len(".idx")]
     return FileSystems.join(output_dir, STAGING_DIR, "done", f"{stem}.catalog.parquet")
-
-
-def write_file(destination: str, data: bytes | None = None, *, local_path: str | None = None):
-    """Writes ``data`` (or streams the file at ``local_path``) to any FileSystems path.
-
-    The bytes go under a temporary name next to ``destination``, then are renamed, so nobody
-    listing the directory sees a partial file under the final name.
-
-    Returns:
-      ``(num_bytes, sha256 hex)`` of what was written.
-    """
-    if (data is None) == (local_path is None):
-        raise ValueError("write_file needs exactly one of data and local_path")
-    directory, name = FileSystems.split(destination)
-    temporary = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
-    digest = hashlib.sha256()
-    size = 0
-    with contextlib.ExitStack() as stack:
-        source = (
-            io.BytesIO(data) if data is not None else stack.enter_context(open(local_path, "rb"))
-        )
-        chunk = source.read(_COPY_CHUNK)
-        if not chunk:
-            create_empty_file(temporary)  # Beam's S3 writer cannot make an empty object
-        else:
-            with FileSystems.create(temporary, compression_type=_UNCOMPRESSED) as sink:
-                while chunk:
-                    digest.update(chunk)
-                    size += len(chunk)
-                    sink.write(chunk)
-                    chunk = source.read(_COPY_CHUNK)
-    try:
-        if FileSystems.exists(destination):
-            FileSystems.delete([destination])
-        FileSystems.rename([temporary], [destination])
-    except Exception:
-        FileSystems.delete([temporary])
-        raise
-    return size, digest.hexdigest()
 
 
 def fragment_table(

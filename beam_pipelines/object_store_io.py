@@ -13,9 +13,6 @@
 * Beam's readers fetch whole buffers (16 MiB on S3 and GCS) or open-ended ranges, which costs a
   whole staging file for one record; ``read_range`` asks the store for exactly the bytes wanted
   (one ranged GET), through the same clients and options as Beam's FileSystems.
-* Beam's FileSystems list a prefix whole, in one call: ``list_one_level`` lists only what is
-  directly under a directory or prefix (a delimiter listing), so that each subdirectory can be
-  listed on its own worker.
 * Beam's S3 filesystem builds a new boto3 client for every call (most of a second each on a
   busy machine) and renames by copy + delete. ``write_object`` and ``read_object`` use one
   cached client per process and write objects with one PUT (or upload), which object stores
@@ -25,27 +22,31 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import io
 import os
-import shutil
 import threading
-import uuid
 from collections.abc import Callable
 from typing import Any
 
-from apache_beam.io.filesystem import CompressionTypes, FileMetadata
+from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from objstore import RetryPolicy, ShortReadError, retry_call
+from objstore import RetryPolicy, ShortReadError, retry_call, temporary_path
 
 __all__ = [
     "create_empty_file",
-    "list_one_level",
     "read_object",
     "read_range",
     "read_with_retries",
+    "write_file",
     "write_object",
 ]
+
+
+_COPY_CHUNK = 8 * 1024 * 1024
 
 
 def read_with_retries(
@@ -188,27 +189,7 @@ def _write_once(path: str, data: bytes | None, local_path: str | None) -> None:
         else:
             blob.upload_from_filename(local_path)
     else:
-        # Under a temporary name, then renamed: a reader never sees a partial file.
-        directory, name = FileSystems.split(path)
-        temporary = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
-        if scheme in (None, "file"):
-            os.makedirs(_local_path(directory), exist_ok=True)
-            if data is not None:
-                with open(_local_path(temporary), "wb") as handle:
-                    handle.write(data)
-            else:
-                shutil.copyfile(local_path, _local_path(temporary))
-            os.replace(_local_path(temporary), _local_path(path))
-            return
-        with FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED) as out:
-            if data is not None:
-                out.write(data)
-            else:
-                with open(local_path, "rb") as source:
-                    shutil.copyfileobj(source, out, 8 << 20)
-        if FileSystems.exists(path):
-            FileSystems.delete([path])
-        FileSystems.rename([temporary], [path])
+        write_file(path, data, local_path=local_path)
 
 
 def write_object(
@@ -268,61 +249,42 @@ def read_object(path: str, policy: RetryPolicy | None = None) -> bytes:
     )
 
 
-def list_one_level(directory: str) -> tuple[list[str], list[FileMetadata]] | None:
-    """What is directly under ``directory``: its subdirectories and its files.
+def write_file(destination: str, data: bytes | None = None, *, local_path: str | None = None):
+    """Writes ``data`` (or streams the file at ``local_path``) to any FileSystems path.
 
-    Local directories are scanned (symbolic links to directories are left out, as Beam's
-    recursive listing leaves them); ``s3://`` and ``gs://`` prefixes are listed with a ``/``
-    delimiter, page by page.
+    The one temporary-name-then-rename helper of the pipeline: the bytes go under a temporary
+    name next to ``destination`` (``objstore.temporary_path``), then are renamed, so nobody
+    listing the directory sees a partial file under the final name.
 
     Returns:
-      ``(subdirectories, files)``: full paths without a trailing ``/``, sorted, and
-      ``FileMetadata`` of the files; None for a scheme without such a listing (the caller
-      lists recursively instead).
-
-    Raises:
-      Exception: the storage error, after retries.
+      ``(num_bytes, sha256 hex)`` of what was written.
     """
-    scheme = FileSystems.get_scheme(directory)
-    root = directory.rstrip("/")
-    if scheme in (None, "file"):
-        dirs, files = [], []
-        with os.scandir(_local_path(root)) as entries:
-            for entry in entries:
-                path = FileSystems.join(root, entry.name)
-                if entry.is_dir(follow_symlinks=False):
-                    dirs.append(path)
-                elif entry.is_file():
-                    info = entry.stat()
-                    files.append(FileMetadata(path, info.st_size, info.st_mtime))
-        return sorted(dirs), sorted(files, key=lambda m: m.path)
-    if scheme not in ("s3", "gs"):
-        return None
-
-    def listing() -> tuple[list[str], list[FileMetadata]]:
-        dirs: list[str] = []
-        files: list[FileMetadata] = []
-        bucket, _, key = root[len(scheme) + 3 :].partition("/")
-        prefix = f"{key}/" if key else ""
-        base = f"{scheme}://{bucket}/"
-        if scheme == "s3":
-            pages = _client("s3").get_paginator("list_objects_v2")
-            for page in pages.paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
-                dirs += [base + p["Prefix"].rstrip("/") for p in page.get("CommonPrefixes", ())]
-                files += [
-                    FileMetadata(base + o["Key"], o["Size"], o["LastModified"].timestamp())
-                    for o in page.get("Contents", ())
-                    if o["Key"] != prefix
-                ]
+    if (data is None) == (local_path is None):
+        raise ValueError("write_file needs exactly one of data and local_path")
+    temporary = temporary_path(destination)
+    digest = hashlib.sha256()
+    size = 0
+    with contextlib.ExitStack() as stack:
+        source = (
+            io.BytesIO(data) if data is not None else stack.enter_context(open(local_path, "rb"))
+        )
+        chunk = source.read(_COPY_CHUNK)
+        if not chunk:
+            create_empty_file(temporary)  # Beam's S3 writer cannot make an empty object
         else:
-            blobs = _client("gs").list_blobs(bucket, prefix=prefix, delimiter="/")
-            for page in blobs.pages:
-                files += [
-                    FileMetadata(base + b.name, b.size, b.updated.timestamp() if b.updated else 0)
-                    for b in page
-                    if b.name != prefix
-                ]
-                dirs += [base + p.rstrip("/") for p in page.prefixes]
-        return sorted(set(dirs)), sorted(files, key=lambda m: m.path)
-
-    return retry_call(listing, policy=RetryPolicy(), action="list", uri=directory)
+            with FileSystems.create(
+                temporary, compression_type=CompressionTypes.UNCOMPRESSED
+            ) as sink:
+                while chunk:
+                    digest.update(chunk)
+                    size += len(chunk)
+                    sink.write(chunk)
+                    chunk = source.read(_COPY_CHUNK)
+    try:
+        if FileSystems.exists(destination):
+            FileSystems.delete([destination])
+        FileSystems.rename([temporary], [destination])
+    except Exception:
+        FileSystems.delete([temporary])
+        raise
+    return size, digest.hexdigest()

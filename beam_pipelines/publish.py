@@ -22,7 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.catalog_io import CatalogResult
 from beam_pipelines.elements import Duplicate, Rejection, ShardResult
-from beam_pipelines.object_store_io import create_empty_file
+from beam_pipelines.object_store_io import create_empty_file, write_file
 from beam_pipelines.reports import WriteSortedReport
 from catalog.index_files import index_filename
 from schemas.manifest import (
@@ -72,17 +72,7 @@ class OutputNotWritableError(ValueError):
 
 def write_text(path: str, text: str) -> None:
     """Writes UTF-8 text under a temporary name, then renames it to ``path``."""
-    directory, name = FileSystems.split(path)
-    temporary = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
-    data = text.encode("utf-8")
-    if data:
-        with FileSystems.create(temporary, compression_type=_UNCOMPRESSED) as handle:
-            handle.write(data)
-    else:
-        create_empty_file(temporary)  # an empty report; Beam's S3 writer cannot make one
-    if FileSystems.exists(path):
-        FileSystems.delete([path])
-    FileSystems.rename([temporary], [path])
+    write_file(path, text.encode("utf-8"))
 
 
 def read_text(path: str) -> str:

@@ -12,11 +12,9 @@ import itertools
 import math
 import os
 import tempfile
-import uuid
 from collections.abc import Iterable, Mapping
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.metrics import Metrics
@@ -27,6 +25,7 @@ from beam_pipelines.elements import Duplicate, PreparedRecord, ShardResult, Stag
 from beam_pipelines.object_store_io import create_empty_file, write_object
 from beam_pipelines.staging import DEFAULT_READ_AHEAD_BYTES, StagedRecordReader, is_local
 from catalog.index_files import frame_length
+from objstore import temporary_path
 from schemas.constants import MAX_SHARDS, TRAIN, VALIDATION
 from schemas.manifest import shard_filename
 
@@ -42,7 +41,6 @@ __all__ = [
     "plan_shard_counts",
     "label_counts",
     "dedupe_sorted",
-    "copy_to_filesystem",
     "write_shard_file",
     "write_frames",
     "WriteShardFn",
@@ -53,8 +51,6 @@ METRICS_NAMESPACE = "images_to_tfrecord"
 DUPLICATES_TAG = "duplicates"
 # What happens to byte-identical inputs under different classes (--label_conflicts).
 LABEL_CONFLICT_POLICIES = ("keep_first", "drop_both", "fail")
-
-_COPY_CHUNK = 8 * 1024 * 1024
 
 
 def _fraction(hex_digits: str) -> float:
@@ -174,39 +170,6 @@ def dedupe_sorted(
     return kept, duplicates
 
 
-def copy_to_filesystem(local_path: str, destination: str) -> tuple[int, str]:
-    """Copies a local file to any Beam FileSystems path under a temporary name, then renames it.
-
-    A reader listing the destination never sees a partial file under the final name.
-
-    Returns:
-      ``(num_bytes, sha256 hex)`` of the file.
-    """
-    directory, name = FileSystems.split(destination)
-    temporary = FileSystems.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
-    digest = hashlib.sha256()
-    size = 0
-    if os.path.getsize(local_path) == 0:
-        create_empty_file(temporary)  # an empty shard; Beam's S3 writer cannot make one
-    else:
-        with (
-            open(local_path, "rb") as source,
-            FileSystems.create(temporary, compression_type=CompressionTypes.UNCOMPRESSED) as sink,
-        ):
-            while chunk := source.read(_COPY_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-                sink.write(chunk)
-    try:
-        if FileSystems.exists(destination):
-            FileSystems.delete([destination])
-        FileSystems.rename([temporary], [destination])
-    except Exception:
-        FileSystems.delete([temporary])
-        raise
-    return size, digest.hexdigest()
-
-
 def write_shard_file(payloads: Iterable[bytes], local_path: str) -> list[tuple[int, int]]:
     """Writes records to a local TFRecord file, in order; returns each one's place in it.
 
@@ -248,7 +211,7 @@ def write_frames(
     local = is_local(destination)
     if local:
         os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, f".{name}.tmp-{uuid.uuid4().hex}")
+        path = temporary_path(os.path.join(directory, name))
     else:
         fd, path = tempfile.mkstemp(suffix=".tfrecord")
         os.close(fd)

@@ -42,6 +42,7 @@ from beam_pipelines.catalog_io import STAGING_DIR
 from beam_pipelines.elements import CatalogMeta, StagedRecord
 from beam_pipelines.object_store_io import read_object, read_range, write_object
 from catalog.index_files import FRAME_OVERHEAD
+from objstore import temporary_path
 
 __all__ = [
     "RECORDS_DIR",
@@ -192,7 +193,7 @@ class RecordStager:
             # guarantee as a copy, without copying every byte once more.
             directory = _local(self._dir)
             os.makedirs(directory, exist_ok=True)
-            self._local_path = os.path.join(directory, f".{self._name}.tmp-{uuid.uuid4().hex}")
+            self._local_path = temporary_path(os.path.join(directory, self._name))
             self._handle = open(self._local_path, "wb")  # noqa: SIM115 - closed in _commit
         else:
             fd, self._local_path = tempfile.mkstemp(prefix="staging-", suffix=_SUFFIX)

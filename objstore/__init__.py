@@ -7,9 +7,11 @@ workers install the package without TensorFlow) and the tf.data reader share one
 * ``errors``: which failures are transient, and the errors that name the URI;
 * ``retry``: the one ``RetryPolicy`` and the one retry loop, ``retry_call``;
 * ``redaction``: credentials never reach a message or a log record;
-* ``uris``: parsing and joining ``scheme://bucket/key``, and the glob characters.
+* ``uris``: parsing and joining ``scheme://bucket/key``, and the glob characters;
+* ``atomic``: the temporary-name-then-rename helper, so no reader sees a partial file.
 """
 
+from objstore.atomic import temporary_path, write_atomic
 from objstore.errors import (
     ObjectAccessError,
     ObjectNotFoundError,
@@ -49,4 +51,6 @@ __all__ = [
     "redact",
     "register_secret",
     "retry_call",
+    "temporary_path",
+    "write_atomic",
 ]

@@ -21,7 +21,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from objstore import ObjectStoreError, get_store, redact
+from objstore import ObjectStoreError, get_store, redact, write_atomic
 from tfrecord_io.cache_config import (
     CacheConfig,
     CacheDirInUseError,
@@ -286,10 +286,10 @@ class ShardCache(GraphHandoff):
                 if entry is None:
                     message = f"shard cache file {name} was requested but no shard is registered"
                     _log.error("shard cache: %s", message)
-                    _write_atomic(
+                    write_atomic(
                         os.path.join(self._dirs["errors"], name),
                         message.encode(),
-                        self._dirs["tmp"],
+                        tmp_dir=self._dirs["tmp"],
                     )
                     continue
                 if kind == "done":
@@ -335,8 +335,10 @@ class ShardCache(GraphHandoff):
         held."""
         entry.pins[rid] = time.monotonic() + self.config.pin_s
         if rid != _FETCH_ID:
-            _write_atomic(
-                os.path.join(self._dirs["acks"], f"{entry.name}.{rid}"), b"", self._dirs["tmp"]
+            write_atomic(
+                os.path.join(self._dirs["acks"], f"{entry.name}.{rid}"),
+                b"",
+                tmp_dir=self._dirs["tmp"],
             )
 
     def _unpin(self, entry: _Entry, rid: str) -> None:
@@ -471,10 +473,10 @@ class ShardCache(GraphHandoff):
                     f"after the dataset was published. The bad copy was removed.",
                     uri=shard.uri,
                 )
-            _write_atomic(
+            write_atomic(
                 os.path.join(self._dirs["meta"], entry.name + ".json"),
                 json.dumps(dataclasses.asdict(shard)).encode(),
-                self._dirs["tmp"],
+                tmp_dir=self._dirs["tmp"],
             )
             os.replace(tmp, os.path.join(self._dirs["shards"], entry.name))
         finally:
@@ -498,8 +500,10 @@ class ShardCache(GraphHandoff):
             message = f"{entry.shard.uri}: download failed: {type(exc).__name__}: {exc}"
         message = redact(message)
         _log.error("shard cache: %s", message)
-        _write_atomic(
-            os.path.join(self._dirs["errors"], entry.name), message.encode(), self._dirs["tmp"]
+        write_atomic(
+            os.path.join(self._dirs["errors"], entry.name),
+            message.encode(),
+            tmp_dir=self._dirs["tmp"],
         )
         with self._lock:
             if entry.state == _DOWNLOADING:
@@ -521,13 +525,6 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-def _write_atomic(path: str, data: bytes, tmp_dir: str) -> None:
-    tmp = os.path.join(tmp_dir, f".{os.path.basename(path)}.{threading.get_ident()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
 
 
 _caches: dict[str, ShardCache] = {}
