@@ -13,6 +13,9 @@
 * Beam's readers fetch whole buffers (16 MiB on S3 and GCS) or open-ended ranges, which costs a
   whole staging file for one record; ``read_range`` asks the store for exactly the bytes wanted
   (one ranged GET), through the same clients and options as Beam's FileSystems.
+* Beam's FileSystems list a prefix whole, in one call: ``list_one_level`` lists only what is
+  directly under a directory or prefix (a delimiter listing), so that each subdirectory can be
+  listed on its own worker.
 * Beam's S3 filesystem builds a new boto3 client for every call (most of a second each on a
   busy machine) and renames by copy + delete. ``write_object`` and ``read_object`` use one
   cached client per process and write objects with one PUT (or upload), which object stores
@@ -30,7 +33,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -38,6 +41,7 @@ from objstore import RetryPolicy, ShortReadError, retry_call, temporary_path
 
 __all__ = [
     "create_empty_file",
+    "list_one_level",
     "read_object",
     "read_range",
     "read_with_retries",
@@ -288,3 +292,63 @@ def write_file(destination: str, data: bytes | None = None, *, local_path: str |
         FileSystems.delete([temporary])
         raise
     return size, digest.hexdigest()
+
+
+def list_one_level(directory: str) -> tuple[list[str], list[FileMetadata]] | None:
+    """What is directly under ``directory``: its subdirectories and its files.
+
+    Local directories are scanned (symbolic links to directories are left out, as Beam's
+    recursive listing leaves them); ``s3://`` and ``gs://`` prefixes are listed with a ``/``
+    delimiter, page by page.
+
+    Returns:
+      ``(subdirectories, files)``: full paths without a trailing ``/``, sorted, and
+      ``FileMetadata`` of the files; None for a scheme without such a listing (the caller
+      lists recursively instead).
+
+    Raises:
+      Exception: the storage error, after retries.
+    """
+    scheme = FileSystems.get_scheme(directory)
+    root = directory.rstrip("/")
+    if scheme in (None, "file"):
+        dirs, files = [], []
+        with os.scandir(_local_path(root)) as entries:
+            for entry in entries:
+                path = FileSystems.join(root, entry.name)
+                if entry.is_dir(follow_symlinks=False):
+                    dirs.append(path)
+                elif entry.is_file():
+                    info = entry.stat()
+                    files.append(FileMetadata(path, info.st_size, info.st_mtime))
+        return sorted(dirs), sorted(files, key=lambda m: m.path)
+    if scheme not in ("s3", "gs"):
+        return None
+
+    def listing() -> tuple[list[str], list[FileMetadata]]:
+        dirs: list[str] = []
+        files: list[FileMetadata] = []
+        bucket, _, key = root[len(scheme) + 3 :].partition("/")
+        prefix = f"{key}/" if key else ""
+        base = f"{scheme}://{bucket}/"
+        if scheme == "s3":
+            pages = _client("s3").get_paginator("list_objects_v2")
+            for page in pages.paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
+                dirs += [base + p["Prefix"].rstrip("/") for p in page.get("CommonPrefixes", ())]
+                files += [
+                    FileMetadata(base + o["Key"], o["Size"], o["LastModified"].timestamp())
+                    for o in page.get("Contents", ())
+                    if o["Key"] != prefix
+                ]
+        else:
+            blobs = _client("gs").list_blobs(bucket, prefix=prefix, delimiter="/")
+            for page in blobs.pages:
+                files += [
+                    FileMetadata(base + b.name, b.size, b.updated.timestamp() if b.updated else 0)
+                    for b in page
+                    if b.name != prefix
+                ]
+                dirs += [base + p.rstrip("/") for p in page.prefixes]
+        return sorted(set(dirs)), sorted(files, key=lambda m: m.path)
+
+    return retry_call(listing, policy=RetryPolicy(), action="list", uri=directory)
