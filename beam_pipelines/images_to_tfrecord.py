@@ -18,6 +18,7 @@ input image can cause it, since per-image failures are rejections), with nothing
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import sys
 import time
@@ -35,6 +36,7 @@ from beam_pipelines.catalog_io import (
     remove_unlisted_catalog_files,
     write_tfds_metadata,
 )
+from beam_pipelines.command_line import parse_command_line
 from beam_pipelines.config import ImagesToTFRecordOptions, PipelineConfig, config_from_options
 from beam_pipelines.image_colour import COLOUR_SPACE
 from beam_pipelines.plan import plan_path
@@ -138,13 +140,14 @@ class JobFailedError(RuntimeError):
     """The pipeline itself failed (not an input image: those are rejections)."""
 
 
-def run(argv: Sequence[str] | None = None, *, progress: str = "auto") -> RunSummary:
+def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> RunSummary:
     """Runs the pipeline; publishes ``dataset.json`` unless a quality gate fails.
 
     Args:
-      argv: command-line arguments (default ``sys.argv[1:]``); unknown ones go to Beam.
+      argv: command-line arguments (default ``sys.argv[1:]``): ours, then Beam's pipeline
+        options; a flag neither knows exits with status 2 (``SystemExit``) before any work.
       progress: ``bar``, ``log`` or ``off``; ``auto`` shows a bar when the image step runs in
-        this process and standard error is a terminal, else log lines.
+        this process and standard error is a terminal, else log lines. Default: ``--progress``.
 
     Returns:
       The run's summary; ``summary.published`` says whether the dataset was published.
@@ -155,8 +158,9 @@ def run(argv: Sequence[str] | None = None, *, progress: str = "auto") -> RunSumm
       JobFailedError: if the pipeline failed while running.
     """
     started = time.monotonic()
-    argv = resolve_runner_aliases(list(sys.argv[1:] if argv is None else argv))
-    options = PipelineOptions(argv)
+    args, pipeline_argv = parse_command_line(sys.argv[1:] if argv is None else argv)
+    progress = progress or args.progress
+    options = PipelineOptions(resolve_runner_aliases(pipeline_argv))
     # The checks below list s3:// and gs:// paths before any Pipeline exists, and Beam gives
     # FileSystems its options (--s3_* endpoint and credentials) only when one is built.
     FileSystems.set_options(options)
@@ -243,7 +247,9 @@ def run(argv: Sequence[str] | None = None, *, progress: str = "auto") -> RunSumm
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry: runs, prints the summary, returns the exit status."""
+    """CLI entry: runs, prints the summary (``--json``: as JSON), returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, _ = parse_command_line(argv)  # --help, or a flag nobody knows: exits here
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger(_WORKER_LOGGER).addFilter(_drop_worker_startup_noise)
     logging.getLogger("beam_pipelines.progress").setLevel(logging.INFO)
@@ -259,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(__name__).exception("the job failed")
         print(f"error: the job failed: {type(e).__name__}: {e}", file=sys.stderr)
         return JOB_FAILED
-    print(summary.describe())
+    print(json.dumps(summary.to_dict(), indent=2) if args.json else summary.describe())
     return 0 if summary.published else 1
 
 

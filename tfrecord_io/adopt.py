@@ -22,7 +22,6 @@ Exit status: 0 when adopted, 1 when a shard is damaged (nothing is written), 2 f
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import io
@@ -36,6 +35,7 @@ from typing import Any
 
 from catalog.index_files import format_index, index_filename
 from catalog.table import build_table, catalog_filename, write_table
+from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
 from schemas import (
     KEY_ENCODED,
     KEY_FILENAME,
@@ -370,8 +370,9 @@ def _same_place(a: str, b: str) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(
-        prog="python -m tfrecord_io.adopt",
+    quiet_tensorflow()
+    parser = StrictArgumentParser(
+        prog=command_name("tfrecord_io.adopt"),
         description=(
             "Describe existing TFRecord shards (e.g. TensorFlow's ImageNet converter output) "
             "with dataset.json, index files and a catalog, without rewriting them."

@@ -29,7 +29,6 @@ anything differs, 2 when a dataset cannot be read.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -44,6 +43,7 @@ import pyarrow.compute as pc
 
 from catalog.keys import key_prefixes
 from catalog.table import catalog_filename, read_table
+from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
 from schemas import (
     KEY_CHANNELS,
     KEY_ENCODED,
@@ -650,8 +650,9 @@ def _print_human(report: DiffReport) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(
-        prog="python -m tfrecord_io.diff",
+    quiet_tensorflow()
+    parser = StrictArgumentParser(
+        prog=command_name("tfrecord_io.diff"),
         description="Compare two dataset versions from their manifests and catalogs.",
     )
     parser.add_argument("old", help="the older dataset (directory, URI, or versions root)")

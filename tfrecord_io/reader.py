@@ -14,6 +14,7 @@ from ``tf.data.Dataset.random``, whose state is part of that checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -393,13 +394,38 @@ def _options(
     return options
 
 
+# The output side for shards without a manifest to say what they store.
+_FALLBACK_IMAGE_SIZE = 224
+
+
+def _fit_image_size(
+    config: ReaderConfig, requested: int | None, resolved: ResolvedSource
+) -> ReaderConfig:
+    """The config with the stored image size when none was asked for; logs a difference."""
+    if resolved.manifest is None:
+        return config
+    stored = resolved.manifest.image.image_size
+    if requested is None:
+        return dataclasses.replace(config, image_size=stored)
+    if requested != stored:
+        log = _log.warning if requested > stored else _log.info
+        log(
+            "image_size %d differs from the %d px %s stores: every image is %s",
+            requested,
+            stored,
+            resolved.source,
+            "scaled up" if requested > stored else "resized",
+        )
+    return config
+
+
 def make_dataset(
     source: str | os.PathLike[str],
     split: str = "train",
     *,
     global_batch_size: int,
     training: bool = True,
-    image_size: int = 224,
+    image_size: int | None = None,
     seed: int | None = None,
     input_context: tf.distribute.InputContext | None = None,
     read_config: ReadConfig | None = None,
@@ -424,7 +450,10 @@ def make_dataset(
       training: random crops, flips and shuffling, repeating ``num_epochs`` times (forever by
         default) with full batches only. Otherwise one ordered pass, center crops, every example
         exactly once and the last partial batch kept.
-      image_size: output side length.
+      image_size: output side length; by default the side the dataset stores (``dataset.json``'s
+        ``image.image_size``: RAW and centre-cropped squares, or the shorter side of JPEG/PNG),
+        224 for shards without a manifest. A size above the stored one is logged as a warning
+        (images are scaled up), any other difference at INFO.
       seed: makes file order, record order and augmentation reproducible.
       input_context: from ``tf.distribute``; shard files by ``input_pipeline_id``.
       read_config: every other reading option (``ReadConfig()``, its defaults, when None).
@@ -453,7 +482,7 @@ def make_dataset(
     config = ReaderConfig(
         global_batch_size=global_batch_size,
         training=training,
-        image_size=image_size,
+        image_size=_FALLBACK_IMAGE_SIZE if image_size is None else image_size,
         seed=seed,
         read=ReadConfig() if read_config is None else read_config,
     )
@@ -471,6 +500,7 @@ def make_dataset(
             "service's workers; damage is logged there"
         )
     resolved = resolve_source(source, split, cache=shard_cache)
+    config = _fit_image_size(config, image_size, resolved)
     batch_size = (
         input_context.get_per_replica_batch_size(global_batch_size)
         if input_context is not None

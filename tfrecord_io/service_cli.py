@@ -35,7 +35,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from cliflags import quiet_tensorflow
+from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
 from tfrecord_io.service_client import ServiceAddress
 
 __all__ = [
@@ -359,8 +359,8 @@ def _settings(cls: type[_SettingsT], args: argparse.Namespace) -> _SettingsT:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m tfrecord_io.service",
+    parser = StrictArgumentParser(
+        prog=command_name("tfrecord_io.service"),
         description="Run a tf.data service dispatcher or worker.",
     )
     roles = parser.add_subparsers(dest="role", required=True, metavar="{dispatcher,worker}")

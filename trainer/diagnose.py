@@ -13,6 +13,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
 from trainer.diagnosis import (
     WARN,
     LogsUnreadable,
@@ -40,8 +41,9 @@ def _parse_threshold(text: str) -> tuple[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Prints the verdict table; returns 0, or 2 when the logs cannot be read."""
-    parser = argparse.ArgumentParser(
-        prog="python -m trainer.diagnose",
+    quiet_tensorflow()
+    parser = StrictArgumentParser(
+        prog=command_name("trainer.diagnose"),
         description="Apply the monitoring table to a training run's TensorBoard logs.",
     )
     parser.add_argument("model_dir", help="the run's --model_dir (or a directory of event files)")

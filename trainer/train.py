@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
 from trainer.config import (
     LR_SCHEDULES,
     MODELS,
@@ -33,9 +34,41 @@ from trainer.config import (
 __all__ = ["main", "parse_config"]
 
 
+# The image side for a source whose dataset.json cannot tell (foreign shards, a bad path).
+_FALLBACK_IMAGE_SIZE = 224
+
+
+def _stored_image_size(source: str) -> tuple[int, str] | None:
+    """The side a dataset stores its images at, with how (``96 px RAW, centre crop``), or None.
+
+    RAW and centre-cropped datasets store ``image_size`` squares; JPEG/PNG without a crop store
+    the shorter side at ``image_size``. Either way that is the side to train at by default: no
+    image is scaled up, and random crops keep the stored detail.
+    """
+    from tfrecord_io.source import load_manifest
+
+    try:
+        manifest = load_manifest(source)
+    except (OSError, ValueError):
+        return None  # reported, in order, when the run starts
+    if manifest is None:
+        return None
+    image = manifest.image
+    how = "squares" if image.crop == "center" else "shorter side"
+    return image.image_size, f"{image.image_size} px {image.encoding.upper()}, {how}"
+
+
+def _name_the_flag(message: str, parser: argparse.ArgumentParser) -> str:
+    # Config errors start with the field's name; on the command line the flag fixes them.
+    first = message.split(" ", 1)[0].split("=", 1)[0]
+    if f"--{first}" in parser._option_string_actions:
+        return f"--{message}"
+    return message
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m trainer.train",
+    p = StrictArgumentParser(
+        prog=command_name("trainer.train"),
         description="Train an image classifier on TFRecord shards, with exact resume.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -43,7 +76,13 @@ def _parser() -> argparse.ArgumentParser:
     data.add_argument("--data", required=True, help="dataset directory or URI, or a TFRecord glob")
     data.add_argument("--train_split", default="train")
     data.add_argument("--eval_split", default="validation")
-    data.add_argument("--image_size", type=int, default=224, help="training image side")
+    data.add_argument(
+        "--image_size",
+        type=int,
+        default=None,
+        help="training image side (default: the size the dataset stores, see dataset.json's "
+        f"image; {_FALLBACK_IMAGE_SIZE} for shards without one)",
+    )
     data.add_argument(
         "--num_classes", type=int, default=None, help="only for sources without dataset.json"
     )
@@ -136,7 +175,7 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
                 source=args.data,
                 train_split=args.train_split,
                 eval_split=args.eval_split,
-                image_size=args.image_size,
+                image_size=args.image_size or _default_image_size(args.data),
                 num_classes=args.num_classes,
                 data_service=args.data_service,
                 data_service_compression=args.data_service_compression,
@@ -169,8 +208,13 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
             ),
         )
     except (ValueError, TypeError) as e:
-        parser.error(str(e))
+        parser.error(_name_the_flag(str(e), parser))
     return config, args.log_level
+
+
+def _default_image_size(source: str) -> int:
+    stored = _stored_image_size(source)
+    return stored[0] if stored else _FALLBACK_IMAGE_SIZE
 
 
 def _follows_service(setting: bool | None, data_service: str | None) -> bool:
@@ -180,8 +224,8 @@ def _follows_service(setting: bool | None, data_service: str | None) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs training; returns the process exit status."""
+    quiet_tensorflow()
     config, log_level = parse_config(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(
         level=log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -191,6 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for noisy in ("tensorflow", "absl"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(log_level)))
     log = logging.getLogger("trainer.train")
+    _explain_defaults(config, log)
 
     service = config.data.data_service
     if _follows_service(config.runtime.keep_freed_memory, service):
@@ -238,19 +283,61 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, KeyError, FileNotFoundError) as e:
         log.error("%s", e.args[0] if isinstance(e, KeyError) and e.args else e)
         log.debug("where it was raised:", exc_info=True)
+        _quiet_teardown()
         return 2
     except FloatingPointError as e:
         log.error("%s", e)
+        _quiet_teardown()
         return 1
     if result.exit_code == 0:
         log.info(
-            "done at step %d; train %s; validation %s; checkpoint %s",
+            "done at step %d; train: %s; validation: %s; checkpoint %s",
             result.step,
-            result.train_metrics,
-            result.eval_metrics,
-            result.checkpoint,
+            _metrics_text(result.train_metrics),
+            _metrics_text(result.eval_metrics),
+            result.checkpoint or "none written",
         )
     return result.exit_code
+
+
+def _explain_defaults(config: TrainConfig, log: logging.Logger) -> None:
+    """Logs where the image size comes from, and warns of a warm-up the run never finishes."""
+    stored = _stored_image_size(config.data.source)
+    size = config.data.image_size
+    if stored is not None and stored[0] != size:
+        # Training below the stored size is common (random crops); above it, every image is
+        # scaled up, which is rarely meant.
+        (log.warning if size > stored[0] else log.info)(
+            "--image_size %d differs from what %s stores (%s): every image is %s",
+            size,
+            config.data.source,
+            stored[1],
+            "scaled up" if size > stored[0] else "resized",
+        )
+    elif stored is not None:
+        log.info("image size %d, as the dataset stores it (%s)", stored[0], stored[1])
+    warmup = config.optim.warmup_steps
+    if config.steps is not None and warmup >= config.steps:
+        log.warning(
+            "--warmup_steps %d is not below --steps %d: the learning rate never reaches its "
+            "peak; pass fewer, e.g. --warmup_steps %d (a tenth of the run)",
+            warmup,
+            config.steps,
+            config.steps // 10,
+        )
+
+
+def _metrics_text(metrics: dict[str, float] | None) -> str:
+    if not metrics:
+        return "-"
+    return ", ".join(f"{name} {value:.4g}" for name, value in sorted(metrics.items()))
+
+
+def _quiet_teardown() -> None:
+    # After an error, TensorFlow's objects warn as they are collected (a checkpoint that was
+    # not restored, say): the error above is what the user needs to read last.
+    for name in ("tensorflow", "absl"):
+        logging.getLogger(name).setLevel(logging.ERROR)
 
 
 if __name__ == "__main__":

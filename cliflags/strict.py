@@ -1,0 +1,129 @@
+"""An ``argparse`` parser that refuses unknown flags with a "did you mean" line.
+
+``argparse`` in Python 3.11 accepts unique prefixes of flags (``--step`` for ``--steps``) and,
+when a required flag is also missing, reports that first, so a misspelled ``--stpes 5`` reads as
+"one of the arguments --steps --epochs is required". ``StrictArgumentParser`` checks every flag
+before anything else: an unknown one ends the program with status 2, its name and the closest
+known flag (``--num-shards`` -> ``--num_shards``, ``--encodng`` -> ``--encoding``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import os
+import re
+import sys
+from collections.abc import Iterable, Sequence
+
+__all__ = [
+    "StrictArgumentParser",
+    "command_name",
+    "quiet_tensorflow",
+    "suggest_flag",
+    "unknown_flags",
+]
+
+_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def _normalised(flag: str) -> str:
+    return "--" + flag.lstrip("-").replace("-", "_").lower()
+
+
+def suggest_flag(flag: str, known: Iterable[str]) -> str | None:
+    """The known flag closest to ``flag`` (dashes and underscores, case ignored), or None."""
+    by_normal: dict[str, str] = {}
+    for name in known:
+        if name.startswith("--"):
+            by_normal.setdefault(_normalised(name), name)
+    wanted = _normalised(flag.split("=", 1)[0])
+    if wanted in by_normal:
+        return by_normal[wanted]
+    close = difflib.get_close_matches(wanted, list(by_normal), n=1, cutoff=0.6)
+    return by_normal[close[0]] if close else None
+
+
+def unknown_flags(argv: Sequence[str], known: Iterable[str]) -> list[str]:
+    """Every token of ``argv`` that looks like a flag and is not one of ``known``.
+
+    ``--flag=value`` is checked by its name; negative numbers and everything after ``--`` are
+    values, never flags.
+    """
+    known = set(known)
+    unknown: list[str] = []
+    for token in argv:
+        if token == "--":
+            break
+        if not token.startswith("-") or token == "-" or _NUMBER.match(token):
+            continue
+        name = token.split("=", 1)[0] if token.startswith("--") else token
+        if name not in known:
+            unknown.append(name)
+    return unknown
+
+
+class StrictArgumentParser(argparse.ArgumentParser):
+    """``ArgumentParser`` that rejects unknown flags first, naming the closest known flag.
+
+    Abbreviated flags are not accepted (``allow_abbrev=False``): a typo must never select some
+    other flag. ``extra_known_flags`` lets a command pass flags it hands on to another parser
+    (Beam's pipeline options) through ``parse_known_args``.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.extra_known_flags: set[str] = set()
+
+    def known_flags(self) -> set[str]:
+        """Every flag this parser, its subcommands or the parser it hands over to accept.
+
+        A subcommand's parser checks its own flags again when it runs.
+        """
+        known = set(self._option_string_actions) | self.extra_known_flags
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    known |= (
+                        sub.known_flags()
+                        if isinstance(sub, StrictArgumentParser)
+                        else set(sub._option_string_actions)
+                    )
+        return known
+
+    def check_flags(self, argv: Sequence[str]) -> None:
+        """Exits with status 2 on the first unknown flag, with a "did you mean" line."""
+        known = self.known_flags()
+        for flag in unknown_flags(argv, known):
+            suggestion = suggest_flag(flag, known)
+            hint = f"\ndid you mean {suggestion}?" if suggestion else f"\nsee {self.prog} --help"
+            self.error(f"unrecognized flag {flag}{hint}")
+
+    def parse_known_args(self, args=None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        self.check_flags(argv)
+        return super().parse_known_args(argv, namespace)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unexpected argument {' '.join(extra)}")
+        return parsed
+
+
+def command_name(module: str) -> str:
+    """How the user started the command: its console script's name, or ``python -m module``."""
+    invoked = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if not invoked or invoked.endswith(".py") or invoked in ("-c", "-m", "python", "pytest"):
+        return f"python -m {module}"
+    return invoked
+
+
+def quiet_tensorflow() -> None:
+    """Silences TensorFlow's C++ start-up banner and info lines unless the caller chose a level.
+
+    Must run before TensorFlow is first imported (every entry point calls it first in ``main``;
+    the project's packages import TensorFlow only when first used).
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
