@@ -90,7 +90,7 @@ def beam_option_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     classes = {str(cls): cls for cls in PipelineOptions.__subclasses__()}
     for cls in classes.values():
         if cls is not ImagesToTFRecordOptions:
-            cls._add_argparse_args(parser)  # noqa: SLF001  (Beam's own registration hook)
+            cls._add_argparse_args(parser)  # Beam's own registration hook
     return parser
 
 
@@ -103,7 +103,7 @@ def build_parser(prog: str | None = None, argv: Sequence[str] = ()) -> StrictArg
         epilog=_EPILOG,
     )
     groups = {title: parser.add_argument_group(title) for title in (*OPTION_GROUPS, _OTHER)}
-    ImagesToTFRecordOptions._add_argparse_args(_GroupRouter(groups))  # noqa: SLF001
+    ImagesToTFRecordOptions._add_argparse_args(_GroupRouter(groups))
     output = groups["output"]
     output.add_argument(
         "--json", action="store_true", help="print the run's summary as JSON (for machines)"

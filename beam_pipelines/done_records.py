@@ -78,7 +78,7 @@ def list_done_records(output_dir: str) -> list[str]:
     pattern = FileSystems.join(output_dir, STAGING_DIR, DONE_DIR, "*.json")
     try:
         return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
-    except Exception:  # noqa: BLE001  (each FileSystem reports "nothing there" its own way)
+    except Exception:  # each FileSystem reports "nothing there" its own way
         return []
 
 

@@ -59,7 +59,7 @@ _PROFILE_MODES = {
 }
 
 
-class ProfileUnusable(Exception):  # noqa: N818  (a verdict on the input)
+class ProfileUnusable(Exception):  # a verdict on the input
     """The embedded profile cannot be read, or describes another colour space than the pixels."""
 
 

@@ -115,7 +115,7 @@ _PILLOW_ERRORS = (
 )
 
 
-class RejectedImage(Exception):  # noqa: N818  (a verdict, not a programming error)
+class RejectedImage(Exception):  # a verdict, not a programming error
     """An input that cannot become an example.
 
     Attributes:
@@ -306,7 +306,7 @@ def _factory_error(fmt: str, data: bytes) -> BaseException | None:
         return None
     try:
         entry[0](io.BytesIO(data), "")
-    except Exception as e:  # noqa: BLE001  (the exception is the answer sought)
+    except Exception as e:  # the exception is the answer sought
         return e
     return None
 
@@ -324,7 +324,7 @@ def _unidentified(data: bytes, sniffed: str | None, accepted: tuple[str, ...]) -
             return RejectedImage(
                 "unsupported_format", f"{name} file: {why_not_accepted(name)} ({len(data)} bytes)"
             )
-        except Exception:  # noqa: BLE001, S110  (only naming the format is attempted here)
+        except Exception:  # only naming the format is attempted here
             pass
     if sniffed in NOT_DECODABLE or (sniffed and sniffed not in accepted):
         return RejectedImage(
@@ -478,7 +478,7 @@ def check_output_bounds(
 def _orientation(image: Image.Image) -> int:
     try:
         return int(image.getexif().get(_ORIENTATION, 1) or 1)
-    except Exception:  # noqa: BLE001  (Pillow raises many types for malformed EXIF)
+    except Exception:  # Pillow raises many types for malformed EXIF
         return 1  # a damaged EXIF block must not cost the image
 
 
@@ -639,7 +639,7 @@ def prepare_image(data: bytes, options: ImageOptions) -> PreparedImage:
         return _prepare(data, options)
     except RejectedImage:
         raise
-    except Exception as e:  # noqa: BLE001  (no input may take the job down)
+    except Exception as e:  # no input may take the job down
         raise internal_error(e) from e
 
 

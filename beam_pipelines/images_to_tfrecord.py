@@ -195,7 +195,7 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
         try:
             result = pipeline.run()
             result.wait_until_finish()
-        except Exception as e:  # noqa: BLE001  (runners re-raise a step's own exception type)
+        except Exception as e:  # runners re-raise a step's own exception type
             raise JobFailedError(f"the pipeline failed: {type(e).__name__}: {e}") from e
         finally:
             close_reporter(run_id)
@@ -261,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:  # includes OutputExistsError
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except Exception as e:  # noqa: BLE001  (the job's own failure, e.g. writing dataset.json)
+    except Exception as e:  # the job's own failure, e.g. writing dataset.json
         logging.getLogger(__name__).exception("the job failed")
         print(f"error: the job failed: {type(e).__name__}: {e}", file=sys.stderr)
         return JOB_FAILED

@@ -360,7 +360,7 @@ def remove_staging(output_dir: str) -> int:
         deleted = 1
     try:
         matched = FileSystems.match([FileSystems.join(root, "**")])[0].metadata_list
-    except Exception:  # noqa: BLE001  (nothing there)
+    except Exception:  # nothing there
         matched = []
     paths = sorted(m.path for m in matched)
     for start in range(0, len(paths), _DELETE_BATCH):

@@ -194,7 +194,7 @@ class RecordStager:
             directory = _local(self._dir)
             os.makedirs(directory, exist_ok=True)
             self._local_path = temporary_path(os.path.join(directory, self._name))
-            self._handle = open(self._local_path, "wb")  # noqa: SIM115 - closed in _commit
+            self._handle = open(self._local_path, "wb")  # closed in _commit
         else:
             fd, self._local_path = tempfile.mkstemp(prefix="staging-", suffix=_SUFFIX)
             self._handle = os.fdopen(fd, "wb")
@@ -263,7 +263,7 @@ def list_sidecars(output_dir: str) -> list[str]:
     pattern = FileSystems.join(records_dir(output_dir), "*" + _SIDECAR_SUFFIX)
     try:
         matched = FileSystems.match([pattern])[0].metadata_list
-    except Exception:  # noqa: BLE001  (each FileSystem reports "nothing there" its own way)
+    except Exception:  # each FileSystem reports "nothing there" its own way
         return []
     return sorted(m.path for m in matched)
 
@@ -279,7 +279,7 @@ def read_sidecar(path: str) -> list[StagedRecord]:
     directory = FileSystems.split(path)[0]
     try:
         found = FileSystems.match([FileSystems.join(directory, data["file"])])[0].metadata_list
-    except Exception:  # noqa: BLE001
+    except Exception:
         found = []
     if len(found) != 1 or found[0].size_in_bytes != data["num_bytes"]:
         return []

@@ -71,7 +71,7 @@ def read_source(uri: str) -> bytes:
     try:
         # Object stores fail transiently (503s, resets): retried, so they never reject an image.
         return read_with_retries(uri, read)
-    except Exception as e:  # noqa: BLE001  (each FileSystem raises its own types)
+    except Exception as e:  # each FileSystem raises its own types
         raise RejectedImage("unreadable", f"cannot read {uri}: {type(e).__name__}: {e}") from e
 
 
@@ -143,7 +143,7 @@ class PrepareImageFn(beam.DoFn):
             record = self._prepare(source, self._label_index(label_names))
         except BaseDamagedError:
             raise  # a damaged base fails the build: never a rejection, never a silent rebuild
-        except Exception as error:  # noqa: BLE001  (per-image work never takes the job down)
+        except Exception as error:  # per-image work never takes the job down
             rejected = error if isinstance(error, RejectedImage) else internal_error(error)
             if self._reporter is not None:
                 self._reporter.add(rejected=1)

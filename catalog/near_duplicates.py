@@ -94,7 +94,7 @@ def _check(hashes: np.ndarray, threshold: int) -> np.ndarray:
     return array.astype(np.uint64)
 
 
-class _Enough(Exception):  # noqa: N818  (control flow: max_pairs reached)
+class _Enough(Exception):  # control flow: max_pairs reached
     pass
 
 

@@ -109,7 +109,7 @@ class ShardCache(GraphHandoff):
 
     def _acquire_dir(self) -> Any:
         os.makedirs(self._dir, exist_ok=True)
-        lock_file = open(os.path.join(self._dir, ".lock"), "a+")  # noqa: SIM115 - held open
+        lock_file = open(os.path.join(self._dir, ".lock"), "a+")  # held open
         try:
             fcntl.flock(lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

@@ -336,7 +336,7 @@ def _source_thumbnail(uri: str) -> Thumbnail | None:
                 image.draft("RGB", (THUMBNAIL, THUMBNAIL))
                 image.load()
             return _thumbnail(image, "partial: the file ends early" if partial else "")
-        except Exception:  # noqa: BLE001,S112  (a rejected file fails in every way Pillow has)
+        except Exception:  # a rejected file fails in every way Pillow has
             continue
         finally:
             ImageFile.LOAD_TRUNCATED_IMAGES = previous

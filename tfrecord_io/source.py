@@ -210,7 +210,7 @@ def open_binary(path: str) -> BinaryIO:
     """
     store = _object_store(path)
     if store is not None:
-        local = tempfile.NamedTemporaryFile(prefix="tfrecord_io-")  # noqa: SIM115 - returned
+        local = tempfile.NamedTemporaryFile(prefix="tfrecord_io-")  # returned
         try:
             store.download(path, local.name)
         except BaseException:

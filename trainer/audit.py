@@ -120,7 +120,7 @@ class KeyAudit:
                 f"audit file {path} lists {existing} keys but the checkpoint has trained on "
                 f"{keep_lines}; use the audit file written by this run, or a new path"
             )
-        self._file = open(path, "ab")  # noqa: SIM115 - kept open for the whole run
+        self._file = open(path, "ab")  # kept open for the whole run
         if self._file.tell() != offset:
             _log.info("audit file %s: dropping keys after the checkpoint (byte %d)", path, offset)
             self._file.truncate(offset)

@@ -52,7 +52,7 @@ class WarmupSchedule(_schedule_base()):  # type: ignore[misc]
         self.schedule = schedule
         self.total_steps = int(total_steps)
 
-    def __call__(self, step):  # noqa: D102 - Keras API
+    def __call__(self, step):  # Keras API
         import keras
 
         ops = keras.ops
