@@ -1,0 +1,91 @@
+"""Defaults that fit the data, and errors that name the flag that fixes them.
+
+One small RAW dataset (16 px squares) is written by the real pipeline and read by the real
+reader and trainer configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from beam_pipelines import images_to_tfrecord
+from tests.fixtures.images import make_image_tree
+from trainer import train
+from trainer.config import DataConfig
+from trainer.inputs import ReaderInputs
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def raw16(tmp_path_factory):
+    root = tmp_path_factory.mktemp("defaults")
+    make_image_tree(root / "images", {"a": 3, "b": 3}, size=(30, 20))
+    summary = images_to_tfrecord.run(
+        ["--input", str(root / "images"), "--output", str(root / "dataset")]
+        + ["--image_size", "16", "--crop", "center", "--encoding", "raw", "--num_shards", "1"]
+    )
+    assert summary.published
+    return root / "dataset"
+
+
+def test_the_reader_defaults_to_the_stored_size_and_warns_when_scaling_up(raw16, caplog):
+    from tfrecord_io import make_dataset
+
+    images, _ = next(iter(make_dataset(raw16, global_batch_size=6, training=False)))
+    assert tuple(images.shape) == (6, 16, 16, 3)
+    with caplog.at_level(logging.INFO, logger="tfrecord_io.reader"):
+        images, _ = next(
+            iter(make_dataset(raw16, global_batch_size=6, training=False, image_size=24))
+        )
+    assert tuple(images.shape) == (6, 24, 24, 3)
+    (record,) = [r for r in caplog.records if "differs" in r.getMessage()]
+    assert record.levelno == logging.WARNING and "scaled up" in record.getMessage()
+
+
+def test_the_trainer_defaults_to_the_stored_size_and_says_so(raw16, tmp_path, caplog):
+    config, _ = train.parse_config(
+        ["--data", str(raw16), "--model_dir", str(tmp_path), "--steps", "3"]
+    )
+    assert config.data.image_size == 16
+    log = logging.getLogger("test")
+    with caplog.at_level(logging.INFO):
+        train._explain_defaults(config, log)
+    messages = [r.getMessage() for r in caplog.records]
+    assert "image size 16, as the dataset stores it (16 px RAW, squares)" in messages
+    # --warmup_steps 100 (the default) never finishes in 3 steps: warned, naming both flags.
+    assert any("--warmup_steps 100 is not below --steps 3" in m for m in messages)
+    bigger, _ = train.parse_config(
+        ["--data", str(raw16), "--model_dir", str(tmp_path), "--steps", "3", "--image_size", "32"]
+    )
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        train._explain_defaults(bigger, log)
+    assert any(
+        r.levelno == logging.WARNING and "every image is scaled up" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+def test_a_batch_larger_than_the_split_names_the_flag_and_a_size_that_fits(raw16):
+    with pytest.raises(ValueError, match=r"pass --global_batch_size 4 or less"):
+        ReaderInputs.from_config(DataConfig(source=str(raw16)), global_batch_size=256, seed=0)
+
+
+def test_a_missing_source_is_reported_before_what_it_lacks(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ReaderInputs.from_config(
+            DataConfig(source=str(tmp_path / "no_such")), global_batch_size=8, seed=0
+        )
+
+
+def test_a_bad_value_names_its_flag(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.parse_config(
+            ["--data", str(tmp_path), "--model_dir", str(tmp_path), "--steps", "3"]
+            + ["--global_batch_size", "0"]
+        )
+    assert exit_info.value.code == 2
+    assert "error: --global_batch_size must be an int >= 1, got 0" in capsys.readouterr().err
