@@ -292,7 +292,9 @@ def exact_epoch_records(
                 tf.fill([len(share.shards)], tf.constant(share.epoch, tf.int64)),
             )
         )
-        pairs = read_units(units, tf.constant(_pack_bits(share.mask), tf.uint8))
+        # Nothing delivered yet (a fresh start): no filter, so fresh epochs cost nothing extra.
+        bits = tf.constant(_pack_bits(share.mask), tf.uint8) if share.mask.any() else None
+        pairs = read_units(units, bits)
         if not on_service:
             pairs = shuffled(pairs, min(shuffle_buffer, share.examples), share.epoch)
         streams.append(pairs)

@@ -200,8 +200,19 @@ class _Steps:
                 totals = ctx.all_reduce(tf.distribute.ReduceOp.SUM, totals)
             if p is None:
                 gathered = tf.zeros([0], tf.int64)
+            elif replicas == 1:
+                gathered = p
             else:
-                gathered = ctx.all_gather(p, axis=0) if replicas > 1 else p
+                # A gather as a sum over replica slots: all_gather fails under the multi-worker
+                # strategy ("destinations can not be empty"). float64 holds positions exactly
+                # below 2**53.
+                slots = tf.scatter_nd(
+                    [[ctx.replica_id_in_sync_group]],
+                    [tf.cast(p, tf.float64)],
+                    [replicas, self._replica_batch],
+                )
+                summed = ctx.all_reduce(tf.distribute.ReduceOp.SUM, tf.reshape(slots, [-1]))
+                gathered = tf.cast(summed, tf.int64)
             return totals, norm, gathered
 
         split_positions = None if positions is None else self._split(positions)

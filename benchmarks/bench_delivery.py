@@ -1,0 +1,188 @@
+"""Benchmark: what exact epochs cost the reader, and what the delivered set adds to a checkpoint.
+
+Reader rows, over RAW shards (the cheapest decode, so the filter's share is the largest it gets;
+training mode, one input pipeline, ``uint8`` batches of 128):
+
+  * reader: ``make_dataset`` without ``exclude`` (today's file-sharded reader).
+  * exact epochs, fresh: ``exclude=DeliveredSet.empty(N)``: positions ride along, no filter.
+  * exact epochs, filter: one example delivered, so the whole epoch goes through the bitmap
+    lookup (``filter`` on every record) while yielding the same examples as the fresh row.
+  * exact epochs, half delivered: every other example delivered; examples/s counts yielded
+    examples (the filter drops as many records as it keeps).
+
+The filter's cost is the *filter* row against the *fresh* row. Each measurement is a fresh
+process (as a trainer runs one pipeline): an untimed build, a fresh iterator, warm-up batches,
+then a fixed number of timed batches, all inside the first epoch. Rounds visit every row in
+turn; medians are reported, with the spread over rounds.
+
+Checkpoint rows: ``tf.train.Checkpoint`` of a small model with and without a
+``DeliveryTracker`` for N examples (a global batch of the next epoch already begun), on disk.
+
+Target: the filter costs <= 2% of reader throughput; the checkpoint grows <= 1 bit per example
+plus a constant.
+
+Usage::
+
+  python -m benchmarks.bench_delivery [--n 20000] [--rounds 3] [--batches 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.common import run_module
+
+__all__ = ["ROWS", "checkpoint_rows", "main", "measure_row"]
+
+ROWS = ("reader", "exact, fresh", "exact, filter", "exact, half delivered")
+BATCH = 128
+IMAGE = 64
+
+
+def _write(root: Path, n: int) -> None:
+    from tests.fixtures.shards import write_dataset
+
+    write_dataset(
+        root, encoding="raw", examples={"train": n}, num_shards={"train": 16}, image_size=IMAGE
+    )
+
+
+def _build(root: str, row: str):  # -> tf.data.Dataset
+    import numpy as np
+
+    from tfrecord_io import load_manifest
+    from tfrecord_io.delivery import DeliveredSet
+    from tfrecord_io.read_config import ReadConfig
+    from tfrecord_io.reader import make_dataset
+
+    n = load_manifest(root).split("train").num_examples
+    exclude = {
+        "reader": None,
+        "exact, fresh": DeliveredSet.empty(n),
+        "exact, filter": DeliveredSet.from_indices(n, [n - 1]),
+        "exact, half delivered": DeliveredSet.from_indices(n, np.arange(0, n, 2)),
+    }[row]
+    return make_dataset(
+        root,
+        "train",
+        global_batch_size=BATCH,
+        image_size=IMAGE,
+        seed=0,
+        read_config=ReadConfig(exclude=exclude),
+    )
+
+
+def measure_row(root: str, row: str, warmup: int, batches: int) -> dict[str, float]:
+    """One row in this process: (examples/s, host CPU-ms per example)."""
+    next(iter(_build(root, row)))  # tracing and thread pools, untimed
+    iterator = iter(_build(root, row))
+    for _ in range(warmup):
+        next(iterator)
+    wall, cpu = time.perf_counter(), time.process_time()
+    for _ in range(batches):
+        next(iterator)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    examples = batches * BATCH
+    return {"examples_per_s": examples / wall, "cpu_ms_per_example": 1000 * cpu / examples}
+
+
+def checkpoint_rows(sizes: tuple[int, ...] = (100_000, 1_281_167)) -> list[dict[str, float]]:
+    """Checkpoint bytes on disk without and with a delivered set of N examples."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from tfrecord_io.delivery import DeliveredSet, DeliveryTracker
+
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4)])
+
+    def size(objects: dict) -> int:
+        with tempfile.TemporaryDirectory() as tmp:
+            tf.train.Checkpoint(**objects).write(os.path.join(tmp, "ckpt"))
+            return sum(p.stat().st_size for p in Path(tmp).iterdir())
+
+    base = size({"model": model})
+    rows = []
+    for n in sizes:
+        tracker = DeliveryTracker(DeliveredSet.empty(n, seed=0, split="0" * 32))
+        rng = np.random.default_rng(0)
+        tracker.add(rng.permutation(n)[: n // 3])  # a third of the epoch
+        tracker.add(n + np.arange(256))  # and a global batch of the next one
+        grown = size({"model": model, "delivered": tracker}) - base
+        rows.append(
+            {
+                "examples": n,
+                "bytes_added": grown,
+                "bits_per_example": 8 * grown / n,
+                "bytes_over_bitmap": grown - (n + 7) // 8,
+            }
+        )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=20_000, help="examples in the RAW split")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=15)
+    parser.add_argument("--batches", type=int, default=60)
+    parser.add_argument("--data", default=None, help="reuse this dataset directory")
+    parser.add_argument("--row", default=None, help=argparse.SUPPRESS)  # one row, in-process
+    args = parser.parse_args(argv)
+    if args.row is not None:
+        print(json.dumps(measure_row(args.data, args.row, args.warmup, args.batches)))
+        return 0
+    if (args.warmup + args.batches) * BATCH > args.n // 2:
+        parser.error("--n must hold warm-up and timed batches twice over (one epoch, half kept)")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.data) if args.data else Path(tmp) / "raw"
+        if not (root / "dataset.json").exists():
+            _write(root, args.n)
+        results: dict[str, list[dict[str, float]]] = {row: [] for row in ROWS}
+        for _ in range(args.rounds):
+            for row in ROWS:
+                out = run_module(
+                    "benchmarks.bench_delivery",
+                    [
+                        "--row",
+                        row,
+                        "--data",
+                        str(root),
+                        "--warmup",
+                        str(args.warmup),
+                        "--batches",
+                        str(args.batches),
+                    ],
+                )
+                results[row].append(json.loads(out.strip().splitlines()[-1]))
+    print(
+        f"reader, RAW {IMAGE}x{IMAGE}, {args.n} examples in 16 shards, batch {BATCH}, "
+        f"{args.batches} timed batches, median of {args.rounds} rounds (2-core shared machine)"
+    )
+    fresh = statistics.median(r["examples_per_s"] for r in results["exact, fresh"])
+    print(f"{'row':<24}{'examples/s':>12}{'range':>18}{'CPU-ms/ex':>11}{'vs fresh':>10}")
+    for row in ROWS:
+        rates = [r["examples_per_s"] for r in results[row]]
+        cpu = statistics.median(r["cpu_ms_per_example"] for r in results[row])
+        rate = statistics.median(rates)
+        spread = f"{min(rates):,.0f}-{max(rates):,.0f}"
+        print(f"{row:<24}{rate:>12,.0f}{spread:>18}{cpu:>11.3f}{rate / fresh:>10.3f}")
+    print()
+    print(f"{'checkpoint: examples':<24}{'bytes added':>12}{'bits/example':>14}{'over N/8':>10}")
+    for r in checkpoint_rows():
+        print(
+            f"{r['examples']:<24,}{r['bytes_added']:>12,}{r['bits_per_example']:>14.4f}"
+            f"{r['bytes_over_bitmap']:>10,}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

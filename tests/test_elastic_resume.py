@@ -1,0 +1,237 @@
+"""Exactly-once epochs across resumes on other topologies: ``python -m trainer.train`` as real
+processes (TF_CONFIG workers on loopback, a real tf.data dispatcher and workers), checked with
+``--audit_keys``: over the union of all runs' audit files, every key of the epoch exactly once.
+
+* one run of resumes (each process costs seconds of start-up, so they are chained): 1 worker
+  with 2 CPU replicas killed (SIGKILL) between checkpoints -> the same layout with 1 replica
+  (iterators restored: only the examples trained after the last checkpoint come again, in the
+  same order) -> 2 workers, SIGTERM after 20 steps -> 1 worker to the end of the epoch;
+* in-process -> through a dispatcher and two service workers -> in-process again.
+
+Small on purpose: 320 examples of 16 px JPEG in 8 shards, global batch 8 (40 steps an epoch).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.data_service import running_cluster
+from tests.fixtures.shards import WrittenDataset, write_dataset
+
+EXAMPLES, BATCH = 320, 8
+COMMON = [
+    "--image_size=16",
+    f"--global_batch_size={BATCH}",
+    "--warmup_steps=2",
+    "--base_lr=0.2",
+    "--log_every=1",
+    "--seed=5",
+]
+_REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> WrittenDataset:
+    return write_dataset(
+        tmp_path_factory.mktemp("elastic") / "ds",
+        examples={"train": EXAMPLES},
+        num_shards={"train": 8},
+        image_size=16,
+    )
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
+    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **extra})
+    return env
+
+
+class Trainer:
+    """One ``python -m trainer.train`` process whose log is collected as it runs."""
+
+    def __init__(self, args: list[str], **env: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainer.train", *COMMON, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=_env(**env),
+            cwd=_REPO,
+        )
+        self._lines: queue.Queue[str] = queue.Queue()
+        self.log = ""
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+
+    def _drain(self) -> None:
+        while not self._lines.empty():
+            self.log += self._lines.get()
+
+    def wait_for(self, pattern: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.log):
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                time.sleep(0.5)
+                self._drain()
+                self.proc.kill()
+                pytest.fail(f"trainer never logged {pattern!r}:\n{self.log}")
+            try:
+                self.log += self._lines.get(timeout=0.5)
+            except queue.Empty:
+                pass
+
+    def finish(self, timeout: float = 300) -> int:
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            code = -9
+        time.sleep(0.3)  # let the pump read the last lines
+        self._drain()
+        return code
+
+
+def _run(args: list[str], **env: str) -> Trainer:
+    trainer = Trainer(args, **env)
+    code = trainer.finish()
+    assert code == 0, trainer.log
+    return trainer
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _two_workers(args: list[str]) -> list[Trainer]:
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
+    return [
+        Trainer(
+            args, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
+        )
+        for i in range(2)
+    ]
+
+
+def _audited(run: Path) -> list[str]:
+    """Every key in every audit file of a run directory (all segments, all workers)."""
+    return [key for path in sorted(run.glob("keys*")) for key in path.read_text().split()]
+
+
+def _assert_epoch_exactly_once(run: Path, dataset: WrittenDataset) -> None:
+    keys = _audited(run)
+    counts = collections.Counter(keys)
+    repeated = {k: n for k, n in counts.items() if n > 1}
+    assert not repeated, f"{len(repeated)} keys trained more than once: {list(repeated)[:4]}"
+    assert sorted(counts) == sorted(dataset.keys("train"))
+
+
+def _latest_step(run: Path) -> int:
+    names = [p.name for p in (run / "checkpoints").glob("ckpt-*.index")]
+    return max(int(n[len("ckpt-") : -len(".index")]) for n in names)
+
+
+@pytest.mark.slow
+def test_sigkill_then_other_replicas_then_two_workers_sigterm_then_one_to_the_end(
+    small_dataset, tmp_path
+):
+    run = tmp_path / "run"
+    args = [f"--data={small_dataset.root}", f"--model_dir={run}", f"--audit_keys={run}/keys"]
+
+    # 1 worker (2 CPU replicas), killed between the checkpoints of steps 4 and 8.
+    killed = Trainer([*args, "--steps=100000", "--cpu_replicas=2", "--checkpoint_every=4"])
+    killed.wait_for(r"step 6/100000 ")
+    killed.proc.kill()
+    killed.finish()
+    assert "resume: fresh start; epoch 0: 320 examples" in killed.log, killed.log
+    saved = _latest_step(run)
+    trained_before = (run / "keys").read_text().split()  # what the killed run trained on
+    uncommitted = trained_before[saved * BATCH :]
+    assert saved == 4 and uncommitted, f"killed at step {len(trained_before) // BATCH}"
+
+    # The same layout with 1 CPU replica: iterators restored, so exactly the examples trained
+    # after the checkpoint come again, in the same order, and nothing else.
+    again = _run([*args, "--steps=10", "--checkpoint_every=100"])
+    assert "resume: exact at step 4 (same input layout" in again.log, again.log
+    after = (run / "keys").read_text().split()
+    assert after[: saved * BATCH] == trained_before[: saved * BATCH]
+    assert after[saved * BATCH : saved * BATCH + len(uncommitted)] == uncommitted
+    everything = collections.Counter(trained_before + after[saved * BATCH :])
+    assert {k for k, n in everything.items() if n > 1} == set(uncommitted)
+
+    # Two workers from step 10; SIGTERM to worker 0 once they have trained 20 steps.
+    workers = _two_workers([*args, "--steps=100000", "--checkpoint_every=7"])
+    workers[0].wait_for(r"step 30/100000 ")
+    workers[0].proc.send_signal(signal.SIGTERM)
+    codes = [w.finish() for w in workers]
+    assert codes == [128 + signal.SIGTERM] * 2, workers[0].log + workers[1].log
+    log = workers[0].log
+    assert "resume: elastic at step 10 (the input layout changed: num_workers 1 -> 2)" in log, log
+    assert "epoch 0: 240 of 320 examples remain, 120 of them in this worker's pipeline" in log
+    stopped = _latest_step(run)
+    assert stopped >= 30
+
+    # One worker to the end of the epoch.
+    last = _run([*args, "--epochs=1", "--checkpoint_every=100"])
+    assert f"resume: elastic at step {stopped} (the input layout changed: num_workers 2 -> 1)" in (
+        last.log
+    ), last.log
+    left = EXAMPLES - BATCH * stopped
+    assert f"epoch 0: {left} of 320 examples remain, {left} of them" in last.log
+    assert "epoch 0 complete at step 40: every example exactly once" in last.log
+    assert "exactly-once guarantee is broken" not in last.log + log + again.log
+    _assert_epoch_exactly_once(run, small_dataset)
+    # Each segment's audit files, cut back to the checkpoint the next segment started from.
+    assert len((run / "keys").read_text().split()) == 10 * BATCH
+    for i in range(2):
+        segment = run / f"keys.from-00000010.worker-{i:05d}"
+        assert len(segment.read_text().split()) == (stopped - 10) * BATCH // 2
+
+
+@pytest.mark.slow
+def test_in_process_then_tf_data_service_then_in_process(small_dataset, tmp_path):
+    run = tmp_path / "run"
+    args = [
+        f"--data={small_dataset.root}",
+        f"--model_dir={run}",
+        f"--audit_keys={run}/keys",
+        "--checkpoint_every=100",
+    ]
+    _run([*args, "--steps=5"])
+    with running_cluster(tmp_path / "service", num_workers=2) as cluster:
+        served = _run([*args, "--steps=15", f"--data_service={cluster.address}"])
+        for worker in cluster.workers:
+            assert worker.alive
+    assert "resume: elastic at step 5 (the input layout changed: service False -> True)" in (
+        served.log
+    ), served.log
+    assert "split dynamically over the tf.data service's workers" in served.log
+    back = _run([*args, "--epochs=1"])
+    assert "resume: elastic at step 15 (the input layout changed: service True -> False)" in (
+        back.log
+    ), back.log
+    assert "epoch 0 complete at step 40: every example exactly once" in back.log
+    _assert_epoch_exactly_once(run, small_dataset)
