@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
-from beam_pipelines.elements import CatalogMeta
+from beam_pipelines.elements import CatalogMeta, StagedRecord
 from beam_pipelines.object_store_io import read_object, read_range
 from catalog.keys import key_prefixes
 from catalog.table import catalog_filename, read_table
@@ -62,6 +62,7 @@ __all__ = [
     "BaseDataset",
     "Reused",
     "BaseSpec",
+    "naming_digest",
     "resolve_base_root",
     "open_base",
     "load_base",
@@ -72,7 +73,7 @@ _log = logging.getLogger(__name__)
 _STAGING = ".staging"
 # Catalog columns a reused example copies into its own catalog row.
 _COPIED = ("height", "width", "format", "source_format", "source_height", "source_width", "phash")
-_LOOKUP_COLUMNS = ("key", "shard", "offset", "length", *_COPIED)
+_LOOKUP_COLUMNS = ("key", "uri", "label", "text", "shard", "offset", "length", *_COPIED)
 
 
 class BaseRefusedError(ValueError):
@@ -121,6 +122,9 @@ class BaseIndex:
       prefixes: the first 64 bits of each key (sorted).
       shard: index into ``shards`` per example.
       offset, length: the example's frame in its shard.
+      naming: a 64-bit digest of each example's label, class text and file name
+        (``naming_digest``): where a new build names a source the same, the stored example is
+        used as it lies.
       shards: the shard file names.
       copied: per column of ``_COPIED``, the catalog's values (Arrow arrays, in ``prefixes``
         order).
@@ -130,6 +134,7 @@ class BaseIndex:
     shard: np.ndarray
     offset: np.ndarray
     length: np.ndarray
+    naming: np.ndarray
     shards: tuple[str, ...]
     copied: Mapping[str, pa.Array]
 
@@ -184,6 +189,38 @@ class BaseDataset:
     def spec(self) -> BaseSpec:
         """What a worker needs to open this base again (small, pickles cheaply)."""
         return BaseSpec(self.root, self.manifest_sha256, dict(self.options), self.tool_version)
+
+    def locate(
+        self, sha256: str, *, uri: str, label: int, text: str, source_bytes: int
+    ) -> StagedRecord | None:
+        """Where the base holds the very example a clean build would write for this source:
+        the same key named the same (label, class text, file name). None otherwise (``reuse``
+        then reads it and rewrites its names).
+
+        The location points into the base's shard (an absolute path or URI in ``file``), so
+        the example is neither read nor staged here: the shard writer copies its frame, whose
+        CRCs it checks, from the base. The key is the catalog's, which ``open_base`` checked
+        against ``dataset.json``.
+        """
+        index = self.index
+        if index is None:
+            return None
+        rows = index.rows(sha256)
+        if len(rows) != 1:
+            return None  # absent, or a 64-bit prefix shared by two keys: let reuse decide
+        row = rows[0]
+        if index.naming[row] != naming_digest(label, text, uri):
+            return None
+        shard = index.shards[int(index.shard[row])]
+        meta = self._copied_meta(row, label, text, source_bytes)
+        return StagedRecord(
+            sha256,
+            uri,
+            FileSystems.join(self.root, shard),
+            int(index.offset[row]),
+            int(index.length[row]),
+            meta,
+        )
 
     def reuse(
         self, sha256: str, *, uri: str, label: int, text: str, source_bytes: int
@@ -241,10 +278,13 @@ class BaseDataset:
         return payload
 
     def _meta(self, row: int, record: ImageRecord, source_bytes: int) -> CatalogMeta:
+        return self._copied_meta(row, record.label, record.text, source_bytes)
+
+    def _copied_meta(self, row: int, label: int, text: str, source_bytes: int) -> CatalogMeta:
         copied = {name: self.index.copied[name][row].as_py() for name in _COPIED}  # type: ignore[union-attr]
         return CatalogMeta(
-            label=record.label,
-            text=record.text,
+            label=label,
+            text=text,
             height=copied["height"],
             width=copied["width"],
             format=copied["format"],
@@ -254,6 +294,12 @@ class BaseDataset:
             source_width=copied["source_width"],
             phash=copied["phash"],
         )
+
+
+def naming_digest(label: int | None, text: str | None, uri: str | None) -> int:
+    """64 bits of BLAKE2b over an example's label, class text and file name."""
+    data = f"{label}\x00{text}\x00{uri}".encode("utf-8", "surrogatepass")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
 
 
 def _refuse(base: str, problem: str) -> BaseRefusedError:
@@ -344,7 +390,8 @@ def _load_index(root: str, base: str, manifest: Manifest) -> BaseIndex:
     if not tables:
         return BaseIndex(
             np.zeros(0, np.uint64), np.zeros(0, np.int32), np.zeros(0, np.int64),
-            np.zeros(0, np.int64), (), {name: pa.array([]) for name in _COPIED},
+            np.zeros(0, np.int64), np.zeros(0, np.uint64), (),
+            {name: pa.array([]) for name in _COPIED},
         )  # fmt: skip
     table = pa.concat_tables(tables)
     shard_codes = pc.dictionary_encode(table.column("shard").combine_chunks())
@@ -365,7 +412,21 @@ def _load_index(root: str, base: str, manifest: Manifest) -> BaseIndex:
         raise _refuse(base, "its catalog has keys that are not SHA-256 hex digests")
     order = np.argsort(prefixes, kind="stable")
     sorted_table = table.take(pa.array(order))
+    naming = np.fromiter(
+        (
+            naming_digest(label, text, uri)
+            for label, text, uri in zip(
+                sorted_table.column("label").to_pylist(),
+                sorted_table.column("text").to_pylist(),
+                sorted_table.column("uri").to_pylist(),
+                strict=True,
+            )
+        ),
+        np.uint64,
+        sorted_table.num_rows,
+    )
     return BaseIndex(
+        naming=naming,
         prefixes=prefixes[order],
         shard=codes[order],
         offset=offset[order],

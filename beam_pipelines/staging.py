@@ -290,6 +290,10 @@ def read_sidecar(path: str) -> list[StagedRecord]:
     ]
 
 
+def _where(record: StagedRecord) -> str:
+    return f"staged example of {record.uri} ({record.file} at byte {record.offset})"
+
+
 class StagedRecordReader:
     """Reads staged frames back, in the order asked, with a bounded read-ahead.
 
@@ -318,16 +322,25 @@ class StagedRecordReader:
         self._fds: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
 
+    def _path(self, file: str) -> str:
+        # A name in the staging area, or (an example an incremental build takes from its base
+        # where it lies, ``base.BaseDataset.locate``) an absolute path or URI.
+        if "://" in file or os.path.isabs(file):
+            return file
+        return FileSystems.join(self._dir, file)
+
     def _fd(self, file: str) -> int:
         fd = self._fds.pop(file, None)
         if fd is None:
-            fd = os.open(_local(FileSystems.join(self._dir, file)), os.O_RDONLY)
+            fd = os.open(_local(self._path(file)), os.O_RDONLY)
             if len(self._fds) >= _OPEN_FILES:
                 os.close(self._fds.popitem(last=False)[1])
         self._fds[file] = fd
         return fd
 
     def _read_local(self, record: StagedRecord) -> bytes:
+        if not is_local(self._path(record.file)):
+            return self._read_remote(record)
         data = os.pread(self._fd(record.file), record.length, record.offset)
         if len(data) != record.length:
             raise ValueError(
@@ -337,7 +350,7 @@ class StagedRecordReader:
         return data
 
     def _read_remote(self, record: StagedRecord) -> bytes:
-        path = FileSystems.join(self._dir, record.file)
+        path = self._path(record.file)
         return read_range(path, record.offset, record.offset + record.length)
 
     def frames(self, records: Iterable[StagedRecord]) -> Iterator[bytes]:
@@ -350,7 +363,7 @@ class StagedRecordReader:
         if self._local:
             for record in records:
                 frame = self._read_local(record)
-                payload_of_frame(frame, f"staged example of {record.uri}")
+                payload_of_frame(frame, _where(record))
                 yield frame
             return
         yield from self._frames_remote(records)
@@ -379,7 +392,7 @@ class StagedRecordReader:
                 record, future = window.popleft()
                 frame = future.result()
                 in_flight -= record.length
-                payload_of_frame(frame, f"staged example of {record.uri}")
+                payload_of_frame(frame, _where(record))
                 yield frame
         finally:
             for _, future in window:

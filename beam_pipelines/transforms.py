@@ -22,7 +22,13 @@ from apache_beam.transforms.window import GlobalWindows
 from beam_pipelines.base import BaseDamagedError, BaseDataset, BaseSpec, load_base
 from beam_pipelines.catalog_io import MergeCatalogs
 from beam_pipelines.config import PipelineConfig
-from beam_pipelines.elements import CatalogMeta, PreparedRecord, Rejection, SourceFile
+from beam_pipelines.elements import (
+    CatalogMeta,
+    PreparedRecord,
+    Rejection,
+    SourceFile,
+    StagedRecord,
+)
 from beam_pipelines.images import ImageOptions, RejectedImage, internal_error, prepare_image
 from beam_pipelines.leakage import FindNearDuplicates, MoveLeakageToTrain
 from beam_pipelines.object_store_io import read_with_retries
@@ -154,13 +160,13 @@ class PrepareImageFn(beam.DoFn):
             return
         if self._reporter is not None:
             self._reporter.add(prepared=1)
-        if self._stager is None:
-            yield record
+        if self._stager is None or isinstance(record, StagedRecord):
+            yield record  # (a base's example used where it lies: nothing to stage)
         else:
             # Locations come out only once their staging file is committed.
             yield from self._stager.add(record.sha256, record.uri, record.serialized, record.meta)
 
-    def _prepare(self, source: SourceFile, index: dict[str, int]) -> PreparedRecord:
+    def _prepare(self, source: SourceFile, index: dict[str, int]) -> PreparedRecord | StagedRecord:
         # read bytes -> sha256 -> decide (reuse an example made before, or prepare) -> staged
         # by the caller. Inputs a resumed build staged before never get here (SplitReusable).
         if source.label is None:
@@ -171,6 +177,17 @@ class PrepareImageFn(beam.DoFn):
         self._read.inc()
         self._bytes_read.inc(len(data))
         sha256 = hashlib.sha256(data).hexdigest()
+        if self._base is not None and self._staging is not None:
+            located = self._base.locate(
+                sha256,
+                uri=source.uri,
+                label=index[source.label],
+                text=source.label,
+                source_bytes=len(data),
+            )
+            if located is not None:  # the very example a clean build writes: not even read
+                self._reused.inc()
+                return located
         if self._base is not None:
             reused = self._base.reuse(
                 sha256,

@@ -77,6 +77,20 @@ def test_every_base_example_is_reused_byte_for_byte(built: Path) -> None:
     )  # not in the base
 
 
+def test_locate_points_into_the_base_only_when_named_the_same(built: Path) -> None:
+    base = open_base(str(built), options=_options(built), tool_version=TOOL_VERSION)
+    for row in _catalog_rows(built):
+        names = {"uri": row["uri"], "label": row["label"], "text": row["text"]}
+        found = base.locate(row["key"], **names, source_bytes=row["source_bytes"])
+        assert (found.file, found.offset, found.length) == (
+            str(built / row["shard"]), row["offset"], row["length"],
+        )  # fmt: skip
+        assert found.meta == base.reuse(row["key"], **names, source_bytes=row["source_bytes"]).meta
+        for change in ({"uri": "/x.jpg"}, {"label": 9}, {"text": "zebra"}):
+            assert base.locate(row["key"], **{**names, **change}, source_bytes=1) is None
+    assert base.locate("f" * 64, uri="u", label=0, text="cat", source_bytes=1) is None
+
+
 def test_a_relabel_rewrites_only_label_text_and_filename(built: Path) -> None:
     base = open_base(str(built), options=_options(built), tool_version=TOOL_VERSION)
     row = _catalog_rows(built)[0]
@@ -273,3 +287,20 @@ def test_a_base_on_a_bucket(built: Path, tmp_path: Path, s3_env) -> None:
     )  # fmt: skip
     assert summary.metrics["images_reused"] == 15
     assert _snapshot(clean)["files"] == _snapshot(tmp_path / "inc")["files"]
+
+
+def test_a_base_record_damaged_in_place_fails_the_build_naming_it(
+    built: Path, tmp_path: Path
+) -> None:
+    base = _copy(built, tmp_path / "b")
+    row = _catalog_rows(base)[2]
+    shard = base / row["shard"]
+    data = bytearray(shard.read_bytes())
+    data[row["offset"] + row["length"] // 2] ^= 0x01  # same size: open_base cannot tell
+    shard.write_bytes(bytes(data))
+    with pytest.raises(images_to_tfrecord.JobFailedError, match=f"{row['shard']} at byte"):
+        images_to_tfrecord.run(
+            ["--input", str(built.parent / "images"), "--output", str(tmp_path / "out"),
+             *FLAGS, "--base", str(base)]
+        )  # fmt: skip
+    assert not (tmp_path / "out" / MANIFEST_NAME).exists()
