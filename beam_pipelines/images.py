@@ -24,6 +24,7 @@ import io
 import traceback
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -59,6 +60,7 @@ __all__ = [
     "check_output_bounds",
     "decode_rgb",
     "decode_srgb",
+    "DecodedImage",
     "resize_and_crop",
     "encode_image",
     "prepare_image",
@@ -96,6 +98,8 @@ _TRANSPOSE = {
 }
 _OUT_OF_BOUNDS = ("reject", "crop")
 _JPEG_MAX_SIDE = 65_500  # libjpeg's limit on either side
+_SHRINK_ABOVE_PIXELS = 16_000_000  # decoded images larger than this are reduced first
+_SHRINKABLE_MODES = ("L", "LA", "RGB", "RGBA", "RGBX", "CMYK", "I", "F")
 
 # Pillow refuses headers above 2 x its MAX_IMAGE_PIXELS (about 179 MP), which would silently
 # cap --max_pixels. open_image checks --max_pixels from the header before any decode, so
@@ -267,6 +271,14 @@ class PreparedImage:
     decoded_size: tuple[int, int]
     phash: int | None = None
     events: tuple[str, ...] = ()
+
+
+class DecodedImage(NamedTuple):
+    """What ``decode_srgb`` returns."""
+
+    image: Image.Image  # RGB, sRGB, oriented
+    events: tuple[str, ...]  # counter names: icc_converted, high_bit_depth_*...
+    full_size: tuple[int, int]  # oriented (width, height) before a large image was reduced
 
 
 def _describe_start(data: bytes) -> str:
@@ -475,6 +487,31 @@ def check_output_bounds(
     return keep
 
 
+def _shrink_large(image: Image.Image, min_side: int) -> Image.Image:
+    """Box-reduces a large decoded image by an integer factor before any conversion.
+
+    Conversions (alpha compositing, ICC, grayscale to RGB) each hold a full-size copy: four
+    bytes a pixel, 200 MB at 50 MP. Above ``_SHRINK_ABOVE_PIXELS`` the image is first reduced
+    (Pillow's ``reduce``, premultiplied for alpha) by the largest factor that keeps its shorter
+    side at least twice ``min_side``: Pillow's own ``reducing_gap=2`` rule, which it documents
+    as indistinguishable from resampling the whole image. JPEG is already small (``draft``).
+    """
+    width, height = image.size
+    factor = min(width, height) // (2 * min_side)
+    if width * height <= _SHRINK_ABOVE_PIXELS or factor < 2:
+        return image
+    source = image
+    if image.mode in ("P", "PA", "1", "La", "RGBa"):
+        alpha = image.mode in ("PA", "La", "RGBa") or "transparency" in image.info
+        source = image.convert("RGBA" if alpha else "RGB")
+    if source.mode not in _SHRINKABLE_MODES:
+        return image
+    small = source.reduce(factor)
+    if "icc_profile" in image.info:
+        small.info["icc_profile"] = image.info["icc_profile"]
+    return small
+
+
 def _orientation(image: Image.Image) -> int:
     try:
         return int(image.getexif().get(_ORIENTATION, 1) or 1)
@@ -490,7 +527,7 @@ def decode_srgb(
     high_bit_depth: str = "shift",
     source: bytes | None = None,
     defer_rgb_profile: bool = False,
-) -> tuple[Image.Image, tuple[str, ...]]:
+) -> DecodedImage:
     """Decodes an opened image to oriented 8-bit sRGB, no smaller than ``min_side`` if possible.
 
     For JPEG the decoder is asked (``draft``) to downscale in the DCT domain by 1/2, 1/4 or 1/8
@@ -507,7 +544,8 @@ def decode_srgb(
         the caller to apply after downscaling (``image_colour.to_srgb``).
 
     Returns:
-      A loaded ``RGB`` image with the orientation applied, and the events it involved.
+      A loaded ``RGB`` image with the orientation applied, the events it involved, and its
+      oriented size before any reduction of a large image (``_shrink_large``).
 
     Raises:
       RejectedImage: ``truncated``, ``decompression_bomb``, ``unsupported_feature``,
@@ -533,6 +571,8 @@ def decode_srgb(
         )
         if eight is not image and "icc_profile" in image.info:
             eight.info["icc_profile"] = image.info["icc_profile"]
+        full_size = eight.size
+        eight = _shrink_large(eight, min_side)
         rgb, colour_events = to_srgb(
             eight, background=background, defer_rgb_profile=defer_rgb_profile
         )
@@ -542,7 +582,9 @@ def decode_srgb(
         ) from e
     if orientation in _TRANSPOSE:
         rgb = rgb.transpose(_TRANSPOSE[orientation])
-    return rgb, depth_events + colour_events
+        if orientation >= 5:  # the transposing ones
+            full_size = full_size[::-1]
+    return DecodedImage(rgb, depth_events + colour_events, full_size)
 
 
 def decode_rgb(
@@ -553,8 +595,8 @@ def decode_rgb(
     high_bit_depth: str = "shift",
     source: bytes | None = None,
 ) -> Image.Image:
-    """``decode_srgb`` without the events: the loaded, oriented ``RGB`` sRGB image."""
-    rgb, _ = decode_srgb(
+    """``decode_srgb``'s image alone: loaded, oriented, ``RGB`` sRGB (reduced if large)."""
+    rgb, _, _ = decode_srgb(
         image,
         min_side=min_side,
         background=background,
@@ -571,15 +613,27 @@ def _target_size(width: int, height: int, size: int) -> tuple[int, int]:
 
 
 def resize_and_crop(
-    image: Image.Image, *, image_size: int, crop: str, max_aspect_ratio: float | None = None
+    image: Image.Image,
+    *,
+    image_size: int,
+    crop: str,
+    max_aspect_ratio: float | None = None,
+    full_size: tuple[int, int] | None = None,
 ) -> Image.Image:
     """Resizes so the shorter side is ``image_size``; with ``crop="center"`` keeps the middle square.
 
     ``max_aspect_ratio`` (from ``check_output_bounds``) keeps only the centre of the longer side,
     that many times the shorter one. The crop is folded into the resize (Pillow's ``box``) so
     only the kept pixels are resampled. Resampling is bicubic with antialiasing.
+    ``full_size``: the size the stored shape is computed from, when ``image`` is a reduced copy
+    (``decode_srgb``), so that the reduction's rounding does not change the stored size.
     """
-    width, height = image.size
+    width, height = full_size or image.size
+    sx, sy = image.width / width, image.height / height
+
+    def scaled(box: tuple[float, float, float, float]) -> tuple[float, float, float, float]:
+        return (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+
     if crop == "center":
         side = min(width, height)
         left = (width - side) / 2
@@ -587,16 +641,18 @@ def resize_and_crop(
         box = (left, top, left + side, top + side)
         if image.size == (image_size, image_size):
             return image
-        return image.resize((image_size, image_size), Image.Resampling.BICUBIC, box=box)
+        return image.resize((image_size, image_size), Image.Resampling.BICUBIC, box=scaled(box))
     short = min(width, height)
     if max_aspect_ratio is not None and max(width, height) > short * max_aspect_ratio:
         kept = short * max_aspect_ratio
         stored = max(1, round(kept * image_size / short))
         if width > height:
             box = ((width - kept) / 2, 0, (width + kept) / 2, height)
-            return image.resize((stored, image_size), Image.Resampling.BICUBIC, box=box)
-        box = (0, (height - kept) / 2, width, (height + kept) / 2)
-        return image.resize((image_size, stored), Image.Resampling.BICUBIC, box=box)
+            target = (stored, image_size)
+        else:
+            box = (0, (height - kept) / 2, width, (height + kept) / 2)
+            target = (image_size, stored)
+        return image.resize(target, Image.Resampling.BICUBIC, box=scaled(box))
     target = _target_size(width, height, image_size)
     if target == image.size:
         return image
@@ -651,7 +707,7 @@ def _prepare(data: bytes, options: ImageOptions) -> PreparedImage:
     # An RGB profile is applied after downscaling (a phone photo's Display P3, say): LittleCMS
     # then converts the stored pixels only, about half the decoded ones at 256 px.
     downscaling = min(source_size) > options.image_size
-    rgb, events = decode_srgb(
+    rgb, events, full_size = decode_srgb(
         image,
         min_side=options.image_size,
         background=options.background,
@@ -662,7 +718,11 @@ def _prepare(data: bytes, options: ImageOptions) -> PreparedImage:
     decoded_size = image.size  # after draft, before orientation
     try:
         final = resize_and_crop(
-            rgb, image_size=options.image_size, crop=options.crop, max_aspect_ratio=keep_ratio
+            rgb,
+            image_size=options.image_size,
+            crop=options.crop,
+            max_aspect_ratio=keep_ratio,
+            full_size=full_size,
         )
         if downscaling:
             final, converted = to_srgb(final, background=options.background)

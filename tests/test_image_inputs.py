@@ -149,6 +149,26 @@ def test_new_image_options_name_the_bad_value(kwargs, message):
         ImageOptions(**kwargs)
 
 
+def test_large_images_are_reduced_before_conversion_without_visible_change():
+    # 16.4 MP RGBA: reduced (box, premultiplied) before compositing, then resized as usual.
+    height, width = 4000, 4100
+    y = np.linspace(0, 1, height, dtype=np.float32)[:, None]
+    x = np.linspace(0, 1, width, dtype=np.float32)[None, :]
+    rgba = np.empty((height, width, 4), np.uint8)
+    rgba[..., 0] = 255 * x * y
+    rgba[..., 1] = 255 * (1 - x)
+    rgba[..., 2] = 255 * y
+    rgba[..., 3] = 255 * (0.25 + 0.75 * x)
+    source = Image.fromarray(rgba, "RGBA")
+    data = encode(source, "PNG", compress_level=1)
+    del rgba
+    prepared = prepare_image(data, ImageOptions(image_size=64, encoding="png"))
+    assert (prepared.width, prepared.height) == (66, 64)
+    composited = Image.alpha_composite(Image.new("RGBA", source.size, (255,) * 4), source)
+    whole = composited.convert("RGB").resize((66, 64), Image.Resampling.BICUBIC)
+    assert np.abs(_pixels(prepared.encoded) - np.asarray(whole).astype(int)).mean() < 1.0
+
+
 # --- Accepted formats ------------------------------------------------------------------------
 
 
