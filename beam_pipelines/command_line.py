@@ -50,7 +50,12 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "--num_shards",
         "--target_shard_mb",
     ),
-    "quality gates": ("--max_bad_fraction", "--label_conflicts"),
+    "quality gates": (
+        "--max_bad_fraction",
+        "--label_conflicts",
+        "--leakage",
+        "--near_duplicate_threshold",
+    ),
     "output": ("--output", "--overwrite", "--resume", "--base", "--staging_file_mb"),
 }
 # Flags of the command itself, never handed to Beam.

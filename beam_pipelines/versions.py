@@ -20,13 +20,13 @@ Exit status: 0 on success, 2 when the root or version is unusable (the message s
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.object_store_io import read_object, write_object
+from cliflags import StrictArgumentParser, command_name
 from schemas import MANIFEST_NAME, Manifest
 from schemas.lineage import (
     LATEST_NAME,
@@ -105,8 +105,8 @@ def set_latest(root: str, version: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(
-        prog="python -m beam_pipelines.versions",
+    parser = StrictArgumentParser(
+        prog=command_name("beam_pipelines.versions"),
         description="List dataset versions under ROOT, or move ROOT/latest.",
     )
     parser.add_argument("root", help="directory or URI holding v0001/, v0002/... and latest")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import logging
 import os
 import pty
 import select
@@ -24,6 +25,7 @@ from beam_pipelines.command_line import (
     parse_command_line,
 )
 from beam_pipelines.config import ImagesToTFRecordOptions
+from beam_pipelines.progress import ProgressReporter, ProgressSpec
 from cliflags import StrictArgumentParser, suggest_flag, unknown_flags
 from tests.fixtures.images import make_image_tree
 
@@ -97,6 +99,8 @@ MISSPELLED = [
     ("trainer.diagnose", ["OUT", "--treshold", "input_wait=0.1"], "--threshold"),
     ("tfrecord_io.diff", ["IN", "OUT", "--limt", "3"], "--limit"),
     ("tfrecord_io.adopt", ["IN/*.tfrecord", "--output", "OUT", "--label-offset", "1"], "--label_offset"),
+    ("tfrecord_io.inspect", ["IN", "--out", "OUT", "--fail-on-leakage"], "--fail_on_leakage"),
+    ("beam_pipelines.versions", ["OUT", "--set-latest", "v0001"], "--set_latest"),
 ]  # fmt: skip
 
 
@@ -162,6 +166,17 @@ def test_beam_options_pass_through_and_command_flags_stay_with_the_command():
         "--input", "I", "--output", "O", "--runner", "DirectRunner",
         "--direct_num_workers=2", "--temp_location", "/t",
     ]  # fmt: skip
+
+
+def test_progress_is_logged_periodically_off_a_terminal(caplog):
+    reporter = ProgressReporter(ProgressSpec("run", "log", interval_s=0.05))
+    with caplog.at_level(logging.INFO, logger="beam_pipelines.progress"):
+        reporter.add(prepared=2)
+        time.sleep(0.06)
+        reporter.add(rejected=1)
+        reporter.add(prepared=1)  # within the interval: no second line yet
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("images 3 (") and "/s), rejected 1, " in line
 
 
 def test_dask_options_are_known_when_used():
