@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import re
 from typing import Any
 
 from schemas import Manifest, record_from_example
@@ -116,6 +117,13 @@ def _hash_file(path: str) -> tuple[int, str]:
     return size, digest.hexdigest()
 
 
+def _tf_error_text(message: str) -> str:
+    """TensorFlow's error text without its op wrapping: ``corrupted record at 7647``."""
+    text = message.splitlines()[0] if message else ""
+    text = re.sub(r"\{\{function_node [^}]*\}\}\s*", "", text)
+    return re.sub(r"\s*\[Op:[^\]]*\].*$", "", text).strip() or "unreadable"
+
+
 def _decode_check(record: Any) -> str | None:
     """Decodes one image fully; returns a problem or None."""
     import tensorflow as tf
@@ -125,7 +133,7 @@ def _decode_check(record: Any) -> str | None:
     try:
         image = tf.io.decode_image(record.encoded, channels=0, expand_animations=False)
     except (tf.errors.InvalidArgumentError, tf.errors.UnknownError) as e:
-        return f"{record.format} image does not decode: {e.message.splitlines()[0]}"
+        return f"{record.format} image does not decode: {_tf_error_text(e.message)}"
     shape = tuple(int(d) for d in image.shape)
     if shape != (record.height, record.width, record.channels):
         return (

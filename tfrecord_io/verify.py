@@ -8,24 +8,36 @@ the dataset cannot be read at all.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 
+from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
 from tfrecord_io.verification import VerifyReport, verify_dataset
 
 __all__ = ["main"]
 
 
+def _headline(problems: list[str]) -> str:
+    """The problem that explains a shard's others: a damaged or missing record first."""
+    for problem in problems:
+        if problem.startswith(("missing", "record ")):
+            return problem
+    return problems[0]
+
+
 def _print_human(report: VerifyReport) -> None:
     for shard in report.shards:
-        status = "OK  " if shard.ok else "FAIL"
         records = "-" if shard.num_records is None else str(shard.num_records)
-        print(f"{status} {shard.file}  records={records}/{shard.expected_examples}")
-        for problem in shard.problems:
-            print(f"     {shard.file}: {problem}")
+        if shard.ok:
+            print(f"OK   {shard.file}  records={records}/{shard.expected_examples}")
+            continue
+        # One line per damaged shard: which one, where, what; the rest follows from it.
+        first, more = _headline(shard.problems), len(shard.problems) - 1
+        print(
+            f"FAIL {shard.file}  records={records}/{shard.expected_examples}: {first}"
+            + (f" (+{more} more; --json lists them)" if more else "")
+        )
     for problem in report.problems:
         print(f"FAIL dataset: {problem}")
     failed = len(report.failed_shards)
@@ -39,8 +51,10 @@ def _print_human(report: VerifyReport) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
-    parser = argparse.ArgumentParser(
-        prog="python -m tfrecord_io.verify",
+    # TensorFlow's C++ start-up banner would bury the report; the caller may still override.
+    quiet_tensorflow()
+    parser = StrictArgumentParser(
+        prog=command_name("tfrecord_io.verify"),
         description="Verify a dataset's shards against its dataset.json.",
     )
     parser.add_argument("dataset", help="dataset directory or URI holding dataset.json")
@@ -48,8 +62,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print a machine-readable report")
     parser.add_argument("--no-progress", action="store_true", help="never show a progress bar")
     args = parser.parse_args(argv)
-    # TensorFlow's C++ start-up banner would bury the report; the caller may still override.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:
         report = verify_dataset(
             args.dataset,
