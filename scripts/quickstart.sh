@@ -16,3 +16,15 @@ python -m trainer.train --data "$OUT/dataset" --model_dir "$OUT/model" --model s
   --image_size 64 --global_batch_size 32 --steps 300 --base_lr 0.2 --warmup_steps 20 \
   --eval_every 50
 python -m trainer.diagnose "$OUT/model"
+{ set +x; } 2>/dev/null
+cat <<EOF
+
+What to try next:
+  source .venv/bin/activate                    # run the commands yourself (tfrecord-* on PATH)
+  tensorboard --logdir $OUT/model              # the run's curves: loss, accuracy, input wait
+  ls $OUT/dataset                              # shards, dataset.json, rejected.jsonl, duplicates.jsonl
+  tfrecord-verify $OUT/dataset --deep          # decode every image as well
+  tfrecord-pipeline --input ~/photos --output out/photos --validation_fraction 0.1 --stratify_validation
+  tfrecord-train --data out/photos --model_dir runs/photos --steps 1000 --global_batch_size 32
+  tfrecord-pipeline --help                     # every flag, grouped; each command has --help
+EOF
