@@ -19,7 +19,6 @@ Every write goes through Beam FileSystems under a temporary name, then a rename.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import re
@@ -34,7 +33,7 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipelines.elements import CatalogMeta, ShardResult
 from beam_pipelines.object_store_io import write_file
 from catalog.index_files import format_index, index_filename
-from catalog.table import build_table, catalog_filename, merge_fragments, write_table
+from catalog.table import build_table, catalog_filename, merge_fragments, table_bytes
 from schemas.manifest import Manifest
 from schemas.tfds_metadata import tfds_metadata_files
 
@@ -125,9 +124,8 @@ def write_index_and_fragment(
         FileSystems.join(output_dir, index_filename(shard_name)), format_index(entries)
     )
     table = fragment_table(split, shard_name, records, entries)
-    buffer = io.BytesIO()  # one shard's rows: a few MB at most
-    write_table(table, buffer)
-    write_file(fragment_path(output_dir, shard_name), buffer.getvalue())
+    # One shard's rows: a few MB at most.
+    write_file(fragment_path(output_dir, shard_name), table_bytes(table))
     return index
 
 

@@ -37,6 +37,8 @@ from catalog.table import (
     empty_table,
     merge_fragments,
     read_table,
+    read_table_bytes,
+    table_bytes,
     write_table,
 )
 
@@ -72,5 +74,7 @@ __all__ = [
     "empty_table",
     "merge_fragments",
     "read_table",
+    "read_table_bytes",
+    "table_bytes",
     "write_table",
 ]

@@ -53,7 +53,9 @@ __all__ = [
     "empty_table",
     "check_schema",
     "write_table",
+    "table_bytes",
     "read_table",
+    "read_table_bytes",
     "CatalogWriter",
     "merge_fragments",
 ]
@@ -166,7 +168,7 @@ def check_schema(schema: pa.Schema, *, name: str = "catalog") -> None:
             raise ValueError(f"{name}: column {field.name!r} is {found}, expected {field.type}")
 
 
-def _writer(where: str | BinaryIO) -> pq.ParquetWriter:
+def _writer(where: str | BinaryIO | pa.NativeFile) -> pq.ParquetWriter:
     return pq.ParquetWriter(
         where,
         SCHEMA,
@@ -188,7 +190,9 @@ class CatalogWriter:
     Use as a context manager; the file is complete once it exits without an exception.
     """
 
-    def __init__(self, where: str | BinaryIO, *, row_group_size: int = ROW_GROUP_SIZE) -> None:
+    def __init__(
+        self, where: str | BinaryIO | pa.NativeFile, *, row_group_size: int = ROW_GROUP_SIZE
+    ) -> None:
         if row_group_size < 1:
             raise ValueError(f"row_group_size must be >= 1, got {row_group_size!r}")
         self._writer = _writer(where)
@@ -239,7 +243,7 @@ class CatalogWriter:
             self._writer.close()
 
 
-def write_table(table: pa.Table, where: str | BinaryIO) -> None:
+def write_table(table: pa.Table, where: str | BinaryIO | pa.NativeFile) -> None:
     """Writes a whole catalog table deterministically to a local path or a binary file.
 
     Raises:
@@ -247,6 +251,13 @@ def write_table(table: pa.Table, where: str | BinaryIO) -> None:
     """
     with CatalogWriter(where) as writer:
         writer.write(table)
+
+
+def table_bytes(table: pa.Table) -> bytes:
+    """The bytes of a catalog file holding ``table`` (written in memory Arrow owns)."""
+    sink = pa.BufferOutputStream()
+    write_table(table, sink)
+    return sink.getvalue().to_pybytes()
 
 
 def read_table(
@@ -279,6 +290,24 @@ def read_table(
         return parquet.read(columns=list(columns) if columns is not None else None)
     except (pa.ArrowInvalid, OSError) as e:
         raise ValueError(f"{label}: damaged Parquet data ({e})") from e
+
+
+def read_table_bytes(
+    data: bytes, *, columns: Sequence[str] | None = None, name: str = "catalog"
+) -> pa.Table:
+    """Reads a catalog held in memory (fetched from an object store, say).
+
+    The bytes are first copied into memory Arrow owns. Parquet reads on Arrow's thread pool,
+    and a pool thread that releases the last reference to a buffer wrapping a Python object
+    must take the GIL: at interpreter exit that aborts the process ("terminate called without
+    an active exception").
+
+    Raises:
+      ValueError: as ``read_table``.
+    """
+    stream = pa.BufferOutputStream()
+    stream.write(data)
+    return read_table(pa.BufferReader(stream.getvalue()), columns=columns, name=name)
 
 
 def merge_fragments(

@@ -142,7 +142,7 @@ def test_main_exit_codes_and_json(
     assert [s["file"] for s in report["shards"] if not s["ok"]] == [victim.name]
 
     assert main([str(tmp_path / "nowhere")]) == 2
-    assert "not a dataset" in capsys.readouterr().err
+    assert "does not exist" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import io
 import os
 import posixpath
 import re
@@ -34,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from catalog.index_files import format_index, index_filename
-from catalog.table import build_table, catalog_filename, write_table
+from catalog.table import build_table, catalog_filename, table_bytes
 from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
 from schemas import (
     KEY_ENCODED,
@@ -317,9 +316,7 @@ def adopt(
         columns["index"] = list(range(count))
         for column in ("split", "shard", "record", "offset", "length"):
             columns.setdefault(column, [])
-        buffer = io.BytesIO()
-        write_table(build_table(columns), buffer)
-        catalogs[catalog_filename(split_name)] = buffer.getvalue()
+        catalogs[catalog_filename(split_name)] = table_bytes(build_table(columns))
         data = catalogs[catalog_filename(split_name)]
         split_infos[split_name] = SplitInfo(
             num_examples=count,

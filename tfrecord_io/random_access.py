@@ -18,7 +18,7 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from catalog.table import read_table
+from catalog.table import read_table_bytes
 from schemas import Manifest
 from tfrecord_io import source as _source
 from tfrecord_io.framing import parse_frame
@@ -155,7 +155,7 @@ def load_catalog(
             f"catalog {path} is damaged: {len(data)} bytes with SHA-256 {digest}, dataset.json "
             f"says {info.num_bytes} bytes with {info.sha256}"
         )
-    return read_table(pa.BufferReader(data), columns=columns, name=path)
+    return read_table_bytes(data, columns=columns, name=path)
 
 
 def locate(

@@ -17,9 +17,19 @@ import os
 import re
 from typing import Any
 
+from catalog.index_files import frame_length
 from schemas import Manifest, record_from_example
+from tfrecord_io.catalog_checks import (
+    RecordNote,
+    adopted_label_offset,
+    check_adopted_record,
+    check_catalog,
+    check_index_file,
+    verify_foreign,
+)
 from tfrecord_io.framing import FrameError, iter_frames
 from tfrecord_io.key_check import KeyCollector
+from tfrecord_io.random_access import dataset_files
 from tfrecord_io.source import exists, load_manifest, local_copy, open_binary, resolve_source
 
 __all__ = ["ShardReport", "VerifyReport", "verify_dataset"]
@@ -78,13 +88,16 @@ class VerifyReport:
       dataset: the source verified.
       deep: whether images were decoded.
       shards: one report per listed shard, in manifest order.
-      problems: dataset-level problems (duplicate keys across shards).
+      problems: dataset-level problems (duplicate keys across shards, a damaged catalog).
+      manifest_found: False when the source had no ``dataset.json`` (a glob of foreign
+        shards): only CRCs, parsing and record counts were checked.
     """
 
     dataset: str
     deep: bool
     shards: list[ShardReport]
     problems: list[str] = dataclasses.field(default_factory=list)
+    manifest_found: bool = True
 
     @property
     def ok(self) -> bool:
@@ -103,6 +116,7 @@ class VerifyReport:
             "num_failed_shards": len(self.failed_shards),
             "num_records": sum(s.num_records or 0 for s in self.shards),
             "problems": list(self.problems),
+            "manifest_found": self.manifest_found,
             "shards": [s.to_dict() for s in self.shards],
         }
 
@@ -174,6 +188,7 @@ def _check_records(
     keys: KeyCollector,
     advance: Any,
     local_path: str | None = None,
+    notes: list[RecordNote] | None = None,
 ) -> None:
     """Reads a shard once, in plain Python: its size and SHA-256, and every record's framing
     (CRCs checked in C by ``google_crc32c``), parse and fields. No tf.data pipeline is built
@@ -181,7 +196,8 @@ def _check_records(
     with open_binary(local_path or report.path) as raw:
         stream = _HashingReader(raw)
         try:
-            _check_frames(report, manifest, stream, deep=deep, keys=keys, advance=advance)
+            _check_frames(report, manifest, stream, deep=deep, keys=keys, advance=advance,
+                          notes=notes)  # fmt: skip
         finally:
             stream.drain()
     report.num_bytes, report.sha256 = stream.size, stream.hexdigest()
@@ -195,13 +211,16 @@ def _check_frames(
     deep: bool,
     keys: KeyCollector,
     advance: Any,
+    notes: list[RecordNote] | None,
 ) -> None:
     names = manifest.label_names
     shard_number = keys.add_shard(report.file)
     expected_format = _FORMAT_FOR_ENCODING[manifest.image.encoding]
     square = manifest.image.crop == "center"
     size = manifest.image.image_size
+    label_offset = adopted_label_offset(manifest)
     count = 0
+    offset = 0
     frames = iter_frames(stream, name=report.file)  # type: ignore[arg-type]
     while True:
         try:
@@ -218,10 +237,25 @@ def _check_frames(
         where = f"record {count}"
         count += 1
         advance(1)
+        if label_offset is not None:  # adopted shards: TensorFlow's keys, not ours
+            key, problems = check_adopted_record(serialized, manifest, label_offset, where)
+            for problem in problems:
+                report.add(problem)
+            if notes is not None:
+                notes.append(RecordNote(offset, frame_length(len(serialized)), key))
+            offset += frame_length(len(serialized))
+            continue
         try:
             record = record_from_example(serialized)
         except ValueError as e:
             report.add(f"{where}: does not parse against the schema: {e}")
+            record = None
+        if notes is not None:
+            notes.append(
+                RecordNote(offset, frame_length(len(serialized)), record and record.sha256)
+            )
+        offset += frame_length(len(serialized))  # records are contiguous: the index's offsets
+        if record is None:
             continue
         if record.label >= len(names):
             report.add(f"{where}: label {record.label} >= number of classes {len(names)}")
@@ -253,8 +287,14 @@ def verify_dataset(
 ) -> VerifyReport:
     """Verifies every shard of a dataset against its ``dataset.json``.
 
+    Index files and catalogs listed in ``dataset.json`` are checked too: present, as listed
+    (size and SHA-256), and saying of every record what the shard holds (offset, length, key,
+    position). A problem with an index file is reported on its shard, one with a catalog on the
+    dataset; both name the file.
+
     Args:
-      source: a dataset root or its ``dataset.json``.
+      source: a dataset root or its ``dataset.json``; or a glob of foreign shards, which are
+        only checked for CRCs, parsing and record counts (``report.manifest_found`` False).
       deep: also decode every image.
       progress: show a tqdm progress bar (over records) on stderr.
 
@@ -262,7 +302,8 @@ def verify_dataset(
       The report; ``report.ok`` is True only if every check held.
 
     Raises:
-      FileNotFoundError: if the source has no ``dataset.json``.
+      FileNotFoundError: if the source is a directory without ``dataset.json``, or nothing
+        matches it.
       ValueError: if ``dataset.json`` is not a valid manifest.
     """
     from tqdm import tqdm
@@ -270,10 +311,8 @@ def verify_dataset(
     text = os.fspath(source)
     manifest = load_manifest(text)
     if manifest is None:
-        raise FileNotFoundError(
-            f"{text} is not a dataset: verification needs a directory (or URI) holding "
-            f"dataset.json, as written by beam_pipelines.images_to_tfrecord"
-        )
+        # A glob (or file) of foreign shards: what can be checked without a manifest.
+        return verify_foreign(text, progress=progress)
     reports: list[ShardReport] = []
     for split in sorted(manifest.splits):
         resolved = resolve_source(text, split)
@@ -290,6 +329,8 @@ def verify_dataset(
             )
     # Every key's 128-bit fingerprint and place, 24 bytes an example (tfrecord_io.key_check).
     keys = KeyCollector()
+    # What each shard's records were (frame and key), for its index file and catalog rows.
+    notes: dict[str, list[RecordNote] | None] = {r.file: None for r in reports}
     total = sum(r.expected_examples for r in reports)
     with tqdm(total=total, unit="rec", disable=not progress, desc="verify") as bar:
         for report in reports:
@@ -302,9 +343,17 @@ def verify_dataset(
             # Object-store shards are downloaded once, to a temporary file, and read once.
             with local_copy(report.path) as local:
                 before = bar.n
+                shard_notes: list[RecordNote] = []
                 _check_records(
-                    report, manifest, deep=deep, keys=keys, advance=bar.update, local_path=local
+                    report,
+                    manifest,
+                    deep=deep,
+                    keys=keys,
+                    advance=bar.update,
+                    local_path=local,
+                    notes=shard_notes,
                 )
+                notes[report.file] = shard_notes
             if report.num_bytes != report.expected_bytes:
                 report.add(
                     f"size {report.num_bytes} bytes, dataset.json says {report.expected_bytes}"
@@ -315,4 +364,13 @@ def verify_dataset(
                 )
             # Keep the bar's total meaningful when a shard is short.
             bar.update(max(0, report.expected_examples - (bar.n - before)))
-    return VerifyReport(text, deep, reports, keys.duplicates())
+    problems = keys.duplicates()
+    files = dataset_files(text)
+    for split in sorted(manifest.splits):
+        shards = manifest.split(split).shards
+        by_file = {r.file: r for r in reports if r.split == split}
+        for info in shards:
+            for problem in check_index_file(files, info, notes[info.file]):
+                by_file[info.file].add(problem)
+        problems += check_catalog(files, split, [(s, notes[s.file]) for s in shards])
+    return VerifyReport(text, deep, reports, problems)
