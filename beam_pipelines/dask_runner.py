@@ -176,7 +176,7 @@ class _BagTranslator(PipelineVisitor):
         self._reshuffle_partitions = reshuffle_partitions
         self._metrics_topic = metrics_topic
         self._bags: dict[pvalue.PCollection, Any] = {}
-        self._consumed: set[pvalue.PCollection] = set()
+        self._consumed: set[pvalue.PValue] = set()
 
     def sink_bags(self) -> list[Any]:
         """Returns the bags of PCollections nothing consumes: computing them runs everything."""
@@ -188,13 +188,13 @@ class _BagTranslator(PipelineVisitor):
         for side in node.side_inputs:
             self._consumed.add(side.pvalue)
         out = self._translate(node)
-        for tag, pcoll in node.outputs.items():
-            if not isinstance(pcoll, pvalue.PCollection):
+        for tag, output in node.outputs.items():
+            if not isinstance(output, pvalue.PCollection):
                 continue
             if isinstance(node.transform, beam.ParDo) and len(node.outputs) > 1:
-                self._bags[pcoll] = out.map_partitions(_select_tag, tag)
+                self._bags[output] = out.map_partitions(_select_tag, tag)
             else:
-                self._bags[pcoll] = out
+                self._bags[output] = out
 
     def _input_bags(self, node: AppliedPTransform) -> list[Any]:
         return [
@@ -212,7 +212,8 @@ class _BagTranslator(PipelineVisitor):
         if isinstance(transform, beam_overrides._Read):
             # Splitting on the client is how Beam's own runners start a bounded read; each
             # bundle then becomes one partition, read on whichever worker takes it.
-            bundles = list(transform.source.split(desired_bundle_size=_READ_BUNDLE_BYTES))
+            source: Any = transform.source  # a BoundedSource: Beam types it as SourceBase
+            bundles = list(source.split(desired_bundle_size=_READ_BUNDLE_BYTES))
             return db.from_sequence(bundles, npartitions=max(1, len(bundles))).map_partitions(
                 _read_bundles
             )
@@ -249,7 +250,7 @@ class _BagTranslator(PipelineVisitor):
         import dask
         import dask.bag as db
 
-        transform = node.transform
+        transform: Any = node.transform  # a ParDo: _translate checked its type
         signature = DoFnSignature(transform.fn)
         if signature.is_stateful_dofn() or signature.is_splittable_dofn():
             raise NotImplementedError(
@@ -258,7 +259,8 @@ class _BagTranslator(PipelineVisitor):
             )
         (bag,) = self._input_bags(node)
         main_input = next(iter(node.main_inputs.values()), None)
-        window_fn = main_input.windowing.windowfn if hasattr(main_input, "windowing") else None
+        windowing = getattr(main_input, "windowing", None)
+        window_fn = windowing.windowfn if windowing is not None else None
         args, kwargs = transform.raw_side_inputs
         side_specs = []
         side_values = []

@@ -124,8 +124,10 @@ class ShardResult(NamedTuple):
     """
 
     split: str
-    index: int
-    count: int
+    # Fields named like tuple.index and tuple.count (the shard name's parts): mypy objects to a
+    # NamedTuple field shadowing a tuple method, which is harmless here.
+    index: int  # type: ignore[assignment]
+    count: int  # type: ignore[assignment]
     file: str
     num_examples: int
     num_bytes: int

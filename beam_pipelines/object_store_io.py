@@ -31,7 +31,7 @@ import io
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
@@ -269,9 +269,12 @@ def write_file(destination: str, data: bytes | None = None, *, local_path: str |
     digest = hashlib.sha256()
     size = 0
     with contextlib.ExitStack() as stack:
-        source = (
-            io.BytesIO(data) if data is not None else stack.enter_context(open(local_path, "rb"))
-        )
+        source: BinaryIO
+        if data is not None:
+            source = io.BytesIO(data)
+        else:
+            assert local_path is not None  # checked above: exactly one of the two
+            source = stack.enter_context(open(local_path, "rb"))
         chunk = source.read(_COPY_CHUNK)
         if not chunk:
             create_empty_file(temporary)  # Beam's S3 writer cannot make an empty object

@@ -23,6 +23,7 @@ each store installs ``install_log_redaction`` for the process.
 from __future__ import annotations
 
 import abc
+import builtins
 import dataclasses
 import fnmatch
 import hashlib
@@ -234,7 +235,7 @@ class ObjectStore(abc.ABC):
             return self.bucket_exists(uri)
         return bool(self.list(uri.rstrip("/") + "/"))
 
-    def glob(self, pattern: str) -> list[str]:
+    def glob(self, pattern: str) -> builtins.list[str]:
         """URIs matching a glob (``*``, ``?``, ``[…]``; ``*`` does not cross ``/``), sorted."""
         scheme, bucket, key = parse_uri(pattern)
         literal = re.split(r"[*?\[]", key, maxsplit=1)[0]
@@ -413,7 +414,7 @@ class GCSStore(ObjectStore):
         # One client per thread: the requests session under it is not documented thread-safe.
         client = getattr(self._local, "client", None)
         if client is None:
-            from google.cloud import storage
+            import google.cloud.storage as storage
 
             project = os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("GCLOUD_PROJECT")
             client = storage.Client(project=project)

@@ -13,12 +13,14 @@ process.
 
 from __future__ import annotations
 
+from typing import TypeAlias
+
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 __all__ = ["Example", "Feature", "Features", "BytesList", "Int64List", "FloatList"]
 
 _PACKAGE = "tensorflow"
-_Field = descriptor_pb2.FieldDescriptorProto
+_Field: TypeAlias = descriptor_pb2.FieldDescriptorProto
 
 
 def _message(name: str, *fields: _Field) -> descriptor_pb2.DescriptorProto:

@@ -11,7 +11,8 @@ fi
 _stamp="$_venv/.installed-$_profile-$(cat requirements.txt requirements-dev.txt constraints.txt pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -f "$_stamp" ]; then
   echo "Installing $_req into $_venv (first run takes a few minutes)..."
-  "$_venv/bin/python" -m pip install --quiet --upgrade pip
+  # pip itself is pinned like everything else, so a new pip release cannot change an install.
+  "$_venv/bin/python" -m pip install --quiet "pip==26.3"
   "$_venv/bin/python" -m pip install --quiet -r "$_req" -c constraints.txt
   "$_venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
   touch "$_stamp"

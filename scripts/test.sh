@@ -11,4 +11,5 @@ fi
 source scripts/bootstrap.sh dev
 ruff check .
 ruff format --check .
+mypy  # the packages, as [tool.mypy] in pyproject.toml lists them
 python -m pytest "$@"

@@ -57,7 +57,6 @@ class _Entry:
     size: int = 0
 
 
-_NO_ENTRY = _Entry(shard=None, name="")  # type: ignore[arg-type]
 _FETCH_ID = "fetch"  # the request id of Python callers (fetch / release)
 
 
@@ -159,7 +158,7 @@ class ShardCache(GraphHandoff):
             registered twice with different contents.
         """
         with self._lock:
-            shards = [s for s in shards if self._by_uri.get(s.uri, _NO_ENTRY).shard != s]
+            shards = [s for s in shards if (e := self._by_uri.get(s.uri)) is None or e.shard != s]
         if not shards:
             return
         self._check_fits(shards)
@@ -269,13 +268,13 @@ class ShardCache(GraphHandoff):
     def _scan_once(self) -> None:
         markers = []
         with os.scandir(self._dirs["requests"]) as it:
-            for entry in it:
+            for marker_file in it:
                 try:
-                    mtime = entry.stat().st_mtime_ns
-                    os.unlink(entry.path)
+                    mtime = marker_file.stat().st_mtime_ns
+                    os.unlink(marker_file.path)
                 except FileNotFoundError:
                     continue
-                markers.append((mtime, entry.name))
+                markers.append((mtime, marker_file.name))
         now = time.monotonic()
         with self._lock:
             # Within one timestamp tick, requests before releases: a release always follows its

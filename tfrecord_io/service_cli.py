@@ -33,7 +33,7 @@ import sys
 import threading
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol
 
 from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
 from tfrecord_io.service_client import ServiceAddress
@@ -48,7 +48,6 @@ __all__ = [
 ]
 
 _LOG = logging.getLogger("tfrecord_io.service")
-_SettingsT = TypeVar("_SettingsT")
 _POLL_SECONDS = 1.0
 # Below Kubernetes' default 30 s grace period, so the exit is ours and logged.
 DEFAULT_STOP_TIMEOUT_S = 25.0
@@ -353,7 +352,7 @@ def _add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         parser.add_argument(f"--{field.name}", **options)
 
 
-def _settings(cls: type[_SettingsT], args: argparse.Namespace) -> _SettingsT:
+def _settings(cls: Any, args: argparse.Namespace) -> Any:
     """The settings dataclass from parsed flags (it validates them)."""
     return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
 

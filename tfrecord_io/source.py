@@ -18,7 +18,7 @@ import os
 import posixpath
 import tempfile
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from objstore import ObjectStore, get_store, has_glob, is_object_store_uri
 from schemas import MANIFEST_NAME, Manifest
@@ -217,7 +217,7 @@ def open_binary(path: str) -> BinaryIO:
             local.close()
             raise
         local.seek(0)
-        return local  # type: ignore[return-value]
+        return cast(BinaryIO, local)  # a NamedTemporaryFile wraps a binary file
     if is_remote(path):
         import tensorflow as tf
 

@@ -42,6 +42,8 @@ def _schedule_base() -> type:
     return keras.optimizers.schedules.LearningRateSchedule
 
 
+# The base class is computed, so that importing this module does not import Keras; mypy cannot
+# follow a computed base, hence the ignore.
 class WarmupSchedule(_schedule_base()):  # type: ignore[misc]
     """A Keras schedule computing ``learning_rate_at`` on the optimiser's step counter."""
 

@@ -12,6 +12,7 @@ import logging
 import signal
 import threading
 from types import FrameType
+from typing import Any
 
 __all__ = ["StopSignal"]
 
@@ -27,7 +28,7 @@ class StopSignal:
 
     def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)) -> None:
         self._signals = signals
-        self._previous: dict[int, object] = {}
+        self._previous: dict[int, Any] = {}  # what signal.signal returned
         self.signum: int | None = None
 
     @property
@@ -54,7 +55,8 @@ class StopSignal:
 
     def __exit__(self, *exc: object) -> None:
         for s, previous in self._previous.items():
-            signal.signal(s, previous)  # type: ignore[arg-type]
+            # None: the handler was not installed from Python; the default is the way back.
+            signal.signal(s, signal.SIG_DFL if previous is None else previous)
         self._previous.clear()
 
     @property
