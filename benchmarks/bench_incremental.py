@@ -2,9 +2,9 @@
 
 ``python -m benchmarks.bench_incremental [--n 200] [--repeats 1]``
 
-For N and 3N ImageNet-like JPEGs (500x375, ~95 KB): build v1 from them; then change 5% of the
-input (2% new images, 1% removed, 1% moved to another class, 1% re-encoded at another JPEG
-quality, i.e. new bytes) and build v2 twice, in-process (the default DirectRunner), each in a
+For N and 3N ImageNet-like JPEGs (500x375, ~95 KB): build v1 from a directory; then change 5%
+of it in place (2% new images, 1% removed, 1% moved to another class, 1% re-encoded at another
+JPEG quality, i.e. new bytes) and build v2 twice, in-process (the default DirectRunner), each in a
 fresh process: clean, and with ``--base v1``. The steady-state CPU per image (``(cpu(3N) -
 cpu(N)) / 2N``, so start-up cancels out) of the incremental build is compared with the clean
 one's; the whole-run CPU of both is printed too. Every incremental output is checked
@@ -87,14 +87,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench_incremental-") as tmp:
         for size in (args.n, 3 * args.n):
             root = Path(tmp) / str(size)
-            write_imagenet_like_jpegs(root / "images_v1", size, seed=size)
-            changes = change_five_percent(root / "images_v1", root / "images_v2", seed=size + 1)
-            _build(root / "images_v1", root / "v1")
+            images = root / "images"
+            write_imagenet_like_jpegs(images, size, seed=size)
+            _build(images, root / "v1")
+            # The same input directory, changed in place, as a data engineer's would be.
+            changes = change_five_percent(images, root / "changed", seed=size + 1)
+            shutil.rmtree(images)
+            (root / "changed").rename(images)
             for _ in range(args.repeats):
                 for name, extra in (("clean", ()), ("incremental", ("--base", str(root / "v1")))):
                     out = root / f"v2-{name}"
                     shutil.rmtree(out, ignore_errors=True)
-                    spent = _build(root / "images_v2", out, *extra)
+                    spent = _build(images, out, *extra)
                     cpu[(name, size)] = min(cpu.get((name, size), spent), spent)
             lineage = _check_identical(root / "v2-clean", root / "v2-incremental")
             print(f"{size} images: changes {changes}; lineage {lineage}; byte-identical")
