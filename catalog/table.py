@@ -268,6 +268,8 @@ def read_table(
 ) -> pa.Table:
     """Reads a catalog file (a local path, a binary file or an Arrow buffer reader).
 
+    A ``pa.BufferReader`` is read from a copy in memory Arrow owns (see ``read_table_bytes``).
+
     Args:
       source: what to read.
       columns: read only these columns (all by default).
@@ -277,6 +279,8 @@ def read_table(
       ValueError: if the file is not Parquet or not catalog schema v1, naming it.
     """
     label = name or (source if isinstance(source, str) else "catalog")
+    if isinstance(source, pa.BufferReader):
+        source = pa.BufferReader(_arrow_owned(source.read_buffer()))
     try:
         parquet = pq.ParquetFile(source)
     except (pa.ArrowInvalid, OSError) as e:
@@ -305,9 +309,13 @@ def read_table_bytes(
     Raises:
       ValueError: as ``read_table``.
     """
+    return read_table(pa.BufferReader(_arrow_owned(data)), columns=columns, name=name)
+
+
+def _arrow_owned(data: bytes | pa.Buffer) -> pa.Buffer:
     stream = pa.BufferOutputStream()
     stream.write(data)
-    return read_table(pa.BufferReader(stream.getvalue()), columns=columns, name=name)
+    return stream.getvalue()
 
 
 def merge_fragments(
