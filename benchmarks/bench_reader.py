@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.common import JPEG_256, RAW_224, article_dataset, run_module, write_shards
+from benchmarks.common import article_dataset, photo_datasets, run_module
 
 __all__ = ["ROWS", "EXTRA_ROWS", "build_row", "bytes_only_dataset", "main", "measure"]
 
@@ -229,24 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.quick:
         args.n, args.rounds, args.batch_size, args.batches, args.warmup = 64, 1, 16, 4, 2
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-    from beam_pipelines.samples import write_imagenet_like_jpegs
-
-    with tempfile.TemporaryDirectory(dir=args.workdir) as work:
-        root = Path(work)
-        photos = write_imagenet_like_jpegs(root / "photos", args.n, seed=0)
-        mean_kb = sum(p.stat().st_size for p in photos) / len(photos) / 1024
-        shards = max(2, args.n // 125)
-        start = time.perf_counter()
-        write_shards(root / "photos", root / "jpeg256", shards, JPEG_256)
-        write_shards(
-            root / "photos",
-            root / "raw224",
-            shards,
-            RAW_224,
-        )
-        prepare = time.perf_counter() - start
+    with photo_datasets(args.n, shards=max(2, args.n // 125), workdir=args.workdir) as data:
+        root, mean_kb, shards, prepare = data.root, data.mean_kb, data.shards, data.prepare_s
 
         import tensorflow as tf
 

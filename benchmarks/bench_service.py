@@ -47,12 +47,11 @@ import os
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.common import JPEG_256, run_module, write_shards
+from benchmarks.common import photo_datasets, run_module
 
 __all__ = ["main", "measure"]
 
@@ -209,17 +208,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _child_main(args)
     if args.quick:
         args.n, args.rounds, args.batch_size, args.batches, args.warmup = 64, 1, 16, 4, 2
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-    from beam_pipelines.samples import write_imagenet_like_jpegs
     from tests.fixtures.data_service import running_cluster
 
-    with tempfile.TemporaryDirectory(dir=args.workdir) as work:
-        root = Path(work)
-        photos = write_imagenet_like_jpegs(root / "photos", args.n, seed=0)
-        mean_kb = sum(p.stat().st_size for p in photos) / len(photos) / 1024
-        shards = max(4, args.n // 64)
-        write_shards(root / "photos", root / "jpeg256", shards, JPEG_256)
+    with photo_datasets(
+        args.n, shards=max(4, args.n // 64), workdir=args.workdir, raw=False
+    ) as data:
+        root, mean_kb, shards = data.root, data.mean_kb, data.shards
 
         with running_cluster(root / "service", num_workers=2) as cluster:
             pids = [w.popen.pid for w in cluster.workers]

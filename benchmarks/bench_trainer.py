@@ -35,13 +35,13 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import JPEG_256, RAW_224, article_dataset, write_shards
+from beam_pipelines.samples import SAMPLE_CLASSES
+from benchmarks.common import article_dataset, photo_datasets
 
 __all__ = ["ArticleInputs", "main"]
 
@@ -133,24 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.n, args.steps, args.log_every, args.batch_size, args.rounds = 64, 12, 3, 16, 1
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-    from beam_pipelines.samples import SAMPLE_CLASSES, write_imagenet_like_jpegs
-
-    with tempfile.TemporaryDirectory(dir=args.workdir) as work:
-        root = Path(work)
-        photos = write_imagenet_like_jpegs(root / "photos", args.n, seed=0)
-        mean_kb = sum(p.stat().st_size for p in photos) / len(photos) / 1024
-        shards = max(2, args.n // 125)
-        start = time.perf_counter()
-        write_shards(root / "photos", root / "jpeg256", shards, JPEG_256)
-        write_shards(
-            root / "photos",
-            root / "raw224",
-            shards,
-            RAW_224,
-        )
-        prepare = time.perf_counter() - start
+    with photo_datasets(args.n, shards=max(2, args.n // 125), workdir=args.workdir) as data:
+        root, mean_kb, shards, prepare = data.root, data.mean_kb, data.shards, data.prepare_s
 
         import tensorflow as tf
 

@@ -6,14 +6,20 @@
   two worker processes) over a photo folder, as a user would, and checks it published.
 * ``run_module``: ``python -m MODULE ...`` in a fresh process, failing with its stderr; the
   benchmarks measure in fresh processes, as users run pipelines and trainers.
+* ``photo_datasets``: the set-up the reader, service and trainer benchmarks share: ImageNet-like
+  photos in a temporary directory, written as JPEG-256 (and RAW-224) datasets.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +28,9 @@ __all__ = [
     "MEAN_RGB",
     "RAW_224",
     "STDDEV_RGB",
+    "PhotoDatasets",
     "article_dataset",
+    "photo_datasets",
     "run_module",
     "write_shards",
 ]
@@ -110,3 +118,48 @@ def write_shards(photos: Path, output: Path, num_shards: int, extra: Sequence[st
     run_module("beam_pipelines.images_to_tfrecord", args, env)
     if not (output / "dataset.json").exists():
         raise RuntimeError(f"the pipeline did not publish a dataset at {output}")
+
+
+@dataclasses.dataclass(frozen=True)
+class PhotoDatasets:
+    """What ``photo_datasets`` made.
+
+    Attributes:
+      root: the temporary directory: ``photos/``, ``jpeg256/`` and (with ``raw``) ``raw224/``.
+      photos: the photo files.
+      mean_kb: their mean size in KiB.
+      shards: train shards of each dataset.
+      prepare_s: seconds the pipeline runs took.
+    """
+
+    root: Path
+    photos: list[Path]
+    mean_kb: float
+    shards: int
+    prepare_s: float
+
+
+@contextlib.contextmanager
+def photo_datasets(
+    n: int, *, shards: int, workdir: str | None = None, raw: bool = True
+) -> Iterator[PhotoDatasets]:
+    """``n`` ImageNet-like photos written as benchmark datasets, in a directory removed after.
+
+    Args:
+      n: photos to generate (seed 0, so every benchmark sees the same ones).
+      shards: train shards of each dataset.
+      workdir: where the temporary directory goes (the system default when None).
+      raw: also write the RAW-224 dataset.
+    """
+    from beam_pipelines.samples import write_imagenet_like_jpegs
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with tempfile.TemporaryDirectory(dir=workdir) as work:
+        root = Path(work)
+        photos = write_imagenet_like_jpegs(root / "photos", n, seed=0)
+        mean_kb = sum(p.stat().st_size for p in photos) / len(photos) / 1024
+        start = time.perf_counter()
+        write_shards(root / "photos", root / "jpeg256", shards, JPEG_256)
+        if raw:
+            write_shards(root / "photos", root / "raw224", shards, RAW_224)
+        yield PhotoDatasets(root, photos, mean_kb, shards, time.perf_counter() - start)
