@@ -193,13 +193,15 @@ def test_dask_options_are_known_when_used():
 # --- progress on a terminal ----------------------------------------------------------------------
 
 
-def _run_on_a_terminal(argv: list[str], timeout: float = 300) -> tuple[int, str]:
+def _run_on_a_terminal(
+    argv: list[str], env: dict[str, str], timeout: float = 300
+) -> tuple[int, str]:
     """Runs a command with stdin/stdout/stderr on a pseudo-terminal; returns (status, output)."""
     leader, follower = pty.openpty()
     # A terminal has a size (a fresh pseudo-terminal's is 0x0, where tqdm draws nothing).
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
     process = subprocess.Popen(
-        argv, cwd=REPO, env=ENV, stdin=follower, stdout=follower, stderr=follower, close_fds=True
+        argv, cwd=REPO, env=env, stdin=follower, stdout=follower, stderr=follower, close_fds=True
     )
     os.close(follower)
     chunks: list[bytes] = []
@@ -227,12 +229,16 @@ def test_the_pipeline_shows_a_progress_bar_and_a_summary_on_a_terminal(tmp_path)
     make_image_tree(images, {"cat": 6, "dog": 6}, size=(24, 24))
     (images / "cat" / "broken.jpg").write_bytes(b"\xff\xd8 not really")
     output = tmp_path / "dataset"
+    temp = tmp_path / "tmp"  # the run's system temp dir: Beam's launcher litters it
+    temp.mkdir()
     status, text = _run_on_a_terminal(
         [sys.executable, "-m", "beam_pipelines.images_to_tfrecord", "--input", str(images)]
-        + ["--output", str(output), "--num_shards", "1", "--max_bad_fraction", "0.5"]
+        + ["--output", str(output), "--num_shards", "1", "--max_bad_fraction", "0.5"],
+        env={**ENV, "TMPDIR": str(temp)},
     )
     assert status == 0, text[-3000:]
     assert "images:" in text and "img/s" in text and "rejected 1" in text  # the tqdm bar
     assert "13 inputs in" in text and "images/s" in text  # the closing summary
     assert "top rejection reasons:" in text
     assert f"published: {output / 'dataset.json'}" in text
+    assert list(temp.iterdir()) == []  # no beam-temp*, tmp* or caches left behind
