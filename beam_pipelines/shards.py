@@ -12,18 +12,25 @@ import itertools
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipelines.catalog_io import write_index_and_fragment
 from beam_pipelines.done_records import keys_digest, write_done_record
 from beam_pipelines.elements import Duplicate, PreparedRecord, ShardResult, StagedRecord
 from beam_pipelines.object_store_io import create_empty_file, write_object
-from beam_pipelines.staging import DEFAULT_READ_AHEAD_BYTES, StagedRecordReader, is_local
+from beam_pipelines.staging import (
+    DEFAULT_READ_AHEAD_BYTES,
+    StagedRecordReader,
+    is_local,
+    pack_locations,
+    unpack_locations,
+)
 from catalog.index_files import frame_length
 from objstore import temporary_path
 from schemas.constants import MAX_SHARDS, TRAIN, VALIDATION
@@ -51,6 +58,8 @@ METRICS_NAMESPACE = "images_to_tfrecord"
 DUPLICATES_TAG = "duplicates"
 # What happens to byte-identical inputs under different classes (--label_conflicts).
 LABEL_CONFLICT_POLICIES = ("keep_first", "drop_both", "fail")
+# Locations per packed element of the group-by-shard (a few tens of KB once packed).
+PACK_SIZE = 1000
 
 
 def _fraction(hex_digits: str) -> float:
@@ -235,7 +244,9 @@ def write_frames(
 
 
 class WriteShardFn(beam.DoFn):
-    """``((split, index, count), [StagedRecord]) -> ShardResult`` (+ duplicates).
+    """``((split, index, count), [bytes | StagedRecord]) -> ShardResult`` (+ duplicates).
+
+    The values are packed locations (``staging.pack_locations``) or single ``StagedRecord``.
 
     Sorts the shard's locations by key and drops duplicates, then streams their frames from the
     staging area into the shard (memory: the locations and one read-ahead window). After the
@@ -286,7 +297,9 @@ class WriteShardFn(beam.DoFn):
     def _write(self, split: str, index: int, count: int, values: Iterable[StagedRecord]):
         if self._reader is None:
             self.setup()
-        records, duplicates = dedupe_sorted(values, label_conflicts=self._label_conflicts)
+        records, duplicates = dedupe_sorted(
+            _unpacked(values), label_conflicts=self._label_conflicts
+        )
         name = shard_filename(split, index, count)
         entries, num_bytes, digest = write_frames(
             self._reader.frames(records), FileSystems.join(self._output_dir, name)
@@ -385,8 +398,10 @@ class WriteShards(beam.PTransform):
         # ((split, index, count), StagedRecord)
         written = (
             keyed
+            | "PackByShard" >> beam.ParDo(_PackByShardFn())
+            # ((split, index, count), bytes): up to PACK_SIZE locations, packed
             | "GroupByShard" >> beam.GroupByKey()
-            # ((split, index, count), [StagedRecord]): locations only, never the bytes
+            # ((split, index, count), [bytes]): locations only, never the examples' bytes
             | "WriteShard"
             >> beam.ParDo(
                 WriteShardFn(self._output_dir, label_conflicts=self._label_conflicts),
@@ -404,6 +419,35 @@ class WriteShards(beam.PTransform):
         shards = (written.shards, empty, done) | "AllShards" >> beam.Flatten()
         duplicates = (written[DUPLICATES_TAG], done_duplicates) | "AllDuplicates" >> beam.Flatten()
         return {"shards": shards, DUPLICATES_TAG: duplicates}
+
+
+class _PackByShardFn(beam.DoFn):
+    """``(shard, StagedRecord) -> (shard, bytes)``: locations packed by the ``PACK_SIZE`` per
+    shard (``staging.pack_locations``), so the shuffle holds few, compact elements."""
+
+    def start_bundle(self) -> None:
+        self._buffers: dict[tuple[str, int, int], list[StagedRecord]] = {}
+
+    def process(self, element):
+        shard, record = element
+        buffer = self._buffers.setdefault(shard, [])
+        buffer.append(record)
+        if len(buffer) >= PACK_SIZE:
+            del self._buffers[shard]
+            yield shard, pack_locations(buffer)
+
+    def finish_bundle(self):
+        buffers, self._buffers = self._buffers, {}
+        for shard, buffer in sorted(buffers.items()):
+            yield GlobalWindows.windowed_value((shard, pack_locations(buffer)))
+
+
+def _unpacked(values: Iterable[bytes | StagedRecord]) -> Iterator[StagedRecord]:
+    for value in values:
+        if isinstance(value, bytes):
+            yield from unpack_locations(value)
+        else:
+            yield value
 
 
 def _empty_shards(counts: Mapping[str, int], written: Iterable[ShardResult]):

@@ -28,10 +28,12 @@ import collections
 import concurrent.futures
 import json
 import os
+import pickle
 import struct
 import tempfile
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -56,6 +58,8 @@ __all__ = [
     "payload_of_frame",
     "RecordStager",
     "StagedRecordReader",
+    "pack_locations",
+    "unpack_locations",
     "sidecar_name",
     "list_sidecars",
     "read_sidecar",
@@ -405,3 +409,33 @@ class StagedRecordReader:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
+
+
+def pack_locations(records: Iterable[StagedRecord]) -> bytes:
+    """Many locations as one compact value: what crosses the group-by-shard.
+
+    Beam's in-process runner keeps every element of a shuffle as a Python object (about 1 KB
+    for one ``StagedRecord``, its strings and its ``CatalogMeta``) plus its encoding. Packed by
+    the thousand (plain tuples, the key as 32 raw bytes, pickled, zlib level 1: URIs and class
+    names repeat), a location costs about 60 bytes there.
+    """
+    rows = [
+        (
+            bytes.fromhex(r.sha256),
+            r.uri,
+            r.file,
+            r.offset,
+            r.length,
+            None if r.meta is None else tuple(r.meta),
+        )
+        for r in records
+    ]
+    return zlib.compress(pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL), 1)
+
+
+def unpack_locations(data: bytes) -> list[StagedRecord]:
+    """The locations ``pack_locations`` packed, in order."""
+    return [
+        StagedRecord(key.hex(), uri, file, offset, length, None if m is None else CatalogMeta(*m))
+        for key, uri, file, offset, length, m in pickle.loads(zlib.decompress(data))
+    ]

@@ -1,0 +1,369 @@
+"""Benchmark: the pipeline at scale: peak memory against the number of images, Beam's CPU
+overhead per image for large records, a build killed and resumed, an ImageNet-shaped run.
+
+Inputs are tiny distinct PNGs of noise (decoding them costs little, so the pipeline's own
+costs show), in 4 class folders; the stored examples are RAW center crops, whose size the image
+options fix: ``--image_size 64`` gives 12,288-byte images (the "12 KB records"), 192 gives
+110,592 bytes (ImageNet-sized: JPEG-256 or RAW-192). Every pipeline run is a fresh
+``python -m beam_pipelines.images_to_tfrecord`` process, as users run it.
+
+* ``memory``: peak RSS summed over the launcher and every process under it (sampled every
+  0.1 s), per N, in-process and on the 2-process DirectRunner, default options.
+* ``overhead``: Beam's CPU per image for 110 KB records, in-process: the pipeline's CPU per
+  extra image (N vs 3N, so start-up cancels) minus that of a plain loop doing the same per-image
+  work (read, SHA-256, ``prepare_image``, ``serialize_record``).
+* ``resume``: CPU of a clean build, then of the same build killed (SIGKILL) at ``--kill_at`` of
+  the clean build's wall time and resumed with ``--resume``; the resumed dataset is checked to be
+  byte-identical to the clean one.
+* ``imagenet``: one run of ``--n`` images (100,000) with 110 KB records, in-process, default
+  options: peak RSS and time.
+
+``--pythonpath DIR`` runs the pipeline from another checkout (e.g. ``git archive`` of an
+older commit), to measure an alternative with the same harness.
+
+Usage::
+
+  python -m benchmarks.bench_scale memory [--sizes 16000,64000] [--modes in_process,two_process]
+  python -m benchmarks.bench_scale overhead [--n 2000]
+  python -m benchmarks.bench_scale resume [--n 6000] [--kill_at 0.7]
+  python -m benchmarks.bench_scale imagenet [--n 100000] [--workdir DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import psutil
+from PIL import Image
+
+__all__ = ["write_noise_pngs", "measured_run", "main"]
+
+CLASSES = ("cat", "dog", "fox", "owl")
+TWO_PROCESSES = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+MODES = {"in_process": [], "two_process": TWO_PROCESSES}
+SMALL_RECORDS = ["--image_size", "64", "--crop", "center", "--encoding", "raw"]
+LARGE_RECORDS = ["--image_size", "192", "--crop", "center", "--encoding", "raw"]
+_SAMPLE_S = 0.1
+
+
+def write_noise_pngs(root: Path, n: int, *, side: int = 16, seed: int = 0) -> list[Path]:
+    """Writes ``n`` distinct ``side``x``side`` noise PNGs under ``root/<class>/``."""
+    rng = np.random.default_rng(seed)
+    paths = []
+    for name in CLASSES:
+        (root / name).mkdir(parents=True, exist_ok=True)
+    block = 4096
+    for start in range(0, n, block):
+        pixels = rng.integers(0, 256, (min(block, n - start), side, side, 3), dtype=np.uint8)
+        for offset, array in enumerate(pixels):
+            i = start + offset
+            path = root / CLASSES[i % len(CLASSES)] / f"img_{seed:02d}_{i:07d}.png"
+            buffer = io.BytesIO()
+            Image.fromarray(array).save(buffer, format="PNG", compress_level=1)
+            path.write_bytes(buffer.getvalue())
+            paths.append(path)
+    return paths
+
+
+class _PeakRss:
+    """Samples the summed RSS of a process and everything under it, in a thread."""
+
+    def __init__(self, pid: int) -> None:
+        self._root = psutil.Process(pid)
+        self.peak = 0
+        self.processes = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                procs = [self._root, *self._root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            total = 0
+            for proc in procs:
+                try:
+                    total += proc.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+            if total > self.peak:
+                self.peak, self.processes = total, len(procs)
+            self._stop.wait(_SAMPLE_S)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _env(pythonpath: str | None) -> dict[str, str]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return env
+
+
+def measured_run(
+    args: Sequence[str],
+    *,
+    pythonpath: str | None = None,
+    kill_after_s: float | None = None,
+    cwd: str | None = None,
+) -> dict[str, float]:
+    """Runs the pipeline in a fresh process; returns wall seconds, CPU seconds (the process
+    and every descendant it reaped) and peak summed RSS in MB.
+
+    ``kill_after_s``: SIGKILL the launcher (and its process group) after this many seconds.
+
+    Raises:
+      RuntimeError: with the end of stderr, if the run failed (and was not killed).
+    """
+    command = [sys.executable, "-m", "beam_pipelines.images_to_tfrecord", *args]
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        command,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=_env(pythonpath),
+        # python -m puts the working directory first on the path: the tree to run must be it.
+        cwd=pythonpath or cwd,
+        start_new_session=True,
+    )
+    sampler = _PeakRss(proc.pid)
+    killed = False
+    stderr_chunks: list[bytes] = []
+    reader = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)
+    reader.start()
+    if kill_after_s is not None:
+        try:
+            proc.wait(timeout=kill_after_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            killed = True
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
+    sampler.stop()
+    reader.join(timeout=10)
+    if killed:
+        # Worker processes of the killed launcher's group are gone too; reap what we can.
+        time.sleep(0.5)
+    elif proc.returncode != 0:
+        tail = b"".join(stderr_chunks).decode(errors="replace")[-3000:]
+        raise RuntimeError(f"{' '.join(command)} failed ({proc.returncode}):\n{tail}")
+    return {
+        "wall_s": wall,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_mb": sampler.peak / 2**20,
+        "processes": sampler.processes,
+        "killed": killed,
+    }
+
+
+def _pipeline_args(images: Path, output: Path, extra: Sequence[str]) -> list[str]:
+    return [
+        "--input", str(images), "--output", str(output), "--max_bad_fraction", "0",
+        "--overwrite", "--progress", "off", *extra,
+    ]  # fmt: skip
+
+
+def _load() -> str:
+    return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+
+
+def _memory(args: argparse.Namespace, work: Path) -> None:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    modes = args.modes.split(",")
+    print(f"memory: 12 KB records (RAW 64x64), default options; {_load()} at start")
+    print("| images | mode | peak RSS MB (all processes) | processes | wall s | CPU s |")
+    print("|---:|---|---:|---:|---:|---:|")
+    largest = max(sizes)
+    images = work / "images"
+    write_noise_pngs(images, largest)
+    results: dict[tuple[str, int], float] = {}
+    for n in sizes:
+        subset = work / f"images-{n}"
+        if n == largest:
+            subset = images
+        else:
+            for name in CLASSES:
+                (subset / name).mkdir(parents=True, exist_ok=True)
+                for path in sorted((images / name).iterdir())[: n // len(CLASSES)]:
+                    os.link(path, subset / name / path.name)
+        for mode in modes:
+            out = work / f"out-{mode}-{n}"
+            r = measured_run(
+                _pipeline_args(subset, out, [*SMALL_RECORDS, *MODES[mode]]),
+                pythonpath=args.pythonpath,
+            )
+            results[(mode, n)] = r["peak_mb"]
+            print(
+                f"| {n:,} | {mode} | {r['peak_mb']:,.0f} | {r['processes']} | "
+                f"{r['wall_s']:.1f} | {r['cpu_s']:.1f} |",
+                flush=True,
+            )
+            shutil.rmtree(out, ignore_errors=True)
+    if len(sizes) > 1:
+        for mode in modes:
+            ratio = results[(mode, largest)] / results[(mode, min(sizes))]
+            print(f"{mode}: peak at {largest:,} = {ratio:.2f}x peak at {min(sizes):,}")
+    print(f"{_load()} at end")
+
+
+def _plain_loop(paths: Sequence[Path]) -> None:
+    from beam_pipelines.images import ImageOptions, prepare_image
+    from schemas.image_example import ImageRecord, serialize_record
+
+    options = ImageOptions(image_size=192, crop="center", encoding="raw")
+    for path in paths:
+        data = path.read_bytes()
+        sha = hashlib.sha256(data).hexdigest()
+        prepared = prepare_image(data, options)
+        serialize_record(
+            ImageRecord(
+                encoded=prepared.encoded,
+                format=prepared.format,
+                height=prepared.height,
+                width=prepared.width,
+                channels=prepared.channels,
+                label=0,
+                text=path.parent.name,
+                filename=str(path),
+                sha256=sha,
+            )
+        )
+
+
+def _overhead(args: argparse.Namespace, work: Path) -> None:
+    n = args.n
+    small, large = work / "n", work / "3n"
+    paths_n = write_noise_pngs(small, n, side=48, seed=1)
+    paths_3n = write_noise_pngs(large, 3 * n, side=48, seed=2)
+    print(f"overhead: 110 KB records (RAW 192x192 from 48x48 PNGs), N={n}; {_load()} at start")
+    loop = []
+    for paths in (paths_n, paths_3n):
+        usage0 = resource.getrusage(resource.RUSAGE_SELF)
+        _plain_loop(paths)
+        usage1 = resource.getrusage(resource.RUSAGE_SELF)
+        loop.append(usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime)
+    loop_ms = 1000 * (loop[1] - loop[0]) / (2 * n)
+    rows = []
+    for label, extra in (("in-process", []), ("2 processes", TWO_PROCESSES)):
+        best = {}
+        for _ in range(args.repeats):
+            for size, images in (("n", small), ("3n", large)):
+                r = measured_run(
+                    _pipeline_args(images, work / f"out-{size}", [*LARGE_RECORDS, *extra]),
+                    pythonpath=args.pythonpath,
+                )
+                if size not in best or r["cpu_s"] < best[size]["cpu_s"]:
+                    best[size] = r
+        pipeline_ms = 1000 * (best["3n"]["cpu_s"] - best["n"]["cpu_s"]) / (2 * n)
+        rows.append((label, pipeline_ms, best["3n"]["peak_mb"]))
+    print("| row | CPU ms/image | Beam overhead CPU ms/image | peak RSS MB at 3N |")
+    print("|---|---:|---:|---:|")
+    print(f"| plain loop (same per-image work) | {loop_ms:.2f} | 0 | - |")
+    for label, ms, peak in rows:
+        print(f"| pipeline, {label} | {ms:.2f} | {ms - loop_ms:.2f} | {peak:,.0f} |")
+    print(f"{_load()} at end")
+
+
+def _resume(args: argparse.Namespace, work: Path) -> None:
+    images = work / "images"
+    write_noise_pngs(images, args.n, side=48)
+    extra = [*LARGE_RECORDS, *(TWO_PROCESSES if args.two_process else [])]
+    print(f"resume: {args.n} images, 110 KB records, killed at {args.kill_at:.0%}; {_load()}")
+    clean_out, resumed_out = work / "clean", work / "resumed"
+    clean = measured_run(_pipeline_args(images, clean_out, extra), pythonpath=args.pythonpath)
+    killed = measured_run(
+        _pipeline_args(images, resumed_out, extra),
+        pythonpath=args.pythonpath,
+        kill_after_s=args.kill_at * clean["wall_s"],
+    )
+    staged = sum(1 for _ in (resumed_out / ".staging" / "records").glob("*.json"))
+    done = sum(1 for _ in (resumed_out / ".staging" / "done").glob("*.json"))
+    resumed = measured_run(
+        [*_pipeline_args(images, resumed_out, extra), "--resume"], pythonpath=args.pythonpath
+    )
+    same = sorted(p.name for p in clean_out.iterdir()) == sorted(
+        p.name for p in resumed_out.iterdir()
+    ) and all(
+        (clean_out / p.name).read_bytes() == p.read_bytes()
+        for p in resumed_out.iterdir()
+        if p.is_file()
+    )
+    print("| run | wall s | CPU s | vs clean CPU |")
+    print("|---|---:|---:|---:|")
+    print(f"| clean build | {clean['wall_s']:.1f} | {clean['cpu_s']:.1f} | 100 % |")
+    print(
+        f"| killed at {args.kill_at:.0%} of its wall time ({staged} staged files, {done} done "
+        f"shards) | {killed['wall_s']:.1f} | {killed['cpu_s']:.1f} | "
+        f"{killed['cpu_s'] / clean['cpu_s']:.0%} |"
+    )
+    print(
+        f"| --resume | {resumed['wall_s']:.1f} | {resumed['cpu_s']:.1f} | "
+        f"{resumed['cpu_s'] / clean['cpu_s']:.0%} |"
+    )
+    print(f"resumed dataset byte-identical to the clean one: {same}; {_load()} at end")
+
+
+def _imagenet(args: argparse.Namespace, work: Path) -> None:
+    images = work / "images"
+    started = time.perf_counter()
+    write_noise_pngs(images, args.n, side=48)
+    print(
+        f"imagenet-shaped: {args.n:,} images, 110 KB records (RAW 192), default options, "
+        f"in-process (inputs written in {time.perf_counter() - started:.0f} s); {_load()}"
+    )
+    out = work / "dataset"
+    r = measured_run(_pipeline_args(images, out, LARGE_RECORDS), pythonpath=args.pythonpath)
+    size = sum(p.stat().st_size for p in out.glob("*.tfrecord"))
+    print("| images | shards | dataset GB | peak RSS MB (all processes) | wall s | CPU s |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    print(
+        f"| {args.n:,} | {len(list(out.glob('*.tfrecord')))} | {size / 1e9:.1f} | "
+        f"{r['peak_mb']:,.0f} | {r['wall_s']:.0f} | {r['cpu_s']:.0f} |"
+    )
+    print(f"{_load()} at end")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("memory", "overhead", "resume", "imagenet"))
+    parser.add_argument("--sizes", default="16000,64000", help="memory: image counts")
+    parser.add_argument("--modes", default="in_process,two_process", help="memory: runner modes")
+    parser.add_argument("--n", type=int, default=None, help="images (overhead/resume/imagenet)")
+    parser.add_argument("--repeats", type=int, default=2, help="overhead: keep the best of R")
+    parser.add_argument("--kill_at", type=float, default=0.7, help="resume: kill point")
+    parser.add_argument("--two_process", action="store_true", help="resume: 2 processes")
+    parser.add_argument("--pythonpath", default=None, help="run the pipeline from this tree")
+    parser.add_argument("--workdir", default=None, help="where inputs and outputs go")
+    args = parser.parse_args(argv)
+    defaults = {"overhead": 2000, "resume": 6000, "imagenet": 100_000}
+    if args.n is None:
+        args.n = defaults.get(args.what, 0)
+    with tempfile.TemporaryDirectory(dir=args.workdir, prefix="bench-scale-") as tmp:
+        work = Path(tmp)
+        {"memory": _memory, "overhead": _overhead, "resume": _resume, "imagenet": _imagenet}[
+            args.what
+        ](args, work)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
