@@ -401,8 +401,12 @@ _FALLBACK_IMAGE_SIZE = 224
 def _fit_image_size(
     config: ReaderConfig, requested: int | None, resolved: ResolvedSource
 ) -> ReaderConfig:
-    """The config with the stored image size when none was asked for; logs a difference."""
-    if resolved.manifest is None:
+    """The config with the stored image size when none was asked for; logs a difference.
+
+    Adopted shards (``tfrecord_io.adopt``) keep their images as they were, of any size: like
+    foreign shards they get the fallback.
+    """
+    if resolved.manifest is None or isinstance(resolved.manifest.options.get("adopted"), dict):
         return config
     stored = resolved.manifest.image.image_size
     if requested is None:
@@ -452,7 +456,7 @@ def make_dataset(
         exactly once and the last partial batch kept.
       image_size: output side length; by default the side the dataset stores (``dataset.json``'s
         ``image.image_size``: RAW and centre-cropped squares, or the shorter side of JPEG/PNG),
-        224 for shards without a manifest. A size above the stored one is logged as a warning
+        224 for foreign or adopted shards. A size above the stored one is logged as a warning
         (images are scaled up), any other difference at INFO.
       seed: makes file order, record order and augmentation reproducible.
       input_context: from ``tf.distribute``; shard files by ``input_pipeline_id``.

@@ -51,8 +51,8 @@ def _stored_image_size(source: str) -> tuple[int, str] | None:
         manifest = load_manifest(source)
     except (OSError, ValueError):
         return None  # reported, in order, when the run starts
-    if manifest is None:
-        return None
+    if manifest is None or isinstance(manifest.options.get("adopted"), dict):
+        return None  # foreign or adopted shards: images of any size
     image = manifest.image
     how = "squares" if image.crop == "center" else "shorter side"
     return image.image_size, f"{image.image_size} px {image.encoding.upper()}, {how}"
@@ -81,7 +81,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="training image side (default: the size the dataset stores, see dataset.json's "
-        f"image; {_FALLBACK_IMAGE_SIZE} for shards without one)",
+        f"image; {_FALLBACK_IMAGE_SIZE} for foreign or adopted shards)",
     )
     data.add_argument(
         "--num_classes", type=int, default=None, help="only for sources without dataset.json"
