@@ -121,3 +121,18 @@ def test_the_cli_runs_as_a_module(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "train: 3 examples in 1 shards" in done.stdout
+
+
+def test_the_reader_reads_adopted_shards_with_their_recorded_offset(tmp_path):
+    from tfrecord_io import make_dataset
+
+    foreign = write_foreign_shards(tmp_path / "shards", num_examples=10, png_every=3)
+    out = tmp_path / "adopted"
+    adopt(str(tmp_path / "shards" / "train-*"), output=str(out), label_offset=1)
+    labels = []
+    for images, batch_labels in make_dataset(
+        str(out), global_batch_size=4, training=False, image_size=24
+    ):
+        assert images.shape[1:] == (24, 24, 3)
+        labels.extend(batch_labels.numpy().tolist())
+    assert sorted(labels) == sorted(foreign.labels.values())  # 0-based: the offset was applied

@@ -360,15 +360,22 @@ def _cache_path(cache: str, input_context: tf.distribute.InputContext | None) ->
 
 
 def _decode_config(config: ReaderConfig, resolved: ResolvedSource) -> DecodeConfig:
+    manifest = resolved.manifest
+    # Adopted shards (``tfrecord_io.adopt``) have a manifest but other tools' keys and images:
+    # they parse leniently, decode whatever they hold, and their labels shift by the offset
+    # recorded at adoption.
+    adopted = manifest.options.get("adopted") if manifest is not None else None
+    ours = manifest if manifest is not None and not isinstance(adopted, dict) else None
+    offset = int(adopted.get("label_offset", 0)) if isinstance(adopted, dict) else 0
     return DecodeConfig(
         image_size=config.image_size,
         training=config.training,
-        encoding=resolved.manifest.image.encoding if resolved.manifest else "auto",
-        stored_size=resolved.manifest.image.image_size if resolved.manifest else None,
+        encoding=ours.image.encoding if ours else "auto",
+        stored_size=ours.image.image_size if ours else None,
         output=config.output,
         with_keys=config.with_keys,
-        strict=resolved.manifest is not None,
-        label_offset=config.label_offset,
+        strict=ours is not None,
+        label_offset=config.label_offset or offset,
         num_classes=len(resolved.label_names) if resolved.label_names else None,
         jpeg_dct_method=config.jpeg_dct_method,
     )
