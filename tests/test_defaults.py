@@ -89,3 +89,20 @@ def test_a_bad_value_names_its_flag(tmp_path, capsys):
         )
     assert exit_info.value.code == 2
     assert "error: --global_batch_size must be an int >= 1, got 0" in capsys.readouterr().err
+
+
+def test_damaged_shards_have_a_trainer_flag_and_the_reader_names_it(raw16, tmp_path):
+    from tfrecord_io import make_dataset
+
+    config, _ = train.parse_config(
+        ["--data", str(raw16), "--model_dir", str(tmp_path), "--steps", "3", "--skip_corrupt"]
+    )
+    assert config.data.skip_corrupt
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for path in raw16.iterdir():
+        (broken / path.name).write_bytes(path.read_bytes())
+    (shard,) = broken.glob("train-*.tfrecord")
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.raises(ValueError, match="the trainer's --skip_corrupt"):
+        make_dataset(broken, global_batch_size=2, training=False)

@@ -65,6 +65,11 @@ _RECORD_OVERHEAD = 16
 # raised RAW reads from 38% to about 50% of the bytes-only rate (benchmarks/bench_reader.py).
 # Iterator checkpoints hold these buffers too.
 _READAHEAD_BYTES = 4 * 1024 * 1024
+# What a reader of a damaged shard can do, from Python or from the trainer's command line.
+SKIP_HINT = (
+    "python -m tfrecord_io.verify DATASET shows the damage; to read past it, "
+    "ReadConfig(skip_corrupt=True) or the trainer's --skip_corrupt"
+)
 _MIN_READAHEAD = 2
 _MAX_READAHEAD = 64
 
@@ -135,7 +140,7 @@ def _shuffle_buffer(
 def _damage_message(shard: ShardFile) -> str:
     return (
         "damaged, missing or unreadable TFRecord shard (DataLossError / CRC mismatch / "
-        f"truncated; pass skip_corrupt=True to skip it): {shard.path} ended before the "
+        f"truncated; {SKIP_HINT}): {shard.path} ended before the "
         f"{shard.num_examples} records dataset.json commits"
     )
 
@@ -249,8 +254,7 @@ def _read_shard(
                 tf.logical_not(damaged),
                 [
                     "damaged, missing or unreadable TFRecord shard (DataLossError / CRC mismatch /"
-                    " truncated / size differs from dataset.json; pass skip_corrupt=True to skip"
-                    " it):",
+                    f" truncated / size differs from dataset.json; {SKIP_HINT}):",
                     *details,
                 ],
                 summarize=16,
@@ -320,8 +324,7 @@ def _present_shards(
         if not (os.path.isfile(shard.path) and os.access(shard.path, os.R_OK)):
             if not skip_corrupt:
                 raise FileNotFoundError(
-                    f"shard {shard.path} is missing or unreadable (pass skip_corrupt=True to skip "
-                    "it)"
+                    f"shard {shard.path} is missing or unreadable ({SKIP_HINT})"
                 )
             _log.warning("skipping missing or unreadable shard %s", shard.path)
         elif (size := os.path.getsize(shard.path)) != shard.num_bytes:
@@ -330,7 +333,7 @@ def _present_shards(
             if not skip_corrupt:
                 raise ValueError(
                     f"shard {shard.path} is {size} bytes, but its manifest entry says "
-                    f"{shard.num_bytes}: damaged or replaced (pass skip_corrupt=True to skip it)"
+                    f"{shard.num_bytes}: damaged or replaced ({SKIP_HINT})"
                 )
             _log.warning(
                 "skipping shard %s: %d bytes, manifest says %d", shard.path, size, shard.num_bytes

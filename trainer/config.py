@@ -59,6 +59,8 @@ class DataConfig:
       data_service_compression: transfer compression from the service: ``"NONE"``,
         ``"AUTO"`` or ``"SNAPPY"``.
       cache: passed to the reader: None, ``"memory"`` or a file path prefix.
+      skip_corrupt: training reads past damaged shards (logged and skipped) instead of
+        failing; evaluation never does, so its totals stay exact.
     """
 
     source: str
@@ -69,6 +71,7 @@ class DataConfig:
     data_service: str | None = None
     data_service_compression: str = "NONE"
     cache: str | None = None
+    skip_corrupt: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source:
@@ -78,6 +81,8 @@ class DataConfig:
             if not isinstance(value, str) or not value:
                 raise ValueError(f"{name} must be a non-empty split name, got {value!r}")
         _positive_int("image_size", self.image_size)
+        if not isinstance(self.skip_corrupt, bool):
+            raise ValueError(f"skip_corrupt must be True or False, got {self.skip_corrupt!r}")
         if self.image_size < 8:
             raise ValueError(f"image_size must be >= 8 pixels, got {self.image_size}")
         if self.num_classes is not None:

@@ -193,6 +193,7 @@ class ReaderInputs:
                 output="uint8",
                 sharding=self.sharding,
                 exclude=exclude,
+                skip_corrupt=self.data.skip_corrupt,
             ),
             service=service,
         )

@@ -100,6 +100,12 @@ def _parser() -> argparse.ArgumentParser:
         "trainer about a third of the CPU of AUTO)",
     )
     data.add_argument("--cache", default=None, help="reader cache: 'memory' or a file prefix")
+    data.add_argument(
+        "--skip_corrupt",
+        action="store_true",
+        help="train past damaged or missing shards (logged and skipped) instead of stopping; "
+        "python -m tfrecord_io.verify shows the damage",
+    )
 
     run = p.add_argument_group("run")
     run.add_argument("--model_dir", required=True, help="checkpoints and TensorBoard logs")
@@ -180,6 +186,7 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
                 data_service=args.data_service,
                 data_service_compression=args.data_service_compression,
                 cache=args.cache,
+                skip_corrupt=args.skip_corrupt,
             ),
             model=args.model,
             global_batch_size=args.global_batch_size,
