@@ -51,6 +51,7 @@ if TYPE_CHECKING:
         decode_positions,
         split_digest,
     )
+    from tfrecord_io.random_access import ExampleLocation, KeyedExample, read_examples
     from tfrecord_io.read_config import ReadConfig
     from tfrecord_io.reader import CorruptionCounter, ReaderConfig, make_dataset
     from tfrecord_io.service_client import (
@@ -118,6 +119,9 @@ _MODULE_OF = {
     "install_log_redaction": "objstore",
     "redact": "objstore",
     "register_secret": "objstore",
+    "ExampleLocation": "tfrecord_io.random_access",
+    "KeyedExample": "tfrecord_io.random_access",
+    "read_examples": "tfrecord_io.random_access",
     "ShardReport": "tfrecord_io.verification",
     "VerifyReport": "tfrecord_io.verification",
     "verify_dataset": "tfrecord_io.verification",
@@ -152,6 +156,9 @@ __all__ = [
     "load_manifest",
     "num_classes",
     "resolve_source",
+    "ExampleLocation",
+    "KeyedExample",
+    "read_examples",
     "ShardReport",
     "VerifyReport",
     "verify_dataset",
