@@ -1,4 +1,4 @@
-"""Benchmark: the project's tf.data reader against the source article's tuned JPEG pipeline.
+"""Benchmark: the project's tf.data reader against a well-tuned tf.data pipeline over JPEG files.
 
 Inputs are ImageNet-like photos (500x375, about 100 KB, quality 90, texture and noise). The
 pipeline (``python -m beam_pipelines.images_to_tfrecord``) writes them once as JPEG shards at
@@ -6,7 +6,7 @@ pipeline (``python -m beam_pipelines.images_to_tfrecord``) writes them once as J
 
 Rows, all training-mode pipelines producing 224x224x3 batches, measured in the same process and
 interleaved round by round (the machine is shared, so rows see the same noise):
-  * baseline: the article's pipeline over the original files: list files -> shuffle ->
+  * baseline: the usual tuned pipeline over the original files: list files -> shuffle ->
     parallel map(read_file, decode_jpeg, resize 224, normalise) -> batch -> prefetch.
   * reader, JPEG-256 shards: ``make_dataset`` (random resized crop with decode_and_crop_jpeg,
     flip, uint8 output).
@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from benchmarks.common import article_dataset, photo_datasets, run_module
+from benchmarks.common import photo_datasets, run_module, tuned_jpeg_dataset
 
 __all__ = ["ROWS", "EXTRA_ROWS", "build_row", "bytes_only_dataset", "main", "measure"]
 
@@ -72,7 +72,7 @@ def bytes_only_dataset(dataset_dir: Path, batch_size: int):  # -> tf.data.Datase
 
 # Row name -> (dataset directory under the work root, how the row builds its pipeline).
 ROWS: dict[str, tuple[str, str]] = {
-    "baseline: article pipeline, original JPEGs": ("photos", "article"),
+    "baseline: tuned pipeline, original JPEGs": ("photos", "tuned_jpeg"),
     "reader, JPEG-256 shards": ("jpeg256", "reader"),
     "reader, RAW-224 shards": ("raw224", "reader"),
     "bytes only, RAW-224 shards": ("raw224", "bytes"),
@@ -92,8 +92,8 @@ def build_row(name: str, root: Path, batch_size: int):  # -> tf.data.Dataset
 
     directory, kind = {**ROWS, **EXTRA_ROWS}[name]
     data = root / directory
-    if kind == "article":
-        return article_dataset(data, batch_size, IMAGE_SIZE)
+    if kind == "tuned_jpeg":
+        return tuned_jpeg_dataset(data, batch_size, IMAGE_SIZE)
     if kind == "bytes":
         return bytes_only_dataset(data, batch_size)
     options = {

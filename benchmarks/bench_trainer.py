@@ -1,5 +1,5 @@
-"""Benchmark: training ``small_cnn`` on CPU, fed by the project's reader or by the article's
-pipeline. Does the input keep the model busy?
+"""Benchmark: training ``small_cnn`` on CPU, fed by the project's reader or by a well-tuned
+tf.data pipeline over the original JPEGs. Does the input keep the model busy?
 
 Inputs are ImageNet-like photos (500x375, about 100 KB, quality 90). The pipeline
 (``python -m beam_pipelines.images_to_tfrecord``) writes them once as JPEG shards at
@@ -8,7 +8,7 @@ Inputs are ImageNet-like photos (500x375, about 100 KB, quality 90). The pipelin
 Rows, each a real ``trainer`` run (``run_training``: ``OneDeviceStrategy``, custom loop,
 checkpoints, TensorBoard scalars) at ``--image_size`` (224) in the same process, one after the other, for
 ``--rounds`` rounds:
-  * article: the source article's pipeline over the original files (list files -> shuffle ->
+  * tuned JPEG pipeline: the usual pipeline over the original files (list files -> shuffle ->
     parallel map(read, decode_jpeg, resize 224, normalise) -> batch -> prefetch), float32
     normalised on the host (the model skips its own normalisation);
   * reader, JPEG-256 shards: ``tfrecord_io.make_dataset``, uint8 out, normalised in the model;
@@ -41,14 +41,14 @@ from pathlib import Path
 from typing import Any
 
 from beam_pipelines.samples import SAMPLE_CLASSES
-from benchmarks.common import article_dataset, photo_datasets
+from benchmarks.common import photo_datasets, tuned_jpeg_dataset
 
-__all__ = ["ArticleInputs", "main"]
+__all__ = ["TunedJpegInputs", "main"]
 
 
 @dataclasses.dataclass(frozen=True)
-class ArticleInputs:
-    """``trainer.inputs.Inputs`` over the article's pipeline (``benchmarks.common.article_dataset``)."""
+class TunedJpegInputs:
+    """``trainer.inputs.Inputs`` over ``benchmarks.common.tuned_jpeg_dataset``."""
 
     photos: Path
     global_batch_size: int
@@ -61,8 +61,8 @@ class ArticleInputs:
 
     def train_dataset(self, input_context: Any, *, with_keys: bool) -> Any:
         if with_keys:
-            raise ValueError("the article's pipeline has no example keys")
-        return article_dataset(
+            raise ValueError("the tuned JPEG pipeline has no example keys")
+        return tuned_jpeg_dataset(
             self.photos,
             input_context.get_per_replica_batch_size(self.global_batch_size),
             self.image_size,
@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
 
         rows: dict[str, Callable[[], Any]] = {
-            "article pipeline, original JPEGs (float32 from host)": lambda: ArticleInputs(
+            "tuned pipeline, original JPEGs (float32 from host)": lambda: TunedJpegInputs(
                 root / "photos", b, num_classes=len(SAMPLE_CLASSES), image_size=args.image_size
             ),
             "reader, JPEG-256 shards (uint8)": reader("jpeg256"),
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     header = (
         "| input | input alone (ex/s) | training (ex/s) | input_wait | step time (ms) "
-        "| training vs article |"
+        "| training vs tuned JPEG pipeline |"
     )
     print(header)
     print("|---|---:|---:|---:|---:|---:|")

@@ -1,7 +1,8 @@
 """What the reader, trainer and service benchmarks share: the baseline and the shard writer.
 
-* ``article_dataset``: the source article's tuned input pipeline over the original JPEG files,
-  the baseline every reading benchmark compares against.
+* ``tuned_jpeg_dataset``: the usual well-tuned tf.data pipeline over the original JPEG files
+  (parallel decode and resize, AUTOTUNE, prefetch), the baseline every reading benchmark
+  compares against: it is how training is fed when there are no prepared shards.
 * ``write_shards``: runs the project's pipeline (``python -m beam_pipelines.images_to_tfrecord``,
   two worker processes) over a photo folder, as a user would, and checks it published.
 * ``run_module``: ``python -m MODULE ...`` in a fresh process, failing with its stderr; the
@@ -29,7 +30,7 @@ __all__ = [
     "RAW_224",
     "STDDEV_RGB",
     "PhotoDatasets",
-    "article_dataset",
+    "tuned_jpeg_dataset",
     "photo_datasets",
     "run_module",
     "write_shards",
@@ -42,11 +43,11 @@ JPEG_256 = ("--image_size", "256")
 RAW_224 = ("--image_size", "224", "--crop", "center", "--encoding", "raw")
 
 
-def article_dataset(photos: Path, batch_size: int, image_size: int = 224, seed: int = 0) -> Any:
-    """The article's tuned pipeline over the original JPEGs, labelled by class folder.
+def tuned_jpeg_dataset(photos: Path, batch_size: int, image_size: int = 224, seed: int = 0) -> Any:
+    """The usual tuned tf.data pipeline over the original JPEGs, labelled by class folder.
 
     list files -> shuffle -> parallel map(read_file, decode_jpeg, resize, normalise) -> batch ->
-    prefetch, with AUTOTUNE everywhere the article uses it. Returns a ``tf.data.Dataset`` of
+    prefetch, with AUTOTUNE at every step that takes it. Returns a ``tf.data.Dataset`` of
     ``(float32 [B, S, S, 3], int32 [B])``, repeating forever.
     """
     import tensorflow as tf

@@ -1,7 +1,8 @@
-"""``python -m trainer.diagnose MODEL_DIR`` (``tfrecord-diagnose``): the monitoring table.
+"""``python -m trainer.diagnose MODEL_DIR`` (``tfrecord-diagnose``): training-health checks.
 
-Prints one verdict per row of the source article's monitoring table for a training run's
-TensorBoard logs (see ``trainer.diagnosis``). The exit status is 0 whatever the verdicts, and
+Prints one verdict per training-health check (step-time jitter, input wait, accelerator use,
+gradient norm, loss curve, validation; see ``trainer.diagnosis``) for a training run's
+TensorBoard logs, with the numbers behind it. The exit status is 0 whatever the verdicts, and
 non-zero only when the logs cannot be read.
 """
 

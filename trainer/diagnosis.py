@@ -1,4 +1,9 @@
-"""The source article's monitoring table, applied to a training run's TensorBoard scalars.
+"""Training-health checks on a run's TensorBoard scalars: is it input-bound, unstable, or not
+learning?
+
+The signals that tell these apart on a distributed run are step-time jitter (resource
+contention), time spent waiting for input (an I/O bottleneck), accelerator use, the gradient
+norm (exploding or vanishing), the shape of the loss curve and the validation loss.
 
 ``read_scalars`` reads the scalars a run wrote and ``diagnose_run`` gives one verdict per row
 of the table, with the numbers behind it (the command is ``trainer.diagnose``):

@@ -1,4 +1,4 @@
-"""TensorBoard scalars for the source article's monitoring table.
+"""TensorBoard scalars for the training-health checks of ``trainer.diagnosis``.
 
 Written under ``MODEL_DIR/train`` (every ``log_every`` steps) and ``MODEL_DIR/validation``:
 

@@ -1,8 +1,8 @@
 """The optimiser and the learning-rate schedule: linear scaling with warm-up.
 
-``LR = base_lr * global_batch_size / 256`` (Goyal et al., and the source article's remedy for
-unstable large-batch training), reached by a linear warm-up so the first large steps do not
-blow the weights up.
+``LR = base_lr * global_batch_size / 256`` (Goyal et al.): a larger global batch averages the
+gradient over more examples, so the step can grow in proportion without making training
+unstable. It is reached by a linear warm-up so the first large steps do not blow the weights up.
 """
 
 from __future__ import annotations

@@ -94,8 +94,9 @@ class Distribution:
 def split_batch(global_batch_size: int, num_workers: int, local_replicas: int) -> tuple[int, int]:
     """``(per_worker, per_replica)`` batch sizes for a global batch.
 
-    The source article's OOM trap was feeding every replica the global batch; here the global
-    batch is divided, once, by the number of workers and then by the replicas on each.
+    Feeding every replica the global batch multiplies its memory by the number of replicas, a
+    common cause of out-of-memory failures; here the global batch is divided, once, by the
+    number of workers and then by the replicas on each.
 
     Raises:
       ValueError: if the global batch does not split evenly over all replicas.
