@@ -255,6 +255,21 @@ def test_incremental_build_equals_a_clean_build(
         "base_manifest_sha256": digest, "reused": reused, "prepared": written - reused,
     }  # fmt: skip
     assert incremental.metrics.get("images_reused", 0) == reused
+    # diff, on real catalogs, sees the change and no re-encoding unless the options changed.
+    from tfrecord_io.diff import diff_datasets
+
+    totals = diff_datasets(built, tmp_path / "inc").totals
+    expected = {
+        "add": {"added": 2, "renumbered": 14},
+        "remove": {"removed": 3},
+        "relabel": {"relabelled": 2},
+        "options": {"reencoded": 14},
+    }[change]
+    assert {k: totals[k] for k in expected} == expected
+    quiet = {"added", "removed", "relabelled", "renumbered", "reencoded", "moved"}
+    assert all(totals[k] == 0 for k in quiet - set(expected)), str(totals)
+    # The input was copied to another directory: every file name changed.
+    assert totals["renamed"] == totals["old"] - totals["removed"]
     assert (built / MANIFEST_NAME).read_text() == (built.parent / "reference.json").read_text()
 
 
