@@ -146,8 +146,9 @@ def _jpeg(array: np.ndarray, quality: int = 90, **save_args) -> bytes:
     return buffer.getvalue()
 
 
-def _lighting(size: tuple[int, int], seed: int, patches: int = 6, amplitude: float = 45.0):
-    # Soft Gaussian patches of light and shade, different for every image.
+def _lighting(size: tuple[int, int], seed: int, patches: int = 12, amplitude: float = 50.0):
+    # Soft Gaussian patches of light and shade, different for every image; small and many
+    # enough to give each image its own coarse structure (as the hash sees it, 32x32).
     width, height = size
     rng = np.random.default_rng(seed + 104_729)
     x = np.arange(width, dtype=np.float32)
@@ -155,7 +156,7 @@ def _lighting(size: tuple[int, int], seed: int, patches: int = 6, amplitude: flo
     field = np.zeros((height, width), np.float32)
     for _ in range(patches):
         cx, cy = rng.uniform(0, width), rng.uniform(0, height)
-        sigma = rng.uniform(0.12, 0.35) * max(width, height)
+        sigma = rng.uniform(0.05, 0.15) * max(width, height)
         gain = rng.uniform(-amplitude, amplitude)
         # A round Gaussian is the outer product of two 1-D ones.
         field += gain * np.outer(

@@ -67,6 +67,7 @@ def _bit_positions() -> tuple[np.ndarray, np.ndarray]:
 
 
 _ROWS, _COLS = _bit_positions()
+_FLAT = _ROWS * (_LOW + 1) + _COLS  # positions in the raveled (9, 9) coefficients
 _WEIGHTS = np.left_shift(np.uint64(1), np.arange(HASH_BITS, dtype=np.uint64))
 FLIP_MASK = int(np.bitwise_or.reduce(_WEIGHTS[(_COLS % 2) == 1]))
 
@@ -98,17 +99,19 @@ def _area(source: int, block: int = 1) -> np.ndarray:
     return matrix
 
 
-_PROJECTION_CACHE: dict[tuple[int, int], np.ndarray] = {}
+_PROJECTION_CACHE: dict[tuple[int, int, int, int], tuple[np.ndarray, np.ndarray]] = {}
 
 
-def _projection(source: int, block: int) -> np.ndarray:
-    """``(9, blocks)``: the DCT rows the hash needs, composed with the area weights."""
-    matrix = _PROJECTION_CACHE.get((source, block))
-    if matrix is None:
-        matrix = _DCT @ _area(source, block)
+def _projections(width: int, height: int, fx: int, fy: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(9, row blocks)`` and ``(column blocks, 9)``: the DCT rows the hash needs composed
+    with the area weights, for the rows and (transposed) for the columns."""
+    key = (width, height, fx, fy)
+    pair = _PROJECTION_CACHE.get(key)
+    if pair is None:
+        pair = (_DCT @ _area(height, fy), np.ascontiguousarray((_DCT @ _area(width, fx)).T))
         if len(_PROJECTION_CACHE) < 1024:
-            _PROJECTION_CACHE[(source, block)] = matrix
-    return matrix
+            _PROJECTION_CACHE[key] = pair
+    return pair
 
 
 def luma_grid_of_blocks(
@@ -137,16 +140,15 @@ def phash_of_blocks(blocks: np.ndarray, size: tuple[int, int], factor: tuple[int
 
     The pipeline's path: a few microseconds on top of making the blocks.
     """
-    width, height = size
+    rows, columns = _projections(size[0], size[1], factor[0], factor[1])
     array = np.asarray(blocks, dtype=np.float64)
     if array.ndim == 3:
         array = array @ _LUMA
-    coefficients = _projection(height, factor[1]) @ array @ _projection(width, factor[0]).T
-    return _to_int(coefficients)
+    return _to_int(rows @ array @ columns)
 
 
 def _to_int(coefficients: np.ndarray) -> int:
-    bits = coefficients[_ROWS, _COLS] > 0
+    bits = coefficients.ravel().take(_FLAT) > 0
     return int.from_bytes(np.packbits(bits, bitorder="little").tobytes(), "little")
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job on a bundled default: sample images (a few bad ones included) -> Beam pipeline
-# -> verified TFRecord shards -> a short training run -> diagnosis of its logs.
+# -> verified TFRecord shards -> an HTML report on them -> a short training run -> diagnosis of its
+# logs.
 # Everything lands in ./quickstart_out (override with OUT=...). Rerunning starts afresh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,11 +13,16 @@ python -m beam_pipelines.samples --output "$OUT/images"
 python -m beam_pipelines.images_to_tfrecord --input "$OUT/images" --output "$OUT/dataset" \
   --validation_fraction 0.2 --overwrite
 python -m tfrecord_io.verify "$OUT/dataset"
+# The HTML report: samples per class, class balance, rejects, duplicates and near-duplicates
+# (the sample set plants a validation image re-encoded into train: add --fail_on_leakage to
+# fail on it, as a CI gate would).
+python -m tfrecord_io.inspect "$OUT/dataset" --out "$OUT/report"
 python -m trainer.train --data "$OUT/dataset" --model_dir "$OUT/model" --model small_cnn \
   --image_size 64 --global_batch_size 32 --steps 300 --base_lr 0.2 --warmup_steps 20 \
   --eval_every 50
 python -m trainer.diagnose "$OUT/model"
 { set +x; } 2>/dev/null
+echo "Dataset report: $(cd "$OUT/report" && pwd)/index.html"
 cat <<EOF
 
 What to try next:
