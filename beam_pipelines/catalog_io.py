@@ -179,6 +179,7 @@ def merge_split_catalog(
     return CatalogResult(split, name, rows, num_bytes, digest)
 
 
+@beam.typehints.with_output_types(CatalogResult)
 class _MergeFn(beam.DoFn):
     def __init__(self, output_dir: str) -> None:
         self._output_dir = output_dir
