@@ -172,6 +172,11 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
     base = None
     if config.base is not None:
         base = open_base(config.base, options=content, tool_version=TOOL_VERSION)
+        if base.root.rstrip("/") == config.output.rstrip("/"):
+            raise ValueError(
+                f"--base {config.base} is --output {config.output} (through its latest "
+                "pointer): the base is never modified; write the new version beside it"
+            )
     if config.resume and (done := published_by_earlier_attempt(config.output, content)):
         # Killed after publishing: nothing left to do but tidy up.
         return summary_of_published(config.output, done, time.monotonic() - started)

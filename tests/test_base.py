@@ -319,3 +319,19 @@ def test_a_base_record_damaged_in_place_fails_the_build_naming_it(
              *FLAGS, "--base", str(base)]
         )  # fmt: skip
     assert not (tmp_path / "out" / MANIFEST_NAME).exists()
+
+
+def test_a_base_that_resolves_to_the_output_is_refused_before_anything_changes(
+    built: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "ds"
+    _copy(built, root)
+    (root / LATEST_NAME).write_text(format_latest_pointer("v0001"))
+    before = (root / "v0001" / MANIFEST_NAME).read_bytes()
+    status = images_to_tfrecord.main(
+        ["--input", str(built.parent / "images"), "--output", str(root / "v0001"), *FLAGS,
+         "--overwrite", "--base", str(root)]
+    )  # fmt: skip
+    assert status == 2
+    assert "the base is never modified" in capsys.readouterr().err
+    assert (root / "v0001" / MANIFEST_NAME).read_bytes() == before
