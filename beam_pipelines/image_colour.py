@@ -47,7 +47,8 @@ _WIDE_RAWMODES = {
 }
 _ALPHA_MODES = ("RGBA", "LA", "PA", "La", "RGBa")
 _SRGB_PROFILE = ImageCms.createProfile("sRGB")
-_PERCEPTUAL = 0  # LittleCMS falls back to relative colorimetric for matrix/TRC profiles
+# LittleCMS falls back to relative colorimetric for matrix/TRC profiles.
+_PERCEPTUAL = ImageCms.Intent.PERCEPTUAL
 _CACHE_SIZE = 16
 _IDENTITY = object()  # a profile that is sRGB in all but name: no transform needed
 # Modes an ICC profile of each colour space can describe, and the mode it is applied in.
@@ -73,7 +74,7 @@ def wide_colour_rawmode(image: Image.Image) -> str | None:
     Pillow has no 16-bit colour modes: it decodes such PNGs and TIFFs to 8 bits by keeping each
     sample's high byte. Called before ``load``, this says whether the low bytes exist.
     """
-    for tile in image.tile[:1]:
+    for tile in getattr(image, "tile", [])[:1]:
         args = tile.args
         rawmode = args if isinstance(args, str) else (args[0] if args else None)
         if isinstance(rawmode, str) and rawmode in _WIDE_RAWMODES:
@@ -94,7 +95,7 @@ def _low_bytes(source: bytes, image_format: str) -> np.ndarray | None:
             tile._replace(
                 args=_WIDE_RAWMODES[tile.args]
                 if isinstance(tile.args, str)
-                else (_WIDE_RAWMODES[tile.args[0]], *tile.args[1:])
+                else (_WIDE_RAWMODES[tile.args[0]], *tile.args[1:])  # type: ignore[index]  # a raw tile's args are (rawmode, ...)
             )
             for tile in other.tile
         ]
@@ -238,6 +239,13 @@ def _is_srgb_equivalent(transform, mode: str) -> bool:
     return int(np.abs(out.astype(np.int16) - grid).max()) <= 1
 
 
+def _apply(pixels: Image.Image, transform) -> Image.Image:
+    """``ImageCms.applyTransform`` out of place: it returns ``None`` only when ``inPlace``."""
+    converted = ImageCms.applyTransform(pixels, transform)
+    assert converted is not None
+    return converted
+
+
 def _transform_for(icc: bytes, mode: str):
     """The transform from ``icc`` in ``mode`` to sRGB, ``_IDENTITY``, or ProfileUnusable."""
     key = (icc, mode)
@@ -252,7 +260,7 @@ def _transform_for(icc: bytes, mode: str):
         profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
         space = _profile_space(profile)
         out_mode = "RGBA" if mode == "RGBA" else "RGB"
-        transform = ImageCms.buildTransform(
+        transform: object = ImageCms.buildTransform(
             profile, _SRGB_PROFILE, mode, out_mode, renderingIntent=_PERCEPTUAL
         )
         if space == "RGB" and _is_srgb_equivalent(transform, mode):
@@ -296,10 +304,10 @@ def _through_profile(image: Image.Image, icc: bytes) -> Image.Image:
     if base_mode == "RGB" and alpha is not None:
         pixels = image if image.mode == "RGBA" else image.convert("RGBA")
         transform = _transform_for(icc, "RGBA")
-        return pixels if transform is _IDENTITY else ImageCms.applyTransform(pixels, transform)
+        return pixels if transform is _IDENTITY else _apply(pixels, transform)
     pixels = image if image.mode == base_mode else image.convert(base_mode)
     transform = _transform_for(icc, base_mode)
-    rgb = pixels if transform is _IDENTITY else ImageCms.applyTransform(pixels, transform)
+    rgb = pixels if transform is _IDENTITY else _apply(pixels, transform)
     if alpha is not None:
         rgb.putalpha(alpha)
     return rgb
