@@ -394,12 +394,12 @@ class WriteShards(beam.PTransform):
         else:
             done = pipeline | "NoneDone" >> beam.Create([])
             done_duplicates = pipeline | "NoDoneDuplicates" >> beam.Create([])
-        keyed = records | "AssignShard" >> beam.Map(_keyed_by_shard, beam.pvalue.AsSingleton(plan))
-        # ((split, index, count), StagedRecord)
+        packed = records | "AssignShard" >> beam.ParDo(
+            _AssignAndPackFn(), beam.pvalue.AsSingleton(plan)
+        )
+        # ((split, index, count), bytes): up to PACK_SIZE locations of one shard, packed
         written = (
-            keyed
-            | "PackByShard" >> beam.ParDo(_PackByShardFn())
-            # ((split, index, count), bytes): up to PACK_SIZE locations, packed
+            packed
             | "GroupByShard" >> beam.GroupByKey()
             # ((split, index, count), [bytes]): locations only, never the examples' bytes
             | "WriteShard"
@@ -421,15 +421,16 @@ class WriteShards(beam.PTransform):
         return {"shards": shards, DUPLICATES_TAG: duplicates}
 
 
-class _PackByShardFn(beam.DoFn):
-    """``(shard, StagedRecord) -> (shard, bytes)``: locations packed by the ``PACK_SIZE`` per
-    shard (``staging.pack_locations``), so the shuffle holds few, compact elements."""
+class _AssignAndPackFn(beam.DoFn):
+    """``(split, StagedRecord) -> ((split, index, count), bytes)``: each location goes to its
+    shard (``assign_shard``, side input ``plan``), packed by the ``PACK_SIZE`` per shard
+    (``staging.pack_locations``), so the shuffle holds few, compact elements."""
 
     def start_bundle(self) -> None:
         self._buffers: dict[tuple[str, int, int], list[StagedRecord]] = {}
 
-    def process(self, element):
-        shard, record = element
+    def process(self, element, plan):
+        shard, record = _keyed_by_shard(element, plan)
         buffer = self._buffers.setdefault(shard, [])
         buffer.append(record)
         if len(buffer) >= PACK_SIZE:
