@@ -35,7 +35,6 @@ import argparse
 import hashlib
 import io
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -124,6 +123,7 @@ def measured_run(
     pythonpath: str | None = None,
     kill_after_s: float | None = None,
     cwd: str | None = None,
+    module: str = "beam_pipelines.images_to_tfrecord",
 ) -> dict[str, float]:
     """Runs the pipeline in a fresh process; returns wall seconds, CPU seconds (the process
     and every descendant it reaped) and peak summed RSS in MB.
@@ -133,7 +133,7 @@ def measured_run(
     Raises:
       RuntimeError: with the end of stderr, if the run failed (and was not killed).
     """
-    command = [sys.executable, "-m", "beam_pipelines.images_to_tfrecord", *args]
+    command = [sys.executable, "-m", module, *args]
     start = time.perf_counter()
     proc = subprocess.Popen(
         command,
@@ -252,34 +252,37 @@ def _plain_loop(paths: Sequence[Path]) -> None:
 def _overhead(args: argparse.Namespace, work: Path) -> None:
     n = args.n
     small, large = work / "n", work / "3n"
-    paths_n = write_noise_pngs(small, n, side=48, seed=1)
-    paths_3n = write_noise_pngs(large, 3 * n, side=48, seed=2)
+    write_noise_pngs(small, n, side=48, seed=1)
+    write_noise_pngs(large, 3 * n, side=48, seed=2)
     print(f"overhead: 110 KB records (RAW 192x192 from 48x48 PNGs), N={n}; {_load()} at start")
-    loop = []
-    for paths in (paths_n, paths_3n):
-        usage0 = resource.getrusage(resource.RUSAGE_SELF)
-        _plain_loop(paths)
-        usage1 = resource.getrusage(resource.RUSAGE_SELF)
-        loop.append(usage1.ru_utime + usage1.ru_stime - usage0.ru_utime - usage0.ru_stime)
-    loop_ms = 1000 * (loop[1] - loop[0]) / (2 * n)
-    rows = []
-    for label, extra in (("in-process", []), ("2 processes", TWO_PROCESSES)):
-        best = {}
-        for _ in range(args.repeats):
+    # Every row, the plain loop included, runs in fresh processes, interleaved, so that they
+    # share the machine's conditions; CPU per extra image (3N - N) cancels start-up.
+    rows = {
+        "plain loop (same per-image work, one process)": ("benchmarks.bench_scale", []),
+        "pipeline, in-process": ("beam_pipelines.images_to_tfrecord", []),
+        "pipeline, 2 processes": ("beam_pipelines.images_to_tfrecord", TWO_PROCESSES),
+    }
+    best: dict[tuple[str, str], dict[str, float]] = {}
+    for _ in range(args.repeats):
+        for label, (module, extra) in rows.items():
             for size, images in (("n", small), ("3n", large)):
-                r = measured_run(
-                    _pipeline_args(images, work / f"out-{size}", [*LARGE_RECORDS, *extra]),
-                    pythonpath=args.pythonpath,
-                )
-                if size not in best or r["cpu_s"] < best[size]["cpu_s"]:
-                    best[size] = r
-        pipeline_ms = 1000 * (best["3n"]["cpu_s"] - best["n"]["cpu_s"]) / (2 * n)
-        rows.append((label, pipeline_ms, best["3n"]["peak_mb"]))
+                if module == "benchmarks.bench_scale":
+                    argv = ["loop", "--images", str(images)]
+                else:
+                    argv = _pipeline_args(images, work / f"out-{size}", [*LARGE_RECORDS, *extra])
+                r = measured_run(argv, pythonpath=args.pythonpath, module=module)
+                if (label, size) not in best or r["cpu_s"] < best[(label, size)]["cpu_s"]:
+                    best[(label, size)] = r
+    per_image = {
+        label: 1000 * (best[(label, "3n")]["cpu_s"] - best[(label, "n")]["cpu_s"]) / (2 * n)
+        for label in rows
+    }
+    loop_ms = per_image["plain loop (same per-image work, one process)"]
     print("| row | CPU ms/image | Beam overhead CPU ms/image | peak RSS MB at 3N |")
     print("|---|---:|---:|---:|")
-    print(f"| plain loop (same per-image work) | {loop_ms:.2f} | 0 | - |")
-    for label, ms, peak in rows:
-        print(f"| pipeline, {label} | {ms:.2f} | {ms - loop_ms:.2f} | {peak:,.0f} |")
+    for label, ms in per_image.items():
+        peak = best[(label, "3n")]["peak_mb"]
+        print(f"| {label} | {ms:.2f} | {ms - loop_ms:.2f} | {peak:,.0f} |")
     print(f"{_load()} at end")
 
 
@@ -344,7 +347,8 @@ def _imagenet(args: argparse.Namespace, work: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("memory", "overhead", "resume", "imagenet"))
+    parser.add_argument("what", choices=("memory", "overhead", "resume", "imagenet", "loop"))
+    parser.add_argument("--images", default=None, help=argparse.SUPPRESS)  # loop: its input
     parser.add_argument("--sizes", default="16000,64000", help="memory: image counts")
     parser.add_argument("--modes", default="in_process,two_process", help="memory: runner modes")
     parser.add_argument("--n", type=int, default=None, help="images (overhead/resume/imagenet)")
@@ -354,6 +358,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pythonpath", default=None, help="run the pipeline from this tree")
     parser.add_argument("--workdir", default=None, help="where inputs and outputs go")
     args = parser.parse_args(argv)
+    if args.what == "loop":  # the overhead row's baseline, run in a process of its own
+        _plain_loop(sorted(Path(args.images).glob("*/*.png")))
+        return 0
     defaults = {"overhead": 2000, "resume": 6000, "imagenet": 100_000}
     if args.n is None:
         args.n = defaults.get(args.what, 0)
