@@ -353,9 +353,17 @@ def test_keys_that_are_not_hex_digests_or_share_a_prefix_still_match() -> None:
         old = pa.table({"key": old_keys, "split": ["train"] * len(old_keys)})
         new = pa.table({"key": new_keys, "split": ["train"] * len(new_keys)})
         joined = _full_join(old, new)
+        keys = [
+            old_keys[o] if o is not None else new_keys[n]
+            for o, n in zip(
+                joined.column("row_old").to_pylist(),
+                joined.column("row_new").to_pylist(),
+                strict=True,
+            )
+        ]
         pairs = sorted(
             zip(
-                joined.column("key").to_pylist(),
+                keys,
                 joined.column("split_old").to_pylist(),
                 joined.column("split_new").to_pylist(),
                 strict=True,

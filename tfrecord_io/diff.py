@@ -78,6 +78,8 @@ FLAGS = ("moved", "relabelled", "renumbered", "renamed", "reencoded")
 KINDS = ("added", "removed", "unchanged", "changed")
 _COLUMNS = ("key", "uri", "label", "text", "split", "length", "height", "width", "format")
 _FRAME_OVERHEAD = 16  # length (8) + its CRC (4) + the data's CRC (4)
+# Catalog columns with few distinct values, compared and grouped as dictionary indices.
+_CODED = ("split", "text", "format")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,8 +249,24 @@ def stored_image_bytes(length: np.ndarray, **fields: np.ndarray) -> np.ndarray:
 # --- the comparison ---------------------------------------------------------------------------
 
 
+def _plain(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """The values of a dictionary-encoded column (or the column itself)."""
+    if pa.types.is_dictionary(column.type):
+        return pc.cast(column, column.type.value_type)
+    return column
+
+
+def _comparable(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """What to compare: a dictionary column's indices (``_full_join`` gives both sides of a
+    column one dictionary), or the column itself."""
+    if pa.types.is_dictionary(column.type):
+        return pa.chunked_array([chunk.indices for chunk in column.chunks], column.type.index_type)
+    return column
+
+
 def _not_equal(a: pa.ChunkedArray, b: pa.ChunkedArray) -> np.ndarray:
     """Element-wise ``a != b`` where null equals null and differs from any value."""
+    a, b = _comparable(a), _comparable(b)
     differ = pc.fill_null(pc.not_equal(a, b), False)
     one_null = pc.not_equal(pc.is_null(a), pc.is_null(b))
     return np.asarray(pc.or_(differ, one_null))
@@ -262,7 +280,7 @@ def _image_bytes(joined: pa.Table, side: str) -> np.ndarray:
         return np.asarray(pc.fill_null(col(name), 0), np.int64)
 
     def utf8_len(name: str) -> np.ndarray:
-        return np.asarray(pc.fill_null(pc.binary_length(col(name)), 0), np.int64)
+        return np.asarray(pc.fill_null(pc.binary_length(_plain(col(name))), 0), np.int64)
 
     return stored_image_bytes(
         ints("length"),
@@ -324,7 +342,8 @@ class DiffReport:
 
 def _grouped(groups: pa.ChunkedArray, masks: Mapping[str, np.ndarray]) -> dict[str, dict]:
     """Per group value, the number of rows where each mask holds (groups with no row left out)."""
-    encoded = pc.dictionary_encode(groups.combine_chunks())
+    combined = groups.combine_chunks()
+    encoded = combined if pa.types.is_dictionary(combined.type) else pc.dictionary_encode(combined)
     names = encoded.dictionary.to_pylist()
     codes = np.asarray(pc.fill_null(encoded.indices, -1))
     valid = codes >= 0
@@ -342,7 +361,7 @@ def _grouped(groups: pa.ChunkedArray, masks: Mapping[str, np.ndarray]) -> dict[s
 def _pairs(old: pa.ChunkedArray, new: pa.ChunkedArray, mask: np.ndarray) -> dict[str, int]:
     if not mask.any():
         return {}
-    chosen = pa.table({"old": old, "new": new}).filter(pa.array(mask))
+    chosen = pa.table({"old": _plain(old), "new": _plain(new)}).filter(pa.array(mask))
     counted = chosen.group_by(["old", "new"]).aggregate([([], "count_all")])
     pairs = {
         f"{o} -> {n}": int(c)
@@ -356,10 +375,16 @@ def _pairs(old: pa.ChunkedArray, new: pa.ChunkedArray, mask: np.ndarray) -> dict
     return dict(sorted(pairs.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
-def _samples(joined: pa.Table, mask: np.ndarray, limit: int) -> list[dict[str, Any]]:
+def _samples(
+    joined: pa.Table, mask: np.ndarray, limit: int, keys: tuple[pa.ChunkedArray, pa.ChunkedArray]
+) -> list[dict[str, Any]]:
     if limit <= 0 or not mask.any():
         return []
     chosen = joined.filter(pa.array(mask))
+    key = pc.coalesce(
+        keys[0].take(chosen.column("row_old")), keys[1].take(chosen.column("row_new"))
+    )
+    chosen = chosen.append_column("key", key)
     if chosen.num_rows > limit:
         chosen = chosen.take(pc.select_k_unstable(chosen, limit, [("key", "ascending")]))
     chosen = chosen.sort_by("key")
@@ -405,8 +430,10 @@ def _match(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 def _full_join(old: pa.Table, new: pa.Table) -> pa.Table:
     """One row per key of either table: matched rows first, then OLD's only, then NEW's only.
 
-    Columns are ``key`` and every other column twice, ``<name>_old`` and ``<name>_new`` (null
-    where the key is absent from that side).
+    Columns are ``row_old`` and ``row_new`` (the row on each side) and every column but ``key``
+    twice, ``<name>_old`` and ``<name>_new``, null where the key is absent from that side. The
+    columns of few values (``_CODED``) are dictionary-encoded with one dictionary for both
+    sides: moving their indices costs a tenth of moving their strings.
     """
     i_old, i_new = _match(old, new)
     only_old = np.setdiff1d(np.arange(old.num_rows), i_old, assume_unique=True)
@@ -422,12 +449,24 @@ def _full_join(old: pa.Table, new: pa.Table) -> pa.Table:
             [np.zeros(len(i_new), bool), np.ones(n_old, bool), np.zeros(n_new, bool)]
         ),
     )
-    left, right = old.take(take_old), new.take(take_new)
-    columns = {"key": pc.coalesce(left.column("key"), right.column("key"))}
+    columns: dict[str, Any] = {"row_old": take_old, "row_new": take_new}
     for name in old.column_names:
-        if name != "key":
-            columns[f"{name}_old"] = left.column(name)
-            columns[f"{name}_new"] = right.column(name)
+        if name == "key":
+            continue
+        if name in _CODED and old.num_rows and new.num_rows:
+            both = pa.chunked_array(old.column(name).chunks + new.column(name).chunks)
+            encoded = pc.dictionary_encode(both)
+            dictionary = encoded.chunks[0].dictionary
+            indices = pa.chunked_array([c.indices for c in encoded.chunks]).combine_chunks()
+            for side, rows, start, count in (
+                ("old", take_old, 0, old.num_rows),
+                ("new", take_new, old.num_rows, new.num_rows),
+            ):
+                taken = indices.slice(start, count).take(rows)
+                columns[f"{name}_{side}"] = pa.DictionaryArray.from_arrays(taken, dictionary)
+        else:
+            columns[f"{name}_old"] = old.column(name).take(take_old)
+            columns[f"{name}_new"] = new.column(name).take(take_new)
     return pa.table(columns)
 
 
@@ -524,7 +563,7 @@ def diff_catalogs(old: DatasetCatalog, new: DatasetCatalog, *, limit: int = 10) 
         moves=_pairs(joined.column("split_old"), joined.column("split_new"), flags["moved"]),
         relabels=_pairs(joined.column("text_old"), joined.column("text_new"), flags["relabelled"]),
         examples={
-            name: _samples(joined, mask, limit)
+            name: _samples(joined, mask, limit, (old.rows.column("key"), new.rows.column("key")))
             for name, mask in {**kinds, **flags}.items()
             if name != "unchanged"
         },
