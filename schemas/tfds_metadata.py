@@ -151,11 +151,11 @@ def tfds_metadata_files(
     for split_name, split in sorted(manifest.splits.items()):
         if not split.shards:
             continue
-        files = [s.file for s in split.shards]
-        template = filepath_template(split_name, files)
+        names = [s.file for s in split.shards]
+        template = filepath_template(split_name, names)
         if template is None:
             raise ValueError(
-                f"split {split_name!r}: shard names like {files[0]!r} fit no file template "
+                f"split {split_name!r}: shard names like {names[0]!r} fit no file template "
                 "tfds reads ('<split>-NNNNN-of-NNNNN[.tfrecord]')"
             )
         splits.append(

@@ -326,7 +326,7 @@ def adopt(
             ),
         )
     total = sum(s.num_examples for s in split_infos.values())
-    encoding = "png" if formats and max(formats, key=formats.get) == "PNG" else "jpeg"
+    encoding = "png" if formats and max(formats, key=lambda f: formats[f]) == "PNG" else "jpeg"
     manifest = Manifest(
         label_names=tuple(label_names),
         splits=split_infos,

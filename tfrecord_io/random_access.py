@@ -9,6 +9,7 @@ CRCs are checked before its payload is returned.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import posixpath
@@ -37,8 +38,10 @@ __all__ = [
 _LOOKUP_COLUMNS = ["key", "split", "index", "shard", "record", "offset", "length"]
 
 
-class ExampleLocation(NamedTuple):
-    """Where an example is: its split and position in it, its shard, and its frame's bytes."""
+@dataclasses.dataclass(frozen=True)
+class ExampleLocation:
+    """Where an example is: its split and position in it (``index``, as the catalog's column),
+    its shard, its position there, and its frame's bytes."""
 
     key: str
     split: str

@@ -238,9 +238,9 @@ def _check_frames(
         count += 1
         advance(1)
         if label_offset is not None:  # adopted shards: TensorFlow's keys, not ours
-            key, problems = check_adopted_record(serialized, manifest, label_offset, where)
-            for problem in problems:
-                report.add(problem)
+            key, issues = check_adopted_record(serialized, manifest, label_offset, where)
+            for issue in issues:
+                report.add(issue)
             if notes is not None:
                 notes.append(RecordNote(offset, frame_length(len(serialized)), key))
             offset += frame_length(len(serialized))
@@ -252,7 +252,11 @@ def _check_frames(
             record = None
         if notes is not None:
             notes.append(
-                RecordNote(offset, frame_length(len(serialized)), record and record.sha256)
+                RecordNote(
+                    offset,
+                    frame_length(len(serialized)),
+                    record.sha256 if record is not None else None,
+                )
             )
         offset += frame_length(len(serialized))  # records are contiguous: the index's offsets
         if record is None:
