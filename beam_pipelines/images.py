@@ -44,7 +44,7 @@ from beam_pipelines.image_formats import (
     sniff_format,
     why_not_accepted,
 )
-from beam_pipelines.image_hash import perceptual_hash
+from beam_pipelines.image_hash import luma_sample, perceptual_hashes
 from schemas.constants import CROPS, ENCODINGS
 
 __all__ = [
@@ -256,7 +256,8 @@ class PreparedImage:
       source_size: the source's ``(width, height)`` as declared in its header.
       decoded_size: the ``(width, height)`` actually decoded (smaller than ``source_size`` when
         JPEG DCT-domain downscaling applied).
-      phash: the 64-bit perceptual hash of the prepared pixels (``catalog.phash``), unsigned.
+      luma_sample: the prepared pixels' 64x64 luma point sample (``image_hash.luma_sample``),
+        which ``phash`` (or, for many images at once, ``image_hash.perceptual_hashes``) hashes.
       events: what preparing it involved, as counter names (``icc_converted``,
         ``high_bit_depth_stretch_sbit``, ``cropped_out_of_bounds``…).
     """
@@ -269,8 +270,13 @@ class PreparedImage:
     source_format: str
     source_size: tuple[int, int]
     decoded_size: tuple[int, int]
-    phash: int | None = None
+    luma_sample: bytes | None = None
     events: tuple[str, ...] = ()
+
+    @functools.cached_property
+    def phash(self) -> int | None:
+        """The 64-bit perceptual hash of the prepared pixels (``catalog.phash``), unsigned."""
+        return perceptual_hashes([self.luma_sample])[0] if self.luma_sample is not None else None
 
 
 class DecodedImage(NamedTuple):
@@ -730,7 +736,7 @@ def _prepare(data: bytes, options: ImageOptions) -> PreparedImage:
         encoded, fmt = encode_image(
             final, encoding=options.encoding, jpeg_quality=options.jpeg_quality
         )
-        phash = perceptual_hash(final)
+        sample = luma_sample(final)  # hashed later, many at once (image_hash)
     except (OSError, ValueError) as e:
         raise RejectedImage("decode_error", f"{source_format}: {e}") from e
     if keep_ratio is not None:
@@ -744,6 +750,6 @@ def _prepare(data: bytes, options: ImageOptions) -> PreparedImage:
         source_format=source_format,
         source_size=source_size,
         decoded_size=decoded_size,
-        phash=phash,
+        luma_sample=sample,
         events=events,
     )

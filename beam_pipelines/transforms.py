@@ -29,6 +29,7 @@ from beam_pipelines.elements import (
     SourceFile,
     StagedRecord,
 )
+from beam_pipelines.image_hash import perceptual_hashes
 from beam_pipelines.images import ImageOptions, RejectedImage, internal_error, prepare_image
 from beam_pipelines.leakage import FindNearDuplicates, MoveLeakageToTrain
 from beam_pipelines.object_store_io import read_with_retries
@@ -116,6 +117,21 @@ class PrepareImageFn(beam.DoFn):
         self._drafted = Metrics.counter(METRICS_NAMESPACE, "jpeg_dct_downscaled")
         self._labels: tuple[str, ...] | None = None
         self._index: dict[str, int] = {}
+        # (sha256, uri) -> luma sample of an example whose location is not out yet: hashed with
+        # the rest of its staging file when the stager hands the locations on (image_hash).
+        self._samples: dict[tuple[str, str], bytes] = {}
+
+    def _with_hashes(self, records):
+        """Fills in ``meta.phash`` of the records whose luma samples wait, all at once."""
+        records = list(records)
+        waiting = [i for i, r in enumerate(records) if (r.sha256, r.uri) in self._samples]
+        if not waiting:
+            return records
+        samples = [self._samples.pop((records[i].sha256, records[i].uri)) for i in waiting]
+        for i, phash in zip(waiting, perceptual_hashes(samples), strict=True):
+            record = records[i]
+            records[i] = record._replace(meta=record.meta._replace(phash=phash))
+        return records
 
     def _label_index(self, label_names: tuple[str, ...]) -> dict[str, int]:
         if label_names is not self._labels:
@@ -134,10 +150,11 @@ class PrepareImageFn(beam.DoFn):
             if self._stager is not None:
                 self._stager.close()  # left by a failed bundle: its records were never emitted
             self._stager = RecordStager(self._staging, max_file_bytes=self._staging_file_bytes)
+        self._samples = {}  # a failed bundle's records were never emitted
 
     def finish_bundle(self):
         if self._stager is not None:
-            for staged in self._stager.flush():
+            for staged in self._with_hashes(self._stager.flush()):
                 yield GlobalWindows.windowed_value(staged)
 
     def teardown(self) -> None:
@@ -161,10 +178,12 @@ class PrepareImageFn(beam.DoFn):
         if self._reporter is not None:
             self._reporter.add(prepared=1)
         if self._stager is None or isinstance(record, StagedRecord):
-            yield record  # (a base's example used where it lies: nothing to stage)
+            yield from self._with_hashes([record])  # (a base's example used where it lies)
         else:
             # Locations come out only once their staging file is committed.
-            yield from self._stager.add(record.sha256, record.uri, record.serialized, record.meta)
+            yield from self._with_hashes(
+                self._stager.add(record.sha256, record.uri, record.serialized, record.meta)
+            )
 
     def _prepare(self, source: SourceFile, index: dict[str, int]) -> PreparedRecord | StagedRecord:
         # read bytes -> sha256 -> decide (reuse an example made before, or prepare) -> staged
@@ -230,8 +249,9 @@ class PrepareImageFn(beam.DoFn):
             source_bytes=len(data),
             source_height=prepared.source_size[1],
             source_width=prepared.source_size[0],
-            phash=prepared.phash,
         )
+        if prepared.luma_sample is not None:
+            self._samples[(sha256, source.uri)] = prepared.luma_sample
         return PreparedRecord(sha256, source.uri, serialize_record(record), meta)
 
 

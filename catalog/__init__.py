@@ -23,7 +23,7 @@ from catalog.near_duplicates import (
     find_pairs,
     leakage_moves,
 )
-from catalog.phash import FLIP_MASK, flip_hash, hamming, phash, phash_of_grid
+from catalog.phash import FLIP_MASK, flip_hash, hamming, phash_of_grid
 from catalog.table import (
     CATALOG_VERSION,
     COLUMNS,
@@ -51,7 +51,6 @@ __all__ = [
     "flip_hash",
     "hamming",
     "leakage_moves",
-    "phash",
     "phash_of_grid",
     "key_prefixes",
     "FRAME_OVERHEAD",

@@ -28,8 +28,8 @@ __all__ = [
     "phash",
     "phash_of_grid",
     "luma_grid",
-    "luma_grid_of_blocks",
-    "phash_of_blocks",
+    "luma_grid_of_sample",
+    "phashes_of_samples",
     "area_matrix",
     "flip_hash",
     "hamming",
@@ -114,37 +114,30 @@ def _projections(width: int, height: int, fx: int, fy: int) -> tuple[np.ndarray,
     return pair
 
 
-def luma_grid_of_blocks(
-    blocks: np.ndarray, size: tuple[int, int], factor: tuple[int, int]
-) -> np.ndarray:
-    """The luma grid of an image given as block means (Pillow's ``reduce(factor)`` of it).
-
-    Args:
-      blocks: ``(ceil(H / fy), ceil(W / fx))`` luma or ``(..., ..., 3)`` RGB block means.
-      size: the full image's ``(width, height)``.
-      factor: the block size ``(fx, fy)``.
-
-    Returns:
-      A ``(32, 32)`` float64 array: the area average up to the blocks' own rounding, exact
-      where cell edges fall on block edges.
+def luma_grid_of_sample(sample: np.ndarray) -> np.ndarray:
+    """The ``(32, 32)`` grid of a point sample (``(n, m)`` luma values on a regular grid, the
+    pipeline's 64x64): each cell averages the samples that fall in it, by area.
     """
-    width, height = size
-    array = np.asarray(blocks, dtype=np.float64)
-    if array.ndim == 3:
-        array = array @ _LUMA
-    return _area(height, factor[1]) @ array @ _area(width, factor[0]).T
+    array = np.asarray(sample, dtype=np.float64)
+    return _area(array.shape[0]) @ array @ _area(array.shape[1]).T
 
 
-def phash_of_blocks(blocks: np.ndarray, size: tuple[int, int], factor: tuple[int, int]) -> int:
-    """``phash_of_grid(luma_grid_of_blocks(...))``, with the area weights folded into the DCT.
+def phashes_of_samples(samples: np.ndarray) -> list[int]:
+    """The hashes of ``(K, n, m)`` luma point samples, all at once (``n, m >= 32``).
 
-    The pipeline's path: a few microseconds on top of making the blocks.
+    ``phash_of_grid(luma_grid_of_sample(s))`` for each sample, in one pass of numpy: what the
+    pipeline runs over all the examples of a staging file.
     """
-    rows, columns = _projections(size[0], size[1], factor[0], factor[1])
-    array = np.asarray(blocks, dtype=np.float64)
-    if array.ndim == 3:
-        array = array @ _LUMA
-    return _to_int(rows @ array @ columns)
+    array = np.asarray(samples)
+    if array.ndim != 3 or min(array.shape[1:]) < GRID:
+        raise ValueError(f"samples must be (K, n >= {GRID}, m >= {GRID}), got {array.shape}")
+    if array.shape[0] == 0:
+        return []
+    rows, columns = _projections(array.shape[2], array.shape[1], 1, 1)
+    coefficients = rows @ array.astype(np.float64) @ columns  # (K, 9, 9)
+    bits = coefficients.reshape(array.shape[0], -1)[:, _FLAT] > 0
+    packed = np.packbits(bits, axis=1, bitorder="little")  # (K, 8): bit i of the hash is bit i
+    return np.ascontiguousarray(packed).view("<u8").ravel().tolist()
 
 
 def _to_int(coefficients: np.ndarray) -> int:

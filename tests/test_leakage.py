@@ -11,6 +11,7 @@ import pytest
 
 from beam_pipelines import images_to_tfrecord, samples
 from beam_pipelines.config import PipelineConfig
+from beam_pipelines.images import ImageOptions, prepare_image
 from beam_pipelines.leakage import _search, key_number
 
 
@@ -67,6 +68,12 @@ def test_report_lists_the_planted_leakage_first_then_the_cross_class_pair(sample
     assert "1 train-validation leakage" in summary.describe()
     manifest = json.loads((tmp_path / "ds" / "dataset.json").read_text(encoding="utf-8"))
     assert manifest["options"]["leakage"] == "report"
+    # Every example's hash is in the catalog (hashed per staging file), as prepare_image's.
+    rows = pq.read_table(tmp_path / "ds" / "catalog-train.parquet", columns=["uri", "phash"])
+    assert rows["phash"].null_count == 0
+    for row in rows.to_pylist()[:5]:
+        with open(row["uri"], "rb") as source:
+            assert prepare_image(source.read(), ImageOptions()).phash == row["phash"]
 
 
 @pytest.mark.slow

@@ -361,7 +361,8 @@ def _pair(pair: PairView) -> str:
     return (
         f'<div class="{css}" data-a-uri="{_e(pair.a_uri)}" data-b-uri="{_e(pair.b_uri)}" '
         f'data-distance="{pair.distance}">{"".join(sides)}'
-        f"<div>{tags}<p>distance <b>{pair.distance}</b> bits</p></div></div>"
+        f"<div>{tags}<p>distance <b>{pair.distance}</b> bit{'' if pair.distance == 1 else 's'}"
+        "</p></div></div>"
     )
 
 
