@@ -22,9 +22,10 @@ of message, rather than slip a wrong example in. The base is only ever read.
 Image options that differ turn reuse off for the whole build (``BaseDataset.reason``), logged
 as "image options differ from the base (image_size 256 -> 224): no examples reused".
 
-Memory: each worker process holds a compact lookup of the base (``BaseIndex``): about 60 bytes
-per base example (an 8-byte key prefix, its location and the catalog columns a reused example
-copies), 77 MB for ImageNet's 1.28 M images.
+Memory: each worker process holds a compact lookup of the base (``BaseIndex``): about 75 bytes
+per base example (an 8-byte key prefix, its location, a digest of its names and the catalog
+columns a reused example copies), 95 MB for ImageNet's 1.28 M images. It is built one catalog
+batch at a time.
 """
 
 from __future__ import annotations
@@ -40,13 +41,14 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 
 from beam_pipelines.elements import CatalogMeta, StagedRecord
 from beam_pipelines.object_store_io import read_object, read_range
 from catalog.keys import key_prefixes
-from catalog.table import catalog_filename, read_table
+from catalog.table import catalog_filename, check_schema
 from schemas import MANIFEST_NAME, ImageRecord, Manifest, record_from_example, serialize_record
 from schemas.lineage import (
     LATEST_NAME,
@@ -352,9 +354,78 @@ def _check_shards(root: str, base: str, manifest: Manifest) -> None:
             )
 
 
+_BATCH_ROWS = 65536
+
+
+class _Pieces:
+    """The lookup's columns, gathered one catalog batch at a time."""
+
+    def __init__(self) -> None:
+        self.prefixes: list[np.ndarray] = []
+        self.shard: list[np.ndarray] = []
+        self.offset: list[np.ndarray] = []
+        self.length: list[np.ndarray] = []
+        self.naming: list[np.ndarray] = []
+        self.copied: dict[str, list[pa.Array]] = {name: [] for name in _COPIED}
+        self.shards: dict[str, int] = {}
+
+    def add(self, batch: pa.RecordBatch, base: str, sizes: Mapping[str, int]) -> None:
+        prefixes = key_prefixes(batch.column("key"))
+        if prefixes is None:
+            raise _refuse(base, "its catalog has keys that are not SHA-256 hex digests")
+        names = pc.dictionary_encode(batch.column("shard"))
+        for name in names.dictionary.to_pylist():
+            if name not in sizes:
+                raise _refuse(base, f"its catalog names a shard dataset.json does not list: {name}")
+            self.shards.setdefault(name, len(self.shards))
+        remap = np.array([self.shards[n] for n in names.dictionary.to_pylist()], np.int32)
+        codes = remap[np.asarray(names.indices, np.int64)] if len(remap) else np.zeros(0, np.int32)
+        offset = np.asarray(batch.column("offset"), np.int64)
+        length = np.asarray(batch.column("length"), np.int64)
+        limit = np.array([sizes[n] for n in self.shards], np.int64)[codes]
+        if (offset < 0).any() or (length < 17).any() or (offset + length > limit).any():
+            raise _refuse(base, "its catalog has records outside their shards")
+        labels = batch.column("label").to_pylist()
+        texts = batch.column("text").to_pylist()
+        uris = batch.column("uri").to_pylist()
+        naming = np.fromiter(map(naming_digest, labels, texts, uris), np.uint64, batch.num_rows)
+        self.prefixes.append(prefixes)
+        self.shard.append(codes)
+        self.offset.append(offset)
+        self.length.append(length)
+        self.naming.append(naming)
+        for name in _COPIED:
+            self.copied[name].append(batch.column(name))
+
+    def index(self) -> BaseIndex:
+        if not self.prefixes:
+            return BaseIndex(
+                np.zeros(0, np.uint64), np.zeros(0, np.int32), np.zeros(0, np.int64),
+                np.zeros(0, np.int64), np.zeros(0, np.uint64), (),
+                {name: pa.array([]) for name in _COPIED},
+            )  # fmt: skip
+        prefixes = np.concatenate(self.prefixes)
+        order = np.argsort(prefixes, kind="stable")
+        taken = pa.array(order)
+        return BaseIndex(
+            prefixes=prefixes[order],
+            shard=np.concatenate(self.shard)[order],
+            offset=np.concatenate(self.offset)[order],
+            length=np.concatenate(self.length)[order],
+            naming=np.concatenate(self.naming)[order],
+            shards=tuple(self.shards),
+            copied={
+                name: pa.chunked_array(arrays).combine_chunks().take(taken)
+                for name, arrays in self.copied.items()
+            },
+        )
+
+
 def _load_index(root: str, base: str, manifest: Manifest) -> BaseIndex:
-    tables = []
+    """The base's lookup, read catalog by catalog and batch by batch: besides what it keeps
+    (about 75 bytes an example), only one compressed catalog and one batch are in memory."""
     sizes = {s.file: s.num_bytes for s in manifest.all_shards()}
+    pieces = _Pieces()
     for split in sorted(manifest.splits):
         info = manifest.split(split)
         listed = getattr(info, "catalog", None)
@@ -377,63 +448,22 @@ def _load_index(root: str, base: str, manifest: Manifest) -> BaseIndex:
                 f"({listed.num_bytes} bytes, sha256 {listed.sha256[:12]}…)",
             )
         try:
-            table = read_table(pa.BufferReader(blob), columns=_LOOKUP_COLUMNS, name=path)
-        except ValueError as e:
-            raise _refuse(base, str(e)) from e
-        if table.num_rows != info.num_examples:
-            raise _refuse(
-                base,
-                f"catalog {path} has {table.num_rows} rows, dataset.json says split {split!r} "
-                f"holds {info.num_examples} examples",
-            )
-        tables.append(table)
-    if not tables:
-        return BaseIndex(
-            np.zeros(0, np.uint64), np.zeros(0, np.int32), np.zeros(0, np.int64),
-            np.zeros(0, np.int64), np.zeros(0, np.uint64), (),
-            {name: pa.array([]) for name in _COPIED},
-        )  # fmt: skip
-    table = pa.concat_tables(tables)
-    shard_codes = pc.dictionary_encode(table.column("shard").combine_chunks())
-    shards = tuple(shard_codes.dictionary.to_pylist())
-    unknown = sorted(set(shards) - set(sizes))
-    if unknown:
-        raise _refuse(base, f"its catalog names shards dataset.json does not list: {unknown[:3]}")
-    offset = np.asarray(table.column("offset"), np.int64)
-    length = np.asarray(table.column("length"), np.int64)
-    codes = np.asarray(shard_codes.indices, np.int32)
-    ends = offset + length
-    limit = np.array([sizes[name] for name in shards], np.int64)[codes]
-    if (offset < 0).any() or (length < 17).any() or (ends > limit).any():
-        raise _refuse(base, "its catalog has records outside their shards")
-    keys = table.column("key").combine_chunks()
-    prefixes = key_prefixes(keys)
-    if prefixes is None:
-        raise _refuse(base, "its catalog has keys that are not SHA-256 hex digests")
-    order = np.argsort(prefixes, kind="stable")
-    sorted_table = table.take(pa.array(order))
-    naming = np.fromiter(
-        (
-            naming_digest(label, text, uri)
-            for label, text, uri in zip(
-                sorted_table.column("label").to_pylist(),
-                sorted_table.column("text").to_pylist(),
-                sorted_table.column("uri").to_pylist(),
-                strict=True,
-            )
-        ),
-        np.uint64,
-        sorted_table.num_rows,
-    )
-    return BaseIndex(
-        naming=naming,
-        prefixes=prefixes[order],
-        shard=codes[order],
-        offset=offset[order],
-        length=length[order],
-        shards=shards,
-        copied={name: sorted_table.column(name).combine_chunks() for name in _COPIED},
-    )
+            parquet = pq.ParquetFile(pa.BufferReader(blob))
+            check_schema(parquet.schema_arrow, name=path)
+            if parquet.metadata.num_rows != info.num_examples:
+                raise _refuse(
+                    base,
+                    f"catalog {path} has {parquet.metadata.num_rows} rows, dataset.json says "
+                    f"split {split!r} holds {info.num_examples} examples",
+                )
+            for batch in parquet.iter_batches(_BATCH_ROWS, columns=list(_LOOKUP_COLUMNS)):
+                pieces.add(batch, base, sizes)
+        except (ValueError, pa.ArrowInvalid, OSError) as e:
+            if isinstance(e, BaseRefusedError):
+                raise
+            raise _refuse(base, f"catalog {path}: {e}") from e
+        del blob
+    return pieces.index()
 
 
 def open_base(
