@@ -285,7 +285,7 @@ def test_overwrite_replaces_the_dataset_and_removes_stale_shards(tmp_path):
     assert second.published
     names = sorted(p.name for p in output.iterdir())
     assert names == sorted(
-        ["dataset.json", "duplicates.jsonl", "notes.txt", "rejected.jsonl"]
+        ["dataset.json", "duplicates.jsonl", "near_duplicates.jsonl", "notes.txt", "rejected.jsonl"]
         + ["dataset_info.json", "features.json", "image.class.label.labels.txt"]  # for tfds
         + [split.catalog.file for split in second.manifest.splits.values()]
         + [s.file for s in second.manifest.all_shards()]
