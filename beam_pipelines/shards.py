@@ -13,6 +13,7 @@ import math
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
+from typing import TypeVar
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -124,11 +125,11 @@ def plan_shard_counts(
     return counts
 
 
-def _class_name(record: PreparedRecord) -> str | None:
+def _class_name(record: PreparedRecord | StagedRecord) -> str | None:
     return record.meta.text if record.meta is not None else None
 
 
-def label_counts(records: Iterable[PreparedRecord]) -> tuple[tuple[int, int], ...]:
+def label_counts(records: Iterable[PreparedRecord | StagedRecord]) -> tuple[tuple[int, int], ...]:
     """``(label, examples)`` pairs in label order; empty if any record carries no class."""
     counts: dict[int, int] = {}
     for record in records:
@@ -138,9 +139,13 @@ def label_counts(records: Iterable[PreparedRecord]) -> tuple[tuple[int, int], ..
     return tuple(sorted(counts.items()))
 
 
+# Records the writer sorts and dedupes: prepared in memory (tests) or staged locations.
+_R = TypeVar("_R", PreparedRecord, StagedRecord)
+
+
 def dedupe_sorted(
-    records: Iterable[PreparedRecord], *, label_conflicts: str = "keep_first"
-) -> tuple[list[PreparedRecord], list[Duplicate]]:
+    records: Iterable[_R], *, label_conflicts: str = "keep_first"
+) -> tuple[list[_R], list[Duplicate]]:
     """Sorts records by ``(sha256, uri)`` and keeps the first of each run of equal hashes.
 
     Copies found under different classes are a label conflict, flagged in their ``Duplicate``.
@@ -160,7 +165,7 @@ def dedupe_sorted(
         raise ValueError(
             f"label_conflicts must be one of {LABEL_CONFLICT_POLICIES}, got {label_conflicts!r}"
         )
-    kept: list[PreparedRecord] = []
+    kept: list[_R] = []
     duplicates: list[Duplicate] = []
     ordered = sorted(records, key=lambda r: (r.sha256, r.uri))
     for sha256, run in itertools.groupby(ordered, key=lambda r: r.sha256):
@@ -297,6 +302,7 @@ class WriteShardFn(beam.DoFn):
     def _write(self, split: str, index: int, count: int, values: Iterable[StagedRecord]):
         if self._reader is None:
             self.setup()
+        assert self._reader is not None
         records, duplicates = dedupe_sorted(
             _unpacked(values), label_conflicts=self._label_conflicts
         )
