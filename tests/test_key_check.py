@@ -50,3 +50,34 @@ def test_keys_that_are_not_digests_and_the_report_limit() -> None:
     keys.add(s, 10, "file-99.jpg")
     lines = keys.duplicates(limit=3)
     assert len(lines) == 4 and lines[-1] == "... and 2 more duplicated keys"
+
+
+def test_verify_reports_a_key_stored_twice_naming_both_places(jpeg_dataset, tmp_path) -> None:
+    import json
+
+    from apache_beam.io.tfrecordio import _TFRecordUtil
+
+    from schemas import MANIFEST_NAME, serialize_record
+    from tests.fixtures.shards import copy_dataset
+    from tfrecord_io.verification import verify_dataset
+
+    dataset = copy_dataset(jpeg_dataset, tmp_path / "ds")
+    record = dataset.records["train"][0]
+    shard = dataset.shard_paths("train")[1]
+    with open(shard, "ab") as handle:
+        _TFRecordUtil.write_record(handle, serialize_record(record))
+    data = json.loads((dataset.root / MANIFEST_NAME).read_text())
+    entry = data["splits"]["train"]["shards"][1]
+    entry["num_examples"] += 1
+    entry["num_bytes"] = shard.stat().st_size
+    entry["sha256"] = hashlib.sha256(shard.read_bytes()).hexdigest()
+    data["splits"]["train"]["num_examples"] += 1
+    data["counts"]["input"] += 1
+    data["counts"]["written"] += 1
+    (dataset.root / MANIFEST_NAME).write_text(json.dumps(data))
+    report = verify_dataset(dataset.root)
+    assert not report.ok and all(s.ok for s in report.shards)
+    (line,) = report.problems
+    first = dataset.manifest.split("train").shards[0].file
+    assert line.startswith(f"key {record.sha256[:32]}… appears 2 times: in {first} (record 0)")
+    assert f"{shard.name} (record {entry['num_examples'] - 1})" in line
