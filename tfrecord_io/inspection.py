@@ -270,16 +270,25 @@ def _read_samples(files: DatasetFiles, rows: list[dict[str, Any]]) -> list[Sampl
 def _sample_rows(table: pa.Table, labels: Sequence[str], per_class: int, seed: int):
     """``{class name: rows}``: ``per_class`` seeded picks per class, in split then index order."""
     label_column = table.column("label").to_numpy(zero_copy_only=False)
-    chosen: dict[str, list[dict[str, Any]]] = {}
-    split_order = {"train": 0, "validation": 1}
-    for label, name in enumerate(labels):
-        positions = np.flatnonzero(label_column == label)
+    order = np.argsort(label_column, kind="stable")
+    bounds = np.searchsorted(label_column[order], np.arange(len(labels) + 1))
+    picks = []
+    for label in range(len(labels)):
+        positions = order[bounds[label] : bounds[label + 1]]
         rng = np.random.default_rng([seed, label])
         take = min(per_class, positions.size)
-        picked = np.sort(rng.choice(positions, size=take, replace=False)) if take else positions
-        rows = table.take(pa.array(picked, pa.int64())).to_pylist()
-        rows.sort(key=lambda r: (split_order.get(r["split"], 2), r["split"], r["index"]))
-        chosen[name] = rows
+        picks.append(np.sort(rng.choice(positions, size=take, replace=False)))
+    # One take for every class: each take reads across every column of the table.
+    rows = table.take(pa.array(np.concatenate(picks or [np.zeros(0, np.int64)]), pa.int64()))
+    rows = rows.to_pylist()
+    split_order = {"train": 0, "validation": 1}
+    chosen: dict[str, list[dict[str, Any]]] = {}
+    start = 0
+    for name, picked in zip(labels, picks, strict=True):
+        mine = rows[start : start + picked.size]
+        start += picked.size
+        mine.sort(key=lambda r: (split_order.get(r["split"], 2), r["split"], r["index"]))
+        chosen[name] = mine
     return chosen
 
 
