@@ -38,6 +38,8 @@ __all__ = [
     # loop
     "Checkpointer",
     "KeyAudit",
+    "ResumePlan",
+    "plan_resume",
     "TrainResult",
     "plan_steps",
     "run_training",
@@ -71,6 +73,8 @@ _HOME = {
     "ReaderInputs": "trainer.inputs",
     "Checkpointer": "trainer.checkpoints",
     "KeyAudit": "trainer.audit",
+    "ResumePlan": "trainer.resume",
+    "plan_resume": "trainer.resume",
     "TrainResult": "trainer.loop",
     "plan_steps": "trainer.loop",
     "run_training": "trainer.loop",
