@@ -1,12 +1,14 @@
 """Benchmark: what exact epochs cost the reader, and what the delivered set adds to a checkpoint.
 
-Reader rows, over RAW shards (the cheapest decode, so the filter's share is the largest it gets;
-training mode, one input pipeline, ``uint8`` batches of 128):
+Reader rows, over RAW 64 px shards (the cheapest decode, so the filter's share is the largest it
+gets) or JPEG shards stored at 256 px and read as 224 px random crops (the usual case); training
+mode, one input pipeline, ``uint8`` batches of 128, a 1024-record shuffle buffer:
 
   * reader: ``make_dataset`` without ``exclude`` (today's file-sharded reader).
   * exact epochs, fresh: ``exclude=DeliveredSet.empty(N)``: positions ride along, no filter.
-  * exact epochs, filter: one example delivered, so the whole epoch goes through the bitmap
-    lookup (``filter`` on every record) while yielding the same examples as the fresh row.
+  * exact epochs, filter: the first example of each shard delivered, so every record of the
+    epoch goes through the bitmap lookup while the row yields nearly the same examples as the
+    fresh row (16 fewer).
   * exact epochs, half delivered: every other example delivered; examples/s counts yielded
     examples (the filter drops as many records as it keeps).
 
@@ -23,7 +25,8 @@ plus a constant.
 
 Usage::
 
-  python -m benchmarks.bench_delivery [--n 20000] [--rounds 3] [--batches 60]
+  python -m benchmarks.bench_delivery [--encoding raw|jpeg] [--n 20000] [--rounds 3]
+      [--batches 60]
 """
 
 from __future__ import annotations
@@ -43,18 +46,25 @@ __all__ = ["ROWS", "checkpoint_rows", "main", "measure_row"]
 
 ROWS = ("reader", "exact, fresh", "exact, filter", "exact, half delivered")
 BATCH = 128
-IMAGE = 64
+# Stored image side per encoding, and the side the reader outputs.
+STORED = {"raw": 64, "jpeg": 256}
+OUTPUT = {"raw": 64, "jpeg": 224}
+SHUFFLE_BUFFER = 1024
 
 
-def _write(root: Path, n: int) -> None:
+def _write(root: Path, n: int, encoding: str) -> None:
     from tests.fixtures.shards import write_dataset
 
     write_dataset(
-        root, encoding="raw", examples={"train": n}, num_shards={"train": 16}, image_size=IMAGE
+        root,
+        encoding=encoding,
+        examples={"train": n},
+        num_shards={"train": 16},
+        image_size=STORED[encoding],
     )
 
 
-def _build(root: str, row: str):  # -> tf.data.Dataset
+def _build(root: str, row: str, image_size: int):  # -> tf.data.Dataset
     import numpy as np
 
     from tfrecord_io import load_manifest
@@ -62,27 +72,32 @@ def _build(root: str, row: str):  # -> tf.data.Dataset
     from tfrecord_io.read_config import ReadConfig
     from tfrecord_io.reader import make_dataset
 
-    n = load_manifest(root).split("train").num_examples
+    split = load_manifest(root).split("train")
+    n = split.num_examples
+    first_of_each_shard = np.cumsum([0] + [s.num_examples for s in split.shards[:-1]])
     exclude = {
         "reader": None,
         "exact, fresh": DeliveredSet.empty(n),
-        "exact, filter": DeliveredSet.from_indices(n, [n - 1]),
+        "exact, filter": DeliveredSet.from_indices(n, first_of_each_shard),
         "exact, half delivered": DeliveredSet.from_indices(n, np.arange(0, n, 2)),
     }[row]
     return make_dataset(
         root,
         "train",
         global_batch_size=BATCH,
-        image_size=IMAGE,
+        image_size=image_size,
         seed=0,
-        read_config=ReadConfig(exclude=exclude),
+        # A buffer well under the timed stretch, so every row reads while it is timed.
+        read_config=ReadConfig(exclude=exclude, shuffle_buffer=SHUFFLE_BUFFER),
     )
 
 
-def measure_row(root: str, row: str, warmup: int, batches: int) -> dict[str, float]:
+def measure_row(
+    root: str, row: str, image_size: int, warmup: int, batches: int
+) -> dict[str, float]:
     """One row in this process: (examples/s, host CPU-ms per example)."""
-    next(iter(_build(root, row)))  # tracing and thread pools, untimed
-    iterator = iter(_build(root, row))
+    next(iter(_build(root, row, image_size)))  # tracing and thread pools, untimed
+    iterator = iter(_build(root, row, image_size))
     for _ in range(warmup):
         next(iterator)
     wall, cpu = time.perf_counter(), time.process_time()
@@ -129,7 +144,8 @@ def checkpoint_rows(sizes: tuple[int, ...] = (100_000, 1_281_167)) -> list[dict[
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=20_000, help="examples in the RAW split")
+    parser.add_argument("--n", type=int, default=20_000, help="examples in the split")
+    parser.add_argument("--encoding", choices=sorted(STORED), default="raw")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=15)
     parser.add_argument("--batches", type=int, default=60)
@@ -137,14 +153,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--row", default=None, help=argparse.SUPPRESS)  # one row, in-process
     args = parser.parse_args(argv)
     if args.row is not None:
-        print(json.dumps(measure_row(args.data, args.row, args.warmup, args.batches)))
+        print(
+            json.dumps(
+                measure_row(args.data, args.row, OUTPUT[args.encoding], args.warmup, args.batches)
+            )
+        )
         return 0
     if (args.warmup + args.batches) * BATCH > args.n // 2:
         parser.error("--n must hold warm-up and timed batches twice over (one epoch, half kept)")
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(args.data) if args.data else Path(tmp) / "raw"
+        root = Path(args.data) if args.data else Path(tmp) / args.encoding
         if not (root / "dataset.json").exists():
-            _write(root, args.n)
+            _write(root, args.n, args.encoding)
         results: dict[str, list[dict[str, float]]] = {row: [] for row in ROWS}
         for _ in range(args.rounds):
             for row in ROWS:
@@ -153,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                     [
                         "--row",
                         row,
+                        "--encoding",
+                        args.encoding,
                         "--data",
                         str(root),
                         "--warmup",
@@ -163,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 results[row].append(json.loads(out.strip().splitlines()[-1]))
     print(
-        f"reader, RAW {IMAGE}x{IMAGE}, {args.n} examples in 16 shards, batch {BATCH}, "
+        f"reader, {args.encoding.upper()} stored at {STORED[args.encoding]} px, output "
+        f"{OUTPUT[args.encoding]} px, {args.n} examples in 16 shards, batch {BATCH}, "
         f"{args.batches} timed batches, median of {args.rounds} rounds (2-core shared machine)"
     )
     fresh = statistics.median(r["examples_per_s"] for r in results["exact, fresh"])
