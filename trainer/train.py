@@ -89,8 +89,8 @@ def _parser() -> argparse.ArgumentParser:
     data.add_argument(
         "--data_service",
         default=None,
-        help="tf.data service dispatcher (grpc://host:port); the data position is then not "
-        "checkpointed",
+        help="tf.data service dispatcher (grpc://host:port); a resume reads the rest of the "
+        "epoch from the checkpoint's delivered set",
     )
     data.add_argument(
         "--data_service_compression",
