@@ -122,7 +122,7 @@ class EpochShare:
 
 def plan_partial_epochs(
     delivered: DeliveredSet,
-    counts: Sequence[int],
+    counts: Sequence[int] | np.ndarray,
     *,
     seed: int,
     num_pipelines: int,

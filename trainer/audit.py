@@ -82,12 +82,12 @@ def close_previous_segments(
             name = audit_path(path, num_workers=workers, worker_index=k, start_step=start)
             kept[name] = (step - start) * int(previous["worker_batch"])
     for name in glob.glob(glob.escape(path) + "*"):
-        start = _segment_start(path, name)
-        if name in current or start is None:
+        began = _segment_start(path, name)
+        if name in current or began is None:
             continue
         if name in kept:
             _cut(name, kept[name])
-        elif start >= step:
+        elif began >= step:
             _cut(name, 0)
 
 
