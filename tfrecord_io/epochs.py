@@ -245,7 +245,11 @@ def exact_epoch_records(
         cycle = max(1, min(cycle, num_shards // _SERVICE_SHARE_OF_SHARDS))
 
     def read_unit(
-        shard: tf.Tensor, skip: tf.Tensor, take: tf.Tensor, epoch: tf.Tensor, bits: tf.Tensor | None
+        shard: tf.Tensor,
+        skip: tf.Tensor,
+        take: tf.Tensor,
+        epoch: tf.Tensor,
+        filter_by: tuple[tf.Tensor, tf.Tensor] | None,
     ) -> tf.data.Dataset:
         marker = damage[shard]
         records = read_shard(paths[shard], sizes[shard], records_in[shard], marker)
@@ -253,7 +257,8 @@ def exact_epoch_records(
         pairs = tf.data.Dataset.zip(
             (tf.data.Dataset.range(first, first + records_in[shard]), records)
         )
-        if bits is not None:
+        if filter_by is not None:
+            bits, touched = filter_by
             epoch_start = epoch * n
 
             def select(positions: tf.Tensor, records: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
@@ -268,16 +273,23 @@ def exact_epoch_records(
 
             # The lookup runs on blocks of records: a tf.data function call per record (a
             # ``filter``) cost about as much CPU as reading the record, a block's far less.
-            pairs = pairs.batch(_FILTER_BLOCK).map(select).unbatch()
+            # Only shards the epoch already took from go through it (mid-epoch most shards
+            # are whole or untouched); the other branch is a take(0), which reads nothing.
+            none, every = tf.constant(0, tf.int64), tf.constant(-1, tf.int64)
+            plain = pairs.take(tf.where(touched[shard], none, every))
+            masked = pairs.take(tf.where(touched[shard], every, none))
+            pairs = plain.concatenate(masked.batch(_FILTER_BLOCK).map(select).unbatch())
         return pairs.skip(skip).take(take)
 
-    def read_units(units: tf.data.Dataset, bits: tf.Tensor | None) -> tf.data.Dataset:
+    def read_units(
+        units: tf.data.Dataset, filter_by: tuple[tf.Tensor, tf.Tensor] | None
+    ) -> tf.data.Dataset:
         # (shard, skip, take, epoch) -> (path, shard, skip, take, epoch): the shard cache's
         # download-ahead needs the path in the element.
         units = units.map(lambda shard, skip, take, epoch: (paths[shard], shard, skip, take, epoch))
         units = resolved.prepare_files(units, path_index=0)
         return units.interleave(
-            lambda path, shard, skip, take, epoch: read_unit(shard, skip, take, epoch, bits),
+            lambda path, shard, skip, take, epoch: read_unit(shard, skip, take, epoch, filter_by),
             cycle_length=cycle,
             block_length=1,
             num_parallel_calls=tf.data.AUTOTUNE,
@@ -299,8 +311,15 @@ def exact_epoch_records(
             )
         )
         # Nothing delivered yet (a fresh start): no filter, so fresh epochs cost nothing extra.
-        bits = tf.constant(_pack_bits(share.mask), tf.uint8) if share.mask.any() else None
-        pairs = read_units(units, bits)
+        filter_by = None
+        if share.mask.any():
+            prefix = np.concatenate([[0], np.cumsum(share.mask.astype(np.int64))])
+            touched = prefix[bases + true_counts] > prefix[bases]
+            filter_by = (
+                tf.constant(_pack_bits(share.mask), tf.uint8),
+                tf.constant(touched, tf.bool),
+            )
+        pairs = read_units(units, filter_by)
         if not on_service:
             pairs = shuffled(pairs, min(shuffle_buffer, share.examples), share.epoch)
         streams.append(pairs)
