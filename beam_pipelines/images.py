@@ -256,7 +256,7 @@ class PreparedImage:
       source_size: the source's ``(width, height)`` as declared in its header.
       decoded_size: the ``(width, height)`` actually decoded (smaller than ``source_size`` when
         JPEG DCT-domain downscaling applied).
-      luma_sample: the prepared pixels' 64x64 luma point sample (``image_hash.luma_sample``),
+      luma_sample: the prepared pixels' 96x96 luma point sample (``image_hash.luma_sample``),
         which ``phash`` (or, for many images at once, ``image_hash.perceptual_hashes``) hashes.
       events: what preparing it involved, as counter names (``icc_converted``,
         ``high_bit_depth_stretch_sbit``, ``cropped_out_of_bounds``…).

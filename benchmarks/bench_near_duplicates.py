@@ -16,7 +16,7 @@ of a variant: of the pairs that hold one of its copies, the share joining two im
 scene. ``distinct pairs`` counts pairs between different scenes' originals.
 
 Cost rows:
-* hash cost: the 64x64 luma sample, timed inside ``prepare_image`` where the pipeline takes
+* hash cost: the 96x96 luma sample, timed inside ``prepare_image`` where the pipeline takes
   it, plus the hash of all the samples at once (``image_hash.perceptual_hashes``, as the
   pipeline runs it per staging file), against the whole ``prepare_image`` (the pipeline's CPU
   per image is larger still, with Beam's own overhead: ``bench_pipeline``);

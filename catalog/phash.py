@@ -116,7 +116,7 @@ def _projections(width: int, height: int, fx: int, fy: int) -> tuple[np.ndarray,
 
 def luma_grid_of_sample(sample: np.ndarray) -> np.ndarray:
     """The ``(32, 32)`` grid of a point sample (``(n, m)`` luma values on a regular grid, the
-    pipeline's 64x64): each cell averages the samples that fall in it, by area.
+    pipeline's 96x96): each cell averages the samples that fall in it, by area.
     """
     array = np.asarray(sample, dtype=np.float64)
     return _area(array.shape[0]) @ array @ _area(array.shape[1]).T
