@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import csv
 import json
+import pickle
 import unicodedata
+import zlib
 from collections.abc import Iterable
 
 import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipelines.elements import SourceFile
 from beam_pipelines.object_store_io import list_one_level
@@ -34,6 +37,7 @@ __all__ = [
     "source_from_path",
     "parse_listing_line",
     "MatchTree",
+    "ReshuffleInBatches",
     "ListSources",
     "LabelNames",
 ]
@@ -178,10 +182,53 @@ class ListSources(beam.PTransform):
             )
             sources, skipped = listed.sources, listed[SKIPPED_TAG]
         # Matching yields files in one bundle; reshuffling lets decoding fan out over workers.
-        return {"sources": sources | "Reshuffle" >> beam.Reshuffle(), SKIPPED_TAG: skipped}
+        return {"sources": sources | "Reshuffle" >> ReshuffleInBatches(), SKIPPED_TAG: skipped}
 
 
 _ALLOW = fileio.EmptyMatchTreatment.ALLOW
+# Inputs per element of the reshuffle: few enough that a few hundred images still spread over
+# workers, enough that the runner holds about 50 bytes per input instead of 500.
+RESHUFFLE_BATCH = 32
+
+
+class _BatchFn(beam.DoFn):
+    """``SourceFile -> bytes``: ``RESHUFFLE_BATCH`` inputs at a time, packed (zlib, pickle)."""
+
+    def start_bundle(self) -> None:
+        self._batch: list[tuple[str, str | None]] = []
+
+    def _packed(self) -> bytes:
+        batch, self._batch = self._batch, []
+        return zlib.compress(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 1)
+
+    def process(self, source: SourceFile):
+        self._batch.append(tuple(source))
+        if len(self._batch) >= RESHUFFLE_BATCH:
+            yield self._packed()
+
+    def finish_bundle(self):
+        if self._batch:
+            yield GlobalWindows.windowed_value(self._packed())
+
+
+def _unbatch(data: bytes) -> list[SourceFile]:
+    return [SourceFile(*fields) for fields in pickle.loads(zlib.decompress(data))]
+
+
+class ReshuffleInBatches(beam.PTransform):
+    """``SourceFile -> SourceFile``, spread over workers (a ``Reshuffle``) in packed batches:
+    Beam runners hold what crosses a shuffle as objects (the in-process runner all of it)."""
+
+    def expand(self, sources):
+        return (
+            sources
+            | "Batch" >> beam.ParDo(_BatchFn())
+            # bytes: RESHUFFLE_BATCH SourceFile, packed
+            | "Spread" >> beam.Reshuffle()
+            | "Unbatch" >> beam.FlatMap(_unbatch)
+        )
+
+
 _ROOT_FILES = "root_files"
 
 

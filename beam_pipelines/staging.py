@@ -163,6 +163,9 @@ class RecordStager:
       max_file_seconds: commit the file this long after its first record, so that a slow or
         killed build loses little finished work.
       clock: returns seconds (tests pass a fake one).
+      finalize: completes the locations of a committed file before they are recorded in its
+        sidecar and handed out (the image step fills in catalog columns computed per file,
+        such as perceptual hashes): a resumed build reuses them exactly as they were emitted.
     """
 
     def __init__(
@@ -172,6 +175,7 @@ class RecordStager:
         max_file_bytes: int = DEFAULT_FILE_BYTES,
         max_file_seconds: float = DEFAULT_FILE_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        finalize: Callable[[list[StagedRecord]], list[StagedRecord]] | None = None,
     ) -> None:
         if max_file_bytes < 1 or max_file_seconds <= 0:
             raise ValueError(
@@ -183,6 +187,7 @@ class RecordStager:
         self._max_bytes = max_file_bytes
         self._max_seconds = max_file_seconds
         self._clock = clock
+        self._finalize = finalize
         self._handle: Any = None
         self._local_path = ""
         self._name = ""
@@ -238,6 +243,8 @@ class RecordStager:
             if os.path.exists(self._local_path):
                 os.remove(self._local_path)
         committed, self._pending = self._pending, []
+        if self._finalize is not None:
+            committed = list(self._finalize(committed))
         # After the file: a sidecar that exists always describes a complete file.
         sidecar = {
             "file": self._name,

@@ -149,7 +149,10 @@ class PrepareImageFn(beam.DoFn):
         if self._staging is not None:
             if self._stager is not None:
                 self._stager.close()  # left by a failed bundle: its records were never emitted
-            self._stager = RecordStager(self._staging, max_file_bytes=self._staging_file_bytes)
+            # Perceptual hashes are filled in per committed file, before its sidecar is written.
+            self._stager = RecordStager(
+                self._staging, max_file_bytes=self._staging_file_bytes, finalize=self._with_hashes
+            )
         self._samples = {}  # a failed bundle's records were never emitted
 
     def finish_bundle(self):

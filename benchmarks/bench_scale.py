@@ -303,13 +303,14 @@ def _resume(args: argparse.Namespace, work: Path) -> None:
     resumed = measured_run(
         [*_pipeline_args(images, resumed_out, extra), "--resume"], pythonpath=args.pythonpath
     )
-    same = sorted(p.name for p in clean_out.iterdir()) == sorted(
-        p.name for p in resumed_out.iterdir()
-    ) and all(
-        (clean_out / p.name).read_bytes() == p.read_bytes()
-        for p in resumed_out.iterdir()
-        if p.is_file()
+    clean_files = {p.name: p.read_bytes() for p in clean_out.iterdir() if p.is_file()}
+    resumed_files = {p.name: p.read_bytes() for p in resumed_out.iterdir() if p.is_file()}
+    differing = sorted(
+        name
+        for name in set(clean_files) | set(resumed_files)
+        if clean_files.get(name) != resumed_files.get(name)
     )
+    same = not differing and not (resumed_out / ".staging").exists()
     print("| run | wall s | CPU s | vs clean CPU |")
     print("|---|---:|---:|---:|")
     print(f"| clean build | {clean['wall_s']:.1f} | {clean['cpu_s']:.1f} | 100 % |")
@@ -322,7 +323,11 @@ def _resume(args: argparse.Namespace, work: Path) -> None:
         f"| --resume | {resumed['wall_s']:.1f} | {resumed['cpu_s']:.1f} | "
         f"{resumed['cpu_s'] / clean['cpu_s']:.0%} |"
     )
-    print(f"resumed dataset byte-identical to the clean one: {same}; {_load()} at end")
+    print(
+        f"resumed dataset byte-identical to the clean one: {same}"
+        + (f" (differing: {', '.join(differing)})" if differing else "")
+        + f"; {_load()} at end"
+    )
 
 
 def _imagenet(args: argparse.Namespace, work: Path) -> None:
