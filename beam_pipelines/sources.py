@@ -202,7 +202,7 @@ class _BatchFn(beam.DoFn):
         return zlib.compress(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 1)
 
     def process(self, source: SourceFile):
-        self._batch.append(tuple(source))
+        self._batch.append((source.uri, source.label))
         if len(self._batch) >= RESHUFFLE_BATCH:
             yield self._packed()
 
