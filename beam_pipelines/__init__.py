@@ -17,6 +17,7 @@ from beam_pipelines.elements import (
     Rejection,
     ShardResult,
     SourceFile,
+    StagedRecord,
 )
 from beam_pipelines.images import (
     DEFAULT_ACCEPTED_FORMATS,
@@ -31,6 +32,7 @@ from beam_pipelines.images import (
     resize_and_crop,
     sniff_format,
 )
+from beam_pipelines.plan import PlanShards, estimated_example_bytes, listing_shard_counts
 from beam_pipelines.publish import (
     DUPLICATES_NAME,
     OutputExistsError,
@@ -40,6 +42,7 @@ from beam_pipelines.publish import (
     read_manifest,
     remove_unlisted_shards,
 )
+from beam_pipelines.resume import ResumeState
 from beam_pipelines.runners import RUNNER_ALIASES, resolve_runner_aliases
 from beam_pipelines.shards import (
     METRICS_NAMESPACE,
@@ -53,6 +56,7 @@ from beam_pipelines.shards import (
     plan_shard_counts,
 )
 from beam_pipelines.sources import LabelNames, ListSources, is_listing, parse_listing_line
+from beam_pipelines.staging import RecordStager, StagedRecordReader
 from beam_pipelines.transforms import ImagesToShards, PrepareImages, read_source
 
 __all__ = [
@@ -64,6 +68,13 @@ __all__ = [
     "Rejection",
     "ShardResult",
     "SourceFile",
+    "StagedRecord",
+    "PlanShards",
+    "estimated_example_bytes",
+    "listing_shard_counts",
+    "ResumeState",
+    "RecordStager",
+    "StagedRecordReader",
     "REASONS",
     "DEFAULT_ACCEPTED_FORMATS",
     "ImageOptions",
