@@ -379,7 +379,9 @@ def _rejected(files: DatasetFiles) -> tuple[dict[str, int], dict[str, list[Rejec
 
 
 def _duplicates(files: DatasetFiles) -> tuple[dict[str, int], list[dict[str, Any]]]:
-    conflicts, plain, total, conflict_count = [], [], 0, 0
+    conflicts: list[dict[str, Any]] = []
+    plain: list[dict[str, Any]] = []
+    total = conflict_count = 0
     for row in _jsonl(files, "duplicates.jsonl"):
         total += 1
         if row.get("label_conflict"):
