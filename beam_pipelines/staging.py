@@ -8,8 +8,8 @@ made memory grow with the dataset. Here the bytes cross no shuffle at all:
 * the image step appends each example, TFRecord-framed (the bytes a shard holds), to a local
   file (``RecordStager``). When the file reaches ``max_file_bytes``, or ``max_file_seconds``
   after its first record, or the bundle ends, the file is committed to
-  ``DST/.staging/records/<uuid>.tfrecord`` (copied through Beam FileSystems under a temporary
-  name, then renamed; a local output is written in place and renamed) and only then are its
+  ``DST/.staging/records/<uuid>.tfrecord`` (uploaded in one request on buckets, which makes an
+  object visible whole or not at all; written in place and renamed locally) and only then are its
   records' ``StagedRecord`` locations emitted. A sidecar ``<uuid>.json`` listing those
   locations is written after the file: ``--resume`` reuses a committed file's examples instead
   of preparing them again.
@@ -203,7 +203,7 @@ class RecordStager:
             directory = _local(self._dir)
             os.makedirs(directory, exist_ok=True)
             self._local_path = temporary_path(os.path.join(directory, self._name))
-            self._handle = open(self._local_path, "wb")  # closed in _commit
+            self._handle = open(self._local_path, "wb")  # closed in flush or close
         else:
             fd, self._local_path = tempfile.mkstemp(prefix="staging-", suffix=_SUFFIX)
             self._handle = os.fdopen(fd, "wb")
