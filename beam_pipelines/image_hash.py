@@ -36,9 +36,17 @@ def _array(samples: Sequence[bytes]) -> np.ndarray:
     return joined.reshape(len(samples), SAMPLE, SAMPLE)
 
 
+# Samples hashed per numpy pass: the pass works in float64, 8 bytes per sampled pixel, so a
+# staging file of small examples (thousands) would otherwise cost hundreds of MB at once.
+_CHUNK = 256
+
+
 def perceptual_hashes(samples: Sequence[bytes]) -> list[int]:
-    """The hashes of many ``luma_sample`` results at once, as unsigned ints."""
-    return phashes_of_samples(_array(samples)) if samples else []
+    """The hashes of many ``luma_sample`` results, ``_CHUNK`` per numpy pass, as unsigned ints."""
+    hashes: list[int] = []
+    for start in range(0, len(samples), _CHUNK):
+        hashes += phashes_of_samples(_array(samples[start : start + _CHUNK]))
+    return hashes
 
 
 def perceptual_hash(image: Image.Image) -> int:
