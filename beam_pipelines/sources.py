@@ -22,7 +22,6 @@ import zlib
 from collections.abc import Iterable
 
 import apache_beam as beam
-from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
@@ -185,7 +184,6 @@ class ListSources(beam.PTransform):
         return {"sources": sources | "Reshuffle" >> ReshuffleInBatches(), SKIPPED_TAG: skipped}
 
 
-_ALLOW = fileio.EmptyMatchTreatment.ALLOW
 # Inputs per element of the reshuffle: few enough that a few hundred images still spread over
 # workers, enough that the runner holds about 50 bytes per input instead of 500.
 RESHUFFLE_BATCH = 32
@@ -229,23 +227,28 @@ class ReshuffleInBatches(beam.PTransform):
         )
 
 
-_ROOT_FILES = "root_files"
-
-
 class _ListTopLevelFn(beam.DoFn):
-    """``root -> str``: a ``<class dir>/**`` pattern per directory directly under the root, and
-    the ``FileMetadata`` of each file directly under it on the ``root_files`` output."""
+    """``root -> str | FileMetadata``: a ``<class dir>/**`` pattern per directory directly under
+    the root, and the ``FileMetadata`` of each file directly under it."""
 
     def process(self, root: str):
         level = list_one_level(root)
         if level is None:
             yield FileSystems.join(root, "**")  # a scheme without a one-level listing
-            return
-        dirs, files = level
-        for directory in dirs:
-            yield FileSystems.join(directory, "**")
-        for meta in files:
-            yield beam.pvalue.TaggedOutput(_ROOT_FILES, meta)
+        else:
+            dirs, files = level
+            yield from (FileSystems.join(directory, "**") for directory in dirs)
+            yield from files
+
+
+class _MatchEachFn(beam.DoFn):
+    """``str | FileMetadata -> FileMetadata``: every file a pattern matches; a file as it is."""
+
+    def process(self, element):
+        if isinstance(element, str):
+            yield from FileSystems.match([element])[0].metadata_list
+        else:
+            yield element
 
 
 class MatchTree(beam.PTransform):
@@ -254,8 +257,9 @@ class MatchTree(beam.PTransform):
 
     One step lists the root's first level (a delimiter listing on buckets: directories and the
     files directly under the root); the directories are then spread over workers and each is
-    matched on its own (``fileio.MatchAll``). What stays sequential: the first level, and each
-    class directory's own listing (paginated, in one worker).
+    matched on its own (``FileSystems.match``). What stays sequential: the first level, and
+    each class directory's own listing (paginated, in one worker). Both kinds of element go
+    through one path, so nothing is gathered in a ``Flatten`` (which runners materialise).
     """
 
     def __init__(self, root: str) -> None:
@@ -263,20 +267,15 @@ class MatchTree(beam.PTransform):
         self._root = root
 
     def expand(self, pbegin):
-        top = (
+        return (
             pbegin
             | "Root" >> beam.Create([self._root])
-            | "ListTopLevel"
-            >> beam.ParDo(_ListTopLevelFn()).with_outputs(_ROOT_FILES, main="patterns")
-            # str: "<class dir>/**"; FileMetadata on root_files
-        )
-        nested = (
-            top.patterns
+            | "ListTopLevel" >> beam.ParDo(_ListTopLevelFn())
+            # str: "<class dir>/**", or FileMetadata of a file directly under the root
             | "Spread" >> beam.Reshuffle()
-            | "MatchEach" >> fileio.MatchAll(empty_match_treatment=_ALLOW)
+            | "MatchEach" >> beam.ParDo(_MatchEachFn())
             # FileMetadata
         )
-        return (top[_ROOT_FILES], nested) | "AllFiles" >> beam.Flatten()
 
 
 def _sorted_names(names: Iterable[str]) -> tuple[str, ...]:
