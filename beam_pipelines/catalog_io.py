@@ -19,6 +19,7 @@ Every write goes through Beam FileSystems under a temporary name, then a rename.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import re
@@ -31,7 +32,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.elements import CatalogMeta, ShardResult
-from beam_pipelines.object_store_io import write_file
+from beam_pipelines.object_store_io import write_object
 from catalog.index_files import format_index, index_filename
 from catalog.table import build_table, catalog_filename, merge_fragments, table_bytes
 from schemas.manifest import Manifest
@@ -42,7 +43,6 @@ __all__ = [
     "CatalogResult",
     "fragment_path",
     "fragment_table",
-    "write_file",
     "write_index_and_fragment",
     "merge_split_catalog",
     "MergeCatalogs",
@@ -120,13 +120,23 @@ def write_index_and_fragment(
     Returns:
       ``(num_bytes, sha256)`` of the index file.
     """
-    index = write_file(
-        FileSystems.join(output_dir, index_filename(shard_name)), format_index(entries)
-    )
+    # Both are small: one retried PUT each on buckets (whole or absent), temp + rename locally.
+    index_bytes = format_index(entries)
+    write_object(FileSystems.join(output_dir, index_filename(shard_name)), index_bytes)
     table = fragment_table(split, shard_name, records, entries)
     # One shard's rows: a few MB at most.
-    write_file(fragment_path(output_dir, shard_name), table_bytes(table))
-    return index
+    write_object(fragment_path(output_dir, shard_name), table_bytes(table))
+    return len(index_bytes), hashlib.sha256(index_bytes).hexdigest()
+
+
+def _size_and_sha256(local_path: str) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(local_path, "rb") as handle:
+        while chunk := handle.read(8 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 @contextlib.contextmanager
@@ -173,7 +183,8 @@ def merge_split_catalog(
             raise ValueError(
                 f"{name}: merged {rows} catalog rows, but the shards of {split!r} hold {expected}"
             )
-        num_bytes, digest = write_file(destination, local_path=local)
+        num_bytes, digest = _size_and_sha256(local)
+        write_object(destination, local_path=local)  # retried; whole or absent on buckets
     finally:
         os.remove(local)
     return CatalogResult(split, name, rows, num_bytes, digest)
@@ -226,7 +237,7 @@ def write_tfds_metadata(output_dir: str, manifest: Manifest) -> list[str]:
         _log.warning("no tfds metadata written to %s: %s", output_dir, e)
         return []
     for name, text in sorted(files.items()):
-        write_file(FileSystems.join(output_dir, name), text.encode("utf-8"))
+        write_object(FileSystems.join(output_dir, name), text.encode("utf-8"))
     return sorted(files)
 
 

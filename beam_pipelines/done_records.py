@@ -17,9 +17,9 @@ from typing import Any
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipelines.catalog_io import STAGING_DIR, write_file
+from beam_pipelines.catalog_io import STAGING_DIR
 from beam_pipelines.elements import Duplicate, ShardResult
-from beam_pipelines.object_store_io import read_with_retries
+from beam_pipelines.object_store_io import read_with_retries, write_object
 from catalog.index_files import index_filename
 
 __all__ = [
@@ -70,7 +70,7 @@ def write_done_record(
         "keys_sha256": keys,
     }
     text = json.dumps(record, ensure_ascii=False, sort_keys=True)
-    write_file(done_record_path(output_dir, result.file), text.encode("utf-8"))
+    write_object(done_record_path(output_dir, result.file), text.encode("utf-8"))
 
 
 def list_done_records(output_dir: str) -> list[str]:

@@ -31,8 +31,9 @@ import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipelines.catalog_io import STAGING_DIR, write_file
+from beam_pipelines.catalog_io import STAGING_DIR
 from beam_pipelines.images import ImageOptions
+from beam_pipelines.object_store_io import write_object
 from beam_pipelines.shards import fixed_shard_counts
 from schemas.constants import MAX_SHARDS
 
@@ -140,7 +141,7 @@ def make_plan(
 def write_plan(output_dir: str, plan: Mapping[str, Any]) -> None:
     """Writes ``plan.json`` (temporary name, then rename)."""
     text = json.dumps(plan, sort_keys=True, ensure_ascii=False, indent=1, default=str)
-    write_file(plan_path(output_dir), text.encode("utf-8"))
+    write_object(plan_path(output_dir), text.encode("utf-8"))
 
 
 def read_plan(output_dir: str) -> dict[str, Any] | None:

@@ -28,7 +28,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms.window import GlobalWindows
 
-from beam_pipelines.catalog_io import STAGING_DIR, write_file
+from beam_pipelines.catalog_io import STAGING_DIR
 from beam_pipelines.object_store_io import read_object, write_object
 
 __all__ = [
@@ -154,7 +154,7 @@ class _MergeFn(beam.DoFn):
                 local_runs, report, self._element_type, fan_in=self._fan_in, workdir=work
             ):
                 summary.add(element)
-            write_file(self._destination, local_path=report)
+            write_object(self._destination, local_path=report)
         yield summary.result()
 
 

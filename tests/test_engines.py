@@ -21,7 +21,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
 from beam_pipelines.dask_runner import DaskRunner
-from beam_pipelines.images_to_tfrecord import run
+from beam_pipelines.images_to_tfrecord import JobFailedError, run
 from beam_pipelines.runners import DASK_RUNNER, RUNNER_ALIASES, resolve_runner_aliases
 from schemas.manifest import MANIFEST_NAME, Manifest
 from tests.fixtures.images import make_bad_files, make_image_tree, png_bytes
@@ -314,7 +314,7 @@ def _closed_port() -> int:
 def test_unreachable_dask_scheduler_fails_naming_it_and_publishes_nothing(engine_input, tmp_path):
     address = f"tcp://127.0.0.1:{_closed_port()}"
     output = tmp_path / "never"
-    with pytest.raises(OSError, match=address):
+    with pytest.raises(JobFailedError, match=address):  # a job failure: exit 3
         run(
             ["--input", str(engine_input), "--output", str(output), *_PIPELINE_FLAGS]
             + ["--runner", "DaskRunner", "--dask_client_address", address]

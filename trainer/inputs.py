@@ -44,10 +44,17 @@ class Inputs(Protocol):
         the pipeline runs on the tf.data service).
     """
 
-    num_classes: int
-    train_examples: int | None
-    has_eval: bool
-    checkpointable: bool
+    @property
+    def num_classes(self) -> int: ...
+
+    @property
+    def train_examples(self) -> int | None: ...
+
+    @property
+    def has_eval(self) -> bool: ...
+
+    @property
+    def checkpointable(self) -> bool: ...
 
     def train_dataset(
         self, input_context: tf.distribute.InputContext, *, with_keys: bool

@@ -162,7 +162,7 @@ class _Steps:
         tf, keras = self._tf, self._keras
         model, optimizer, replicas = self._model, self._optimizer, self._replicas
 
-        def replica_step(x: tf.Tensor, y: tf.Tensor, p: tf.Tensor | None) -> Any:
+        def replica_step(x: Any, y: Any, p: Any) -> Any:  # tf.Tensor: tf is imported lazily
             ctx = tf.distribute.get_replica_context()
             with tf.GradientTape() as tape:
                 logits = model(x, training=True)
@@ -234,7 +234,7 @@ class _Steps:
         mask = tf.cast(tf.range(size) < count, tf.float32)
         model, replicas = self._model, self._replicas
 
-        def replica_step(x: tf.Tensor, y: tf.Tensor, m: tf.Tensor) -> tf.Tensor:
+        def replica_step(x: Any, y: Any, m: Any) -> Any:  # tf.Tensor: tf is imported lazily
             logits = model(x, training=False)
             per_example = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
             predicted = tf.argmax(logits, axis=-1, output_type=y.dtype)
