@@ -475,18 +475,12 @@ def exact_epoch_dataset(
         decoded = decode_batch(parse_batch(serialized, decode_config), seeds, decode_config)
         return (*decoded, positions)
 
-    batches = records.batch(batch_size, drop_remainder=True)
-    batches = batches.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-    batches = batches.with_options(reader._options(config, deterministic, True, service))
-    if service is not None:
-        from tfrecord_io.service_client import distribute_dataset
-
-        batches = distribute_dataset(
-            batches,
-            service=service.service,
-            training=True,
-            job_name=service.job_name,
-            compression=service.compression,
-            max_outstanding_requests=service.max_outstanding_requests,
-        )
-    return batches.prefetch(tf.data.AUTOTUNE)
+    return reader._batch_and_decode(
+        records,
+        decode,
+        batch_size=batch_size,
+        training=True,
+        deterministic=deterministic,
+        options=reader._options(config, deterministic, True, service),
+        service=service,
+    )

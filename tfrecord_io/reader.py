@@ -610,20 +610,39 @@ def make_dataset(
     def decode(serialized: tf.Tensor, seeds: tf.Tensor | None = None) -> tuple[Any, ...]:
         return decode_batch(parse_batch(serialized, decode_config), seeds, decode_config)
 
+    return _batch_and_decode(
+        records,
+        decode,
+        batch_size=batch_size,
+        training=training,
+        deterministic=deterministic_order,
+        options=_options(config, deterministic_order, input_context is not None, on_service),
+        service=on_service,
+    )
+
+
+def _batch_and_decode(
+    records: tf.data.Dataset,
+    decode: Any,
+    *,
+    batch_size: int,
+    training: bool,
+    deterministic: bool,
+    options: tf.data.Options,
+    service: ServiceConfig | None,
+) -> tf.data.Dataset:
+    """The chain's tail: batch (full batches in training), decode each batch, the pipeline's
+    options, [tf.data service], prefetch."""
     batches = records.batch(batch_size, drop_remainder=training)
-    batches = batches.map(
-        decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic_order
-    )
-    batches = batches.with_options(
-        _options(config, deterministic_order, input_context is not None, on_service)
-    )
-    if on_service is not None:
+    batches = batches.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+    batches = batches.with_options(options)
+    if service is not None:
         batches = distribute_dataset(
             batches,
-            service=on_service.service,
+            service=service.service,
             training=training,
-            job_name=on_service.job_name,
-            compression=on_service.compression,
-            max_outstanding_requests=on_service.max_outstanding_requests,
+            job_name=service.job_name,
+            compression=service.compression,
+            max_outstanding_requests=service.max_outstanding_requests,
         )
     return batches.prefetch(tf.data.AUTOTUNE)
