@@ -22,7 +22,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.catalog_io import CatalogResult
 from beam_pipelines.elements import Duplicate, Rejection, ShardResult
-from beam_pipelines.object_store_io import create_empty_file, write_file
+from beam_pipelines.object_store_io import create_empty_file, write_object
 from beam_pipelines.reports import WriteSortedReport
 from catalog.index_files import index_filename
 from schemas.manifest import (
@@ -71,8 +71,9 @@ class OutputNotWritableError(ValueError):
 
 
 def write_text(path: str, text: str) -> None:
-    """Writes UTF-8 text under a temporary name, then renames it to ``path``."""
-    write_file(path, text.encode("utf-8"))
+    """Writes UTF-8 text as the whole file ``path``: one retried PUT on buckets (whole or
+    absent), a temporary name then a rename elsewhere (``object_store_io.write_object``)."""
+    write_object(path, text.encode("utf-8"))
 
 
 def read_text(path: str) -> str:
