@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from beam_pipelines.samples import SAMPLE_CLASSES, imagenet_like_jpeg
+from beam_pipelines.samples import SAMPLE_CLASSES, imagenet_like_jpeg, write_imagenet_like_jpegs
 
 __all__ = [
     "CLASSES",
@@ -257,9 +257,8 @@ def family_jpeg(name: str, seed: int) -> bytes:
 def write_family(name: str, root: Path | str, count: int, *, seed: int = 0) -> list[Path]:
     """Writes ``count`` photos of family ``name`` under ``root/<class>/``; returns their paths.
 
-    Photos cycle through ``CLASSES``. Photo ``i`` is made from seed ``seed * 1_000_003 + i``,
-    as ``beam_pipelines.samples.write_imagenet_like_jpegs`` does, so ``imagenet_like`` writes
-    the same files it does.
+    Photos cycle through ``CLASSES``; photo ``i`` is made from seed ``seed * 1_000_003 + i``.
+    ``imagenet_like`` is ``beam_pipelines.samples.write_imagenet_like_jpegs``: the same files.
 
     Raises:
       ValueError: naming the family, if there is none of that name, or a negative count.
@@ -267,6 +266,8 @@ def write_family(name: str, root: Path | str, count: int, *, seed: int = 0) -> l
     _family(name)
     if count < 0:
         raise ValueError(f"count must be >= 0, got {count!r}")
+    if name == "imagenet_like":
+        return write_imagenet_like_jpegs(root, count, seed=seed)
     root = Path(root)
     paths = []
     for i in range(count):
