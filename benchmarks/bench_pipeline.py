@@ -34,7 +34,9 @@ worker processes), which stays meaningful when other jobs share the machine.
 
 Usage::
 
-  python -m benchmarks.bench_pipeline [--n 200] [--repeats 2] [--quick]
+  python -m benchmarks.bench_pipeline [--n 200] [--repeats 2] [--quick] [--rows ROW,...]
+
+``--rows in_process,two_process_default`` measures only the default-options speed-up.
 """
 
 from __future__ import annotations
@@ -69,6 +71,26 @@ NUM_SHARDS = 8
 PIPELINE_FLAGS = ["--image_size", str(IMAGE_SIZE), "--num_shards", str(NUM_SHARDS)]
 # What a user who passes no sharding flag runs.
 DEFAULT_FLAGS = ["--image_size", str(IMAGE_SIZE)]
+PIPELINE_ROWS = {
+    "in_process": PIPELINE_FLAGS,
+    "two_process": [*PIPELINE_FLAGS, *MULTI_PROCESS_FLAGS],
+    "two_process_default": [*DEFAULT_FLAGS, *MULTI_PROCESS_FLAGS],
+}
+DATA_PLANE_ROWS = {  # (Beam flags, shard counts planned from bytes)
+    "records_in_process": ([], False),
+    "records_two_process": (MULTI_PROCESS_FLAGS, False),
+    "records_two_process_planned": (MULTI_PROCESS_FLAGS, True),
+}
+LABELS = {
+    "pillow": "pillow loop, 1 core",
+    "in_process": "pipeline, in-process",
+    "two_process": "pipeline, 2 processes",
+    "two_process_default": "pipeline, 2 processes, default options",
+    "records_in_process": "records only, in-process",
+    "records_two_process": "records only, 2 processes",
+    "records_two_process_planned": "records only, 2 processes, counts from bytes",
+}
+ROW_GROUPS = ("pillow", *PIPELINE_ROWS, "data_plane")
 
 
 def _measure(run_n: Callable[[], int], run_3n: Callable[[], int], repeats: int) -> dict[str, float]:
@@ -125,6 +147,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke run: N=16")
     parser.add_argument("--repeats", type=int, default=2, help="keep the fastest of R runs (2)")
     parser.add_argument("--workdir", default=None, help="where to put images and outputs")
+    parser.add_argument(
+        "--photos_cache", default=None, help="write the photos here once, reuse them after"
+    )
+    parser.add_argument(
+        "--rows",
+        default=",".join(ROW_GROUPS),
+        help=f"comma-separated rows to measure, of {','.join(ROW_GROUPS)} (all)",
+    )
     # A child process running one data-plane pipeline (see data_plane_run); the rest of the
     # command line is Beam's options.
     parser.add_argument("--data_plane_n", type=int, default=None, help=argparse.SUPPRESS)
@@ -137,6 +167,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(beam_flags)}")
     # Workers' start-up chatter, forwarded by the runner, would bury the table.
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
+    selected = set(args.rows.split(","))
+    if unknown := selected - set(ROW_GROUPS):
+        parser.error(f"--rows: unknown {','.join(sorted(unknown))}; choose from {ROW_GROUPS}")
     n = 16 if args.quick else args.n
     if args.quick:
         args.repeats = 1
@@ -144,81 +177,83 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.workdir) as work:
         root = Path(work)
         small, large = root / "n", root / "3n"
-        paths_n, paths_3n, mean_kb = photo_sets(root, n)
+        cache = Path(args.photos_cache) if args.photos_cache else None
+        paths_n, paths_3n, mean_kb = photo_sets(root, n, cache)
         print(
             f"{3 * n} + {n} ImageNet-like JPEGs, 500x375, mean {mean_kb:.0f} KB, q90; "
             f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start"
         )
 
-        rows: list[tuple[str, dict[str, float]]] = []
-        pillow_loop(paths_n + paths_3n)  # warm the page cache and Pillow's plugins
-        rows.append(
-            (
-                "pillow loop, 1 core",
-                _measure(lambda: pillow_loop(paths_n), lambda: pillow_loop(paths_3n), args.repeats),
+        rows: dict[str, dict[str, float]] = {}
+        if "pillow" in selected:
+            pillow_loop(paths_n + paths_3n)  # warm the page cache and Pillow's plugins
+            rows["pillow"] = _measure(
+                lambda: pillow_loop(paths_n), lambda: pillow_loop(paths_3n), args.repeats
             )
-        )
-        for label, flags in (
-            ("pipeline, in-process", PIPELINE_FLAGS),
-            ("pipeline, 2 processes", [*PIPELINE_FLAGS, *MULTI_PROCESS_FLAGS]),
-            (
-                "pipeline, 2 processes, default options",
-                [*DEFAULT_FLAGS, *MULTI_PROCESS_FLAGS],
-            ),
-        ):
+        for name, flags in PIPELINE_ROWS.items():
+            if name not in selected:
+                continue
             # An untimed run first: it warms the page cache with the input files.
             pipeline_run(small, root / "warm", flags)
-            measured = _measure(
+            rows[name] = _measure(
                 lambda f=flags: pipeline_run(small, root / "out_n", f),
                 lambda f=flags: pipeline_run(large, root / "out_3n", f),
                 args.repeats,
             )
-            rows.append((label, measured))
-        for label, extra, planned in (
-            ("records only, in-process", [], False),
-            ("records only, 2 processes", MULTI_PROCESS_FLAGS, False),
-            ("records only, 2 processes, counts from bytes", MULTI_PROCESS_FLAGS, True),
-        ):
+        for name, (extra, planned) in DATA_PLANE_ROWS.items():
+            if "data_plane" not in selected:
+                continue
             data_plane_run(n, extra, planned=planned)
-            measured = _measure(
+            rows[name] = _measure(
                 lambda e=extra, pl=planned: data_plane_run(n, e, planned=pl),
                 lambda e=extra, pl=planned: data_plane_run(3 * n, e, planned=pl),
                 args.repeats,
             )
-            rows.append((label, measured))
 
-    baseline, in_process, multi, planned, plane_in, plane_multi, plane_planned = (
-        r[1] for r in rows
-    )
     print()
     print(
         f"| row | t(N={n}) s | t(3N={3 * n}) s | steady images/s | CPU ms/image | ratio | target |"
     )
     print("|---|---:|---:|---:|---:|---|---|")
-    ratios = [
-        ("1.00 (baseline)", "-"),
-        (f"{in_process['rate'] / baseline['rate']:.2f} of pillow loop", ">= 0.80 of pillow loop"),
-        (f"{multi['rate'] / in_process['rate']:.2f}x in-process", ">= 1.5x in-process"),
-        (f"{planned['rate'] / in_process['rate']:.2f}x in-process", ">= 1.7x in-process"),
-        ("no image work: the mode's ceiling", "-"),
-        (
-            f"no image work: {plane_multi['rate'] / in_process['rate']:.2f}x "
-            "the in-process pipeline",
-            "-",
-        ),
-        (
-            f"no image work: {plane_planned['rate'] / in_process['rate']:.2f}x "
-            "the in-process pipeline",
-            "-",
-        ),
-    ]
-    for (label, m), (ratio, target) in zip(rows, ratios, strict=True):
+    for name, m in rows.items():
+        ratio, target = _ratio(name, rows)
         if math.isnan(m["rate"]):
             ratio = "unmeasurable: t(3N) <= t(N), the machine is too busy"
         print(
-            f"| {label} | {m['t_n']:.2f} | {m['t_3n']:.2f} | {m['rate']:.0f} | "
+            f"| {LABELS[name]} | {m['t_n']:.2f} | {m['t_3n']:.2f} | {m['rate']:.0f} | "
             f"{m['cpu_ms']:.2f} | {ratio} | {target} |"
         )
+    print()
+    if {"pillow", "in_process", "records_in_process", "records_two_process"} <= set(rows):
+        _explain(rows)
+    print(f"load average at end {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+    return 0
+
+
+def _ratio(name: str, rows: dict[str, dict[str, float]]) -> tuple[str, str]:
+    """The row's ratio column and target, against the rows measured in this run."""
+    base = rows.get("pillow")
+    in_process = rows.get("in_process")
+    if name == "pillow":
+        return "1.00 (baseline)", "-"
+    if name == "in_process":
+        if base is None:
+            return "-", ">= 0.80 of pillow loop"
+        return f"{rows[name]['rate'] / base['rate']:.2f} of pillow loop", ">= 0.80 of pillow loop"
+    if name == "records_in_process":
+        return "no image work: the mode's ceiling", "-"
+    targets = {"two_process": ">= 1.5x in-process", "two_process_default": ">= 1.7x in-process"}
+    if in_process is None:
+        return "-", targets.get(name, "-")
+    ratio = rows[name]["rate"] / in_process["rate"]
+    if name in targets:
+        return f"{ratio:.2f}x in-process", targets[name]
+    return f"no image work: {ratio:.2f}x the in-process pipeline", "-"
+
+
+def _explain(rows: dict[str, dict[str, float]]) -> None:
+    in_process, plane_in = rows["in_process"], rows["records_in_process"]
+    plane_multi, baseline = rows["records_two_process"], rows["pillow"]
     cores = os.cpu_count() or 1
     budget = 1000 * min(cores, 2) / (1.5 * in_process["rate"])
     work = in_process["cpu_ms"] - plane_in["cpu_ms"]
@@ -231,10 +266,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"CPU efficiency of the in-process pipeline (pillow CPU ms / pipeline CPU ms per image): "
-        f"{baseline['cpu_ms'] / in_process['cpu_ms']:.2f}; load average at end "
-        f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+        f"{baseline['cpu_ms'] / in_process['cpu_ms']:.2f}"
     )
-    return 0
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -81,16 +82,30 @@ def pipeline_run(input_dir: Path, output: Path, extra: Sequence[str]) -> int:
     return manifest.counts.written
 
 
-def photo_sets(root: Path, n: int) -> tuple[list[Path], list[Path], float]:
+def photo_sets(
+    root: Path, n: int, cache: Path | None = None
+) -> tuple[list[Path], list[Path], float]:
     """Writes N and 3N ImageNet-like JPEGs under ``root/n`` and ``root/3n``.
 
     Disjoint seeds: the 3N set shares no bytes with the N set (no duplicates, no cache).
+    ``cache``: a directory where the sets are written once and hard-linked from on later calls
+    (the images are deterministic; writing 4N of them takes longer than a measured run).
 
     Returns:
       ``(paths_n, paths_3n, mean KB of the 3N set)``.
     """
-    paths_n = write_imagenet_like_jpegs(root / "n", n, seed=1)
-    paths_3n = write_imagenet_like_jpegs(root / "3n", 3 * n, seed=2)
+    paths = []
+    for name, count, seed in (("n", n, 1), ("3n", 3 * n, 2)):
+        if cache is None:
+            paths.append(write_imagenet_like_jpegs(root / name, count, seed=seed))
+            continue
+        cached = cache / f"imagenet-like-{count}-seed{seed}"
+        if not cached.exists():
+            write_imagenet_like_jpegs(cached.with_suffix(".part"), count, seed=seed)
+            cached.with_suffix(".part").rename(cached)
+        shutil.copytree(cached, root / name, copy_function=os.link)
+        paths.append(sorted(p for p in (root / name).rglob("*") if p.is_file()))
+    paths_n, paths_3n = paths
     mean_kb = sum(p.stat().st_size for p in paths_3n) / len(paths_3n) / 1024
     return paths_n, paths_3n, mean_kb
 
