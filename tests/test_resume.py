@@ -210,6 +210,11 @@ def test_bucket_refusing_writes_for_a_while_then_resumed(
     expected, _ = reference
     proxy = fault_proxy(moto_server.url, FaultPlan(), flavour="s3")
     s3_env.point_at(proxy.url)
+    # Beam's S3 client is botocore's with its default retries (legacy mode: 4 more attempts
+    # after sleeps of up to 1, 2, 4 and 8 s), inside the project's own retry loop: every
+    # refused write would sleep ~8 s per attempt before the job fails. One botocore attempt
+    # leaves the project's retries (what this test exercises) and the same failure.
+    s3_env.monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     output = s3_env.uri("dataset")
     argv = ["--input", str(images), "--output", output, *FLAGS]
     # Writes start failing part-way through (after the probe, the plan and some staging).
