@@ -4,11 +4,14 @@ tested end to end by ``test_elastic_resume.py``."""
 
 from __future__ import annotations
 
+import struct
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests.fixtures.shards import WrittenDataset, write_dataset
+from tests.fixtures.shards import WrittenDataset, copy_dataset, write_dataset
 from tfrecord_io.delivery import DeliveredSet, DeliveryTracker, decode_positions, split_digest
 from tfrecord_io.epochs import plan_partial_epochs
 from tfrecord_io.read_config import ReadConfig
@@ -270,3 +273,52 @@ def test_exclude_is_checked_against_the_split(dataset, foreign_shards, tmp_path)
             training=False,
             read_config=ReadConfig(exclude=DeliveredSet.empty(N)),
         )
+
+
+def _damage_record(path: Path, record: int) -> None:
+    """Flips a byte in the data of record ``record`` of a TFRecord file (its CRC then fails)."""
+    data = bytearray(path.read_bytes())
+    offset = 0
+    for _ in range(record):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        offset += 12 + length + 4
+    data[offset + 12] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("pipelines", [1, 2])
+def test_a_shard_read_short_under_the_filter_still_fails(dataset, tmp_path, pipelines):
+    copy = copy_dataset(dataset, tmp_path / "ds")
+    shards = copy.manifest.split("train").shards
+    damaged = 2
+    base = sum(s.num_examples for s in shards[:damaged])
+    short = shards[damaged].num_examples // 2  # records of the shard read before the damage
+    _damage_record(copy.shard_paths("train")[damaged], short)
+    # Delivered: the damaged record itself (where the marker would come) and the one before,
+    # so the shard goes through the filter and the marker's own slot is filtered out.
+    delivered = DeliveredSet.from_indices(N, [base + short - 1, base + short], seed=3)
+
+    def read(skip_corrupt: bool) -> list[np.ndarray]:
+        out = []
+        for p in range(pipelines):
+            ds = make_dataset(
+                copy.root,
+                global_batch_size=4,
+                input_context=tf.distribute.InputContext(pipelines, p, pipelines),
+                image_size=8,
+                seed=3,
+                read_config=ReadConfig(exclude=delivered, skip_corrupt=skip_corrupt),
+            )
+            out.extend(b[2].numpy() for b in ds.take(N // 4 + 1))  # past epoch 0's end
+        return out
+
+    path = copy.shard_paths("train")[damaged]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{path} ended before"):
+        read(skip_corrupt=False)
+    # Skipping damage, the epoch's rest comes without the lost records, and nothing twice.
+    got = np.concatenate(read(skip_corrupt=True))
+    epochs, indices = decode_positions(got, N)
+    lost = set(range(base + short, base + shards[damaged].num_examples))
+    assert len(set(got.tolist())) == len(got)
+    assert set(indices[epochs == 0].tolist()) <= set(range(N)) - lost - {base + short - 1}
+    assert len(indices[epochs == 0]) > 0
