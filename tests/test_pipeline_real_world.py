@@ -141,10 +141,20 @@ def test_out_of_bounds_crop_writes_the_extreme_files(tree, tmp_path):
 
 
 def _solid_png(width: int, height: int) -> bytes:
-    """An RGB PNG of zeros, compressed row by row (never held whole in memory)."""
+    """An RGB PNG of zeros (filter bytes included), never held whole in memory.
+
+    After a full flush the compressor starts afresh, so 8 MiB of zeros compress to the same
+    bytes every time: the stream repeats that block, compresses the rest, and ends with the
+    Adler-32 of n zero bytes, ``(n mod 65521) << 16 | 1``.
+    """
+    total = height * (1 + 3 * width)
+    block_size = 8 << 20
+    repeats, rest = divmod(total, block_size)
     compressor = zlib.compressobj(1)
-    row = b"\0" * (1 + 3 * width)
-    body = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    head = compressor.compress(b"\0" * block_size) + compressor.flush(zlib.Z_FULL_FLUSH)
+    block = compressor.compress(b"\0" * block_size) + compressor.flush(zlib.Z_FULL_FLUSH)
+    tail = (compressor.compress(b"\0" * rest) + compressor.flush())[:-4]
+    body = head[:2] + block * repeats + tail + struct.pack(">I", (total % 65521) << 16 | 1)
 
     def chunk(kind: bytes, payload: bytes) -> bytes:
         crc = zlib.crc32(kind + payload)
