@@ -316,8 +316,11 @@ def test_training_consumers_share_one_job(
     one job between them instead of each reading everything: over the job's epochs, no example
     reaches them more often than there are epochs. (That the name agrees across real trainer
     processes is checked by the trainer test below.)"""
+    # Two batches per message (the default, 128 examples, is most of this tiny job): the
+    # trainers split messages apart, and the job is split between them by message.
+    service = ServiceConfig(cluster.address, examples_per_message=2 * BATCH)
     consumers = [
-        _make(dataset, "train", training=True, service=cluster.address, num_epochs=SHARED_EPOCHS)
+        _make(dataset, "train", training=True, service=service, num_epochs=SHARED_EPOCHS)
         for _ in range(2)
     ]
     iterators = [iter(consumer) for consumer in consumers]
@@ -491,3 +494,37 @@ def test_sigterm_stops_dispatcher_and_workers_cleanly(cluster: DataServiceCluste
         assert f"tf.data service {process.role} stopped cleanly" in log
     dispatcher_log = cluster.dispatcher.log_since_start()
     assert "mode fault-tolerant" in dispatcher_log and str(cluster.work_dir) in dispatcher_log
+
+
+def test_examples_per_message_groups_whole_training_batches() -> None:
+    config = ServiceConfig("localhost:5050")
+    assert config.examples_per_message == 128
+    assert config.batches_per_message(32, training=True) == 4
+    assert config.batches_per_message(48, training=True) == 3
+    assert config.batches_per_message(128, training=True) == 1
+    assert config.batches_per_message(32, training=False) == 1
+    assert ServiceConfig("localhost:1", examples_per_message=1).batches_per_message(4, True) == 1
+    for bad in (0, True, 2.0):
+        with pytest.raises(ValueError, match=f"examples_per_message .*got {bad!r}"):
+            ServiceConfig("localhost:1", examples_per_message=bad)  # type: ignore[arg-type]
+
+
+def test_split_message_gives_the_batches_of_the_stream_without_copies() -> None:
+    """Messages of 4 batches split into the very batches batching the stream by 3 gives; a
+    short last message keeps its whole batches only."""
+    import tensorflow as tf
+
+    from tfrecord_io.reader import _split_message
+
+    n, batch = 3 * 4 * 2 + 7, 3  # two whole messages and a short one of 2 batches + 1 example
+    images = np.arange(n * 2 * 2 * 3, dtype=np.uint8).reshape(n, 2, 2, 3)
+    labels = np.arange(n, dtype=np.int32)
+    stream = tf.data.Dataset.from_tensor_slices((images, labels))
+    split = stream.batch(batch * 4).flat_map(lambda *parts: _split_message(parts, batch))
+    assert split.element_spec[0].shape.as_list() == [batch, 2, 2, 3]
+    got = list(split.as_numpy_iterator())
+    expected = list(stream.batch(batch, drop_remainder=True).as_numpy_iterator())
+    assert len(got) == len(expected) == n // batch
+    for (gi, gl), (ei, el) in zip(got, expected, strict=True):
+        np.testing.assert_array_equal(gi, ei)
+        np.testing.assert_array_equal(gl, el)

@@ -632,8 +632,18 @@ def _batch_and_decode(
     service: ServiceConfig | None,
 ) -> tf.data.Dataset:
     """The chain's tail: batch (full batches in training), decode each batch, the pipeline's
-    options, [tf.data service], prefetch."""
-    batches = records.batch(batch_size, drop_remainder=training)
+    options, [tf.data service], prefetch.
+
+    On the tf.data service in training, the workers batch and decode ``k`` per-replica batches
+    at once (``ServiceConfig.batches_per_message``) and the trainer splits each message into
+    its ``k`` batches: slices of the received tensors, not copies. The examples, their order
+    and their augmentation are the same (each example's seed comes with it); only the trainer's
+    cost per message is shared by more examples.
+    """
+    per_message = 1 if service is None else service.batches_per_message(batch_size, training)
+    # A worker's last message may be short; the trainer keeps its whole batches, so a worker's
+    # stream ends, as before, with fewer than batch_size examples dropped.
+    batches = records.batch(batch_size * per_message, drop_remainder=training and per_message == 1)
     batches = batches.map(decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
     batches = batches.with_options(options)
     if service is not None:
@@ -645,4 +655,20 @@ def _batch_and_decode(
             compression=service.compression,
             max_outstanding_requests=service.max_outstanding_requests,
         )
+    if per_message > 1:
+        batches = batches.flat_map(lambda *parts: _split_message(parts, batch_size))
     return batches.prefetch(tf.data.AUTOTUNE)
+
+
+def _split_message(parts: tuple[tf.Tensor, ...], batch_size: int) -> tf.data.Dataset:
+    """The whole batches of ``batch_size`` in one message; the examples of a short last
+    message beyond its whole batches are dropped.
+
+    Nothing is copied: a full message's slice is the identity, the reshape a view, and
+    ``from_tensor_slices`` hands out aligned slices of its tensors as they are (TensorFlow
+    copies a slice only when it is not aligned: a few label bytes at most).
+    """
+    whole = tf.shape(parts[0])[0] // batch_size * batch_size
+    return tf.data.Dataset.from_tensor_slices(
+        tuple(tf.reshape(part[:whole], [-1, batch_size, *part.shape[1:]]) for part in parts)
+    )
