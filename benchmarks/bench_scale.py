@@ -292,8 +292,16 @@ def _resume(args: argparse.Namespace, work: Path) -> None:
     from beam_pipelines.samples import write_imagenet_like_jpegs
 
     images, tiny = work / "images", work / "tiny"
-    write_imagenet_like_jpegs(images, args.n)
-    write_imagenet_like_jpegs(tiny, 8, seed=1)
+    for root, count, seed in ((images, args.n, 0), (tiny, 8, 1)):
+        if args.cache is None:
+            write_imagenet_like_jpegs(root, count, seed=seed)
+            continue
+        # Written once (they are deterministic) and hard-linked: the pipeline only reads them.
+        cached = Path(args.cache) / f"imagenet-like-{count}-seed{seed}"
+        if not cached.exists():
+            write_imagenet_like_jpegs(cached.with_suffix(".part"), count, seed=seed)
+            cached.with_suffix(".part").rename(cached)
+        shutil.copytree(cached, root, copy_function=os.link)
     # Default options (JPEG 256): the per-image work of a photo dataset. Staging files scaled
     # down with the build: 2 MiB of these ~100 MB is the share 32 MiB (the default) is of 1.6 GB;
     # a kill loses at most the one file each worker has open.
@@ -389,6 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--pythonpath", default=None, help="run the pipeline from this tree")
     parser.add_argument("--workdir", default=None, help="where inputs and outputs go")
+    parser.add_argument("--cache", default=None, help="resume: write the JPEGs here once")
     args = parser.parse_args(argv)
     if args.what == "loop":  # the overhead row's baseline, run in a process of its own
         _plain_loop(sorted(Path(args.images).glob("*/*.png")))
