@@ -418,6 +418,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     for name in names:
                         value = _measure_in_child(name, data[family].root, b, args)
                         samples.setdefault((family, b, name), []).append(value)
+                        print(
+                            f"  {family} b{b} {name}: {value[0]:,.0f} ex/s, "
+                            f"{value[1]:.3f} CPU-ms/ex",
+                            flush=True,
+                        )
                     loads.append(os.getloadavg()[0])
 
     conditions = (

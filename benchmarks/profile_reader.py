@@ -216,6 +216,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                             )
                             value = json.loads(out.strip().splitlines()[-1])
                             samples.setdefault((family, encoding, b, stage), []).append(value)
+                            print(
+                                f"  {family} {encoding} b{b} {stages[stage - 1]}: "
+                                f"{value[1]:.3f} CPU-ms/ex",
+                                flush=True,
+                            )
                         loads.append(os.getloadavg()[0])
     print(
         f"{args.n} photos per family, 8 shards; {args.rounds} interleaved rounds x "
