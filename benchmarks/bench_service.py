@@ -117,6 +117,8 @@ ROWS: dict[str, str | None] = {
     "floor: the consumer loop over one repeated batch": "",
     "service, compression AUTO": "AUTO",
     "service, compression NONE": "NONE",
+    # As before messages held several batches: one per-replica batch per message.
+    "service, compression NONE, one batch per message": "NONE:1",
 }
 
 
@@ -152,7 +154,9 @@ def _measure_in_child(
 
 
 def _child_main(args: argparse.Namespace) -> int:
-    compression = ROWS[args.measure_row]
+    row = ROWS[args.measure_row]
+    compression = None if row is None else row.partition(":")[0]
+    per_message = 128 if row is None else int(row.partition(":")[2] or 128)
     if compression:
         # What the trainer does with --data_service, before TensorFlow starts any thread.
         from trainer.host_memory import keep_freed_memory
@@ -191,6 +195,7 @@ def _child_main(args: argparse.Namespace) -> int:
                 args.measure_service,
                 job_name=f"{args.measure_job}-{next(jobs)}",
                 compression=compression,
+                examples_per_message=per_message,
             ),
         )
 
