@@ -15,10 +15,9 @@ can run on tf.data service workers:
   batch. A pipeline reads its shards (the first and last of its run only in part) through
   the reader's per-shard reader, interleaved, and shuffles its records within the epoch.
 * **The interrupted epoch** (and a following one already begun) is read through a filter:
-  a lookup in the bitmap, compiled into the graph as a constant of N/8 bytes, gives each shard
-  the epoch had begun a vector of keep flags (one vectorised lookup per shard), which
-  ``filter`` applies record by record without a function call (tf.data short-circuits a
-  predicate that returns an input component). Later epochs are full and need no filter.
+  a lookup in the bitmap, compiled into the graph as a constant of N/8 bytes, drops the
+  examples already delivered, a block of records at a time. Later epochs are full and need
+  no filter.
 * **Positions.** Each record is paired with ``epoch * N + index``, which training loops
   give to ``DeliveryTracker.add``.
 
@@ -63,6 +62,8 @@ _SHUFFLE_SALT = 0x19E1
 # interleave at most 1/8 of the shards at once (see ``exact_epoch_records``).
 _SERVICE_SHARE = 64
 _SERVICE_SHARE_OF_SHARDS = 8
+# Records per bitmap lookup in a begun epoch.
+_FILTER_BLOCK = 256
 
 ReadShard = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor], tf.data.Dataset]
 
@@ -166,16 +167,6 @@ def plan_partial_epochs(
     return shares, offset
 
 
-def _first_flag(flagged: tuple[tf.Tensor, tf.Tensor], record: tf.Tensor) -> tf.Tensor:
-    return flagged[0]
-
-
-def _drop_flag(
-    flagged: tuple[tf.Tensor, tf.Tensor], record: tf.Tensor
-) -> tuple[tf.Tensor, tf.Tensor]:
-    return flagged[1], record
-
-
 def _pack_bits(mask: np.ndarray) -> np.ndarray:
     return np.packbits(mask.astype(bool), bitorder="little")
 
@@ -186,7 +177,6 @@ def exact_epoch_records(
     *,
     present: Sequence[bool],
     damage_records: Sequence[bytes],
-    short_read_fails: bool,
     read_shard: ReadShard,
     seed: int,
     pipeline_id: int,
@@ -205,8 +195,6 @@ def exact_epoch_records(
       present: per shard, whether it can be read (False for a missing shard skipped under
         ``skip_corrupt``: its examples never come).
       damage_records: per shard, the reader's end-of-shard marker record.
-      short_read_fails: whether ``read_shard`` passes the marker on when a shard reads short
-        (False under ``skip_corrupt``, where a damaged shard just ends early).
       read_shard: the reader's checked reader of one shard
         ``(path, num_bytes, num_examples, damage_record) -> records``.
       seed: orders shards and shuffles records.
@@ -266,34 +254,32 @@ def exact_epoch_records(
         marker = damage[shard]
         records = read_shard(paths[shard], sizes[shard], records_in[shard], marker)
         first = epoch * n + bases_t[shard]
-        positions = tf.data.Dataset.range(first, first + records_in[shard])
-        if filter_by is None:
-            return tf.data.Dataset.zip((positions, records)).skip(skip).take(take)
-        bits, touched = filter_by
-        plain = tf.data.Dataset.zip((positions, records))
-        # The keep flags come from the positions alone, one vectorised lookup per shard; the
-        # records pass by reference. ``filter`` and ``map`` whose functions return an input
-        # component are short-circuited by tf.data (no function call per record), so a
-        # filtered record costs about what a plain one does.
-        index = bases_t[shard] + tf.range(records_in[shard], dtype=tf.int64)
-        byte = tf.cast(tf.gather(bits, index // 8), tf.int64)
-        kept = tf.equal(tf.bitwise.bitwise_and(tf.bitwise.right_shift(byte, index % 8), 1), 0)
-        flags = tf.data.Dataset.from_tensor_slices((kept, epoch * n + index))
-        flagged = tf.data.Dataset.zip((flags, records))
-        masked = flagged.filter(_first_flag).map(_drop_flag)
-        # Only shards the epoch already took from go through the filter (mid-epoch most
-        # shards are whole or untouched); the other branch is a take(0), which reads nothing.
-        none, every = tf.constant(0, tf.int64), tf.constant(-1, tf.int64)
-        pairs = plain.take(tf.where(touched[shard], none, every)).concatenate(
-            masked.take(tf.where(touched[shard], every, none))
+        pairs = tf.data.Dataset.zip(
+            (tf.data.Dataset.range(first, first + records_in[shard]), records)
         )
-        pairs = pairs.skip(skip)
-        if short_read_fails:
-            # A shard that reads short passes its damage marker on, which ``decode_batch``
-            # fails on; the filter may drop it (it sits where the first missing record
-            # would), so a pipeline whose kept records run out early gets it here instead.
-            pairs = pairs.concatenate(tf.data.Dataset.from_tensors((first, marker)))
-        return pairs.take(take)
+        if filter_by is not None:
+            bits, touched = filter_by
+            epoch_start = epoch * n
+
+            def select(positions: tf.Tensor, records: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+                index = positions - epoch_start
+                byte = tf.cast(tf.gather(bits, index // 8), tf.int64)
+                delivered = tf.equal(
+                    tf.bitwise.bitwise_and(tf.bitwise.right_shift(byte, index % 8), 1), 1
+                )
+                # The damage marker always passes: a shard that reads short must still fail.
+                keep = tf.logical_or(tf.logical_not(delivered), tf.equal(records, marker))
+                return tf.boolean_mask(positions, keep), tf.boolean_mask(records, keep)
+
+            # The lookup runs on blocks of records: a tf.data function call per record (a
+            # ``filter``) cost about as much CPU as reading the record, a block's far less.
+            # Only shards the epoch already took from go through it (mid-epoch most shards
+            # are whole or untouched); the other branch is a take(0), which reads nothing.
+            none, every = tf.constant(0, tf.int64), tf.constant(-1, tf.int64)
+            plain = pairs.take(tf.where(touched[shard], none, every))
+            masked = pairs.take(tf.where(touched[shard], every, none))
+            pairs = plain.concatenate(masked.batch(_FILTER_BLOCK).map(select).unbatch())
+        return pairs.skip(skip).take(take)
 
     def read_units(
         units: tf.data.Dataset, filter_by: tuple[tf.Tensor, tf.Tensor] | None
@@ -471,7 +457,6 @@ def exact_epoch_dataset(
         exclude,
         present=[s.path in kept_paths for s in resolved.shards],
         damage_records=[shard_damage_record(reader._damage_message(s)) for s in resolved.shards],
-        short_read_fails=not config.skip_corrupt,
         read_shard=read_shard,
         seed=seed,
         pipeline_id=pipeline_id,
