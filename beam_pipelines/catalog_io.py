@@ -33,7 +33,7 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.elements import CatalogMeta, ShardResult
-from beam_pipelines.object_store_io import write_object
+from beam_pipelines.object_store_io import file_digest, write_object
 from catalog.index_files import format_index, index_filename
 from catalog.table import build_table, catalog_filename, merge_fragments, table_bytes
 from schemas.manifest import Manifest
@@ -137,16 +137,6 @@ def write_index_and_fragment(
     return len(index_bytes), hashlib.sha256(index_bytes).hexdigest()
 
 
-def _size_and_sha256(local_path: str) -> tuple[int, str]:
-    digest = hashlib.sha256()
-    size = 0
-    with open(local_path, "rb") as handle:
-        while chunk := handle.read(8 << 20):
-            digest.update(chunk)
-            size += len(chunk)
-    return size, digest.hexdigest()
-
-
 @contextlib.contextmanager
 def _local_copies(paths: Iterable[str]) -> Iterator[Iterator[str]]:
     """Yields an iterator of local copies of ``paths``, one on disk at a time."""
@@ -191,7 +181,9 @@ def merge_split_catalog(
             raise ValueError(
                 f"{name}: merged {rows} catalog rows, but the shards of {split!r} hold {expected}"
             )
-        num_bytes, digest = _size_and_sha256(local)
+        found = file_digest(local)
+        assert found is not None  # written just above
+        num_bytes, digest = found
         write_object(destination, local_path=local)  # retried; whole or absent on buckets
     finally:
         os.remove(local)

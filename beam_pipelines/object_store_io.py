@@ -41,6 +41,7 @@ from objstore import RetryPolicy, ShortReadError, retry_call, temporary_path
 
 __all__ = [
     "create_empty_file",
+    "file_digest",
     "list_one_level",
     "read_object",
     "read_range",
@@ -66,6 +67,23 @@ def read_with_retries(
       Exception: the last failure, after the last transient one or at the first permanent.
     """
     return retry_call(read, policy=policy or RetryPolicy(), action="read", uri=uri)
+
+
+def file_digest(path: str) -> tuple[int, str] | None:
+    """``(num_bytes, sha256 hex)`` of a file, streamed; None if it does not exist."""
+    if not FileSystems.exists(path):
+        return None
+
+    def read() -> tuple[int, str]:
+        digest = hashlib.sha256()
+        size = 0
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            while chunk := handle.read(_COPY_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+        return size, digest.hexdigest()
+
+    return read_with_retries(path, read)  # type: ignore[arg-type,return-value]
 
 
 def create_empty_file(path: str) -> None:

@@ -21,7 +21,6 @@ did not change in between.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import io
 import json
 import logging
@@ -39,7 +38,7 @@ from beam_pipelines.done_records import (
     shard_result_from_record,
 )
 from beam_pipelines.elements import Duplicate
-from beam_pipelines.object_store_io import read_with_retries
+from beam_pipelines.object_store_io import file_digest
 from beam_pipelines.plan import (
     check_plan,
     content_options,
@@ -72,7 +71,6 @@ __all__ = [
 DONE_TAG = "duplicates"
 REUSED_TAG = "reused"
 _UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
-_CHUNK = 8 * 1024 * 1024
 _DELETE_BATCH = 1000
 _log = logging.getLogger(__name__)
 
@@ -207,23 +205,6 @@ def summary_of_published(output_dir: str, manifest: Manifest, elapsed_s: float) 
         metrics={},
         elapsed_s=elapsed_s,
     )
-
-
-def file_digest(path: str) -> tuple[int, str] | None:
-    """``(num_bytes, sha256 hex)`` of a file, streamed; None if it does not exist."""
-    if not FileSystems.exists(path):
-        return None
-
-    def read() -> tuple[int, str]:
-        digest = hashlib.sha256()
-        size = 0
-        with FileSystems.open(path, compression_type=_UNCOMPRESSED) as handle:
-            while chunk := handle.read(_CHUNK):
-                digest.update(chunk)
-                size += len(chunk)
-        return size, digest.hexdigest()
-
-    return read_with_retries(path, read)  # type: ignore[arg-type,return-value]
 
 
 def _check_done(output_dir: str, record: dict[str, Any]) -> str | None:
