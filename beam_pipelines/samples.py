@@ -29,7 +29,7 @@ import dataclasses
 import hashlib
 import io
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +44,7 @@ __all__ = [
     "textured_rgb",
     "scene_rgb",
     "imagenet_like_jpeg",
+    "write_class_jpegs",
     "write_imagenet_like_jpegs",
     "write_sample_set",
     "main",
@@ -185,13 +186,14 @@ def imagenet_like_jpeg(seed: int, size: tuple[int, int] = (500, 375), quality: i
     return _jpeg(_styled(styles[seed % len(styles)], size, seed), quality)
 
 
-def write_imagenet_like_jpegs(
-    root: Path | str, count: int, *, size: tuple[int, int] = (500, 375), seed: int = 0
+def write_class_jpegs(
+    root: Path | str, count: int, make: Callable[[str, int], bytes], *, seed: int = 0
 ) -> list[Path]:
-    """Writes ``count`` distinct ImageNet-like JPEGs under ``root/<class>/``; returns their paths.
+    """Writes ``count`` JPEGs ``make(class_name, image_seed)`` under ``root/<class>/``; returns
+    their paths.
 
-    Images cycle through ``SAMPLE_CLASSES``; ``seed`` offsets every image's seed, so sets made
-    with different seeds share no bytes.
+    Images cycle through ``SAMPLE_CLASSES``; image ``i`` gets seed ``seed * 1_000_003 + i``, so
+    sets made with different seeds share no bytes.
     """
     root = Path(root)
     names = list(SAMPLE_CLASSES)
@@ -200,9 +202,22 @@ def write_imagenet_like_jpegs(
         name = names[i % len(names)]
         path = root / name / f"img_{seed:03d}_{i:06d}.JPEG"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(_jpeg(_styled(SAMPLE_CLASSES[name], size, seed * 1_000_003 + i)))
+        path.write_bytes(make(name, seed * 1_000_003 + i))
         paths.append(path)
     return paths
+
+
+def write_imagenet_like_jpegs(
+    root: Path | str, count: int, *, size: tuple[int, int] = (500, 375), seed: int = 0
+) -> list[Path]:
+    """Writes ``count`` distinct ImageNet-like JPEGs under ``root/<class>/``; returns their paths
+    (``write_class_jpegs``, each class in its own style)."""
+    return write_class_jpegs(
+        root,
+        count,
+        lambda name, image_seed: _jpeg(_styled(SAMPLE_CLASSES[name], size, image_seed)),
+        seed=seed,
+    )
 
 
 def _exif_rotated(array: np.ndarray) -> bytes:

@@ -43,7 +43,12 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw
 
-from beam_pipelines.samples import SAMPLE_CLASSES, imagenet_like_jpeg, write_imagenet_like_jpegs
+from beam_pipelines.samples import (
+    SAMPLE_CLASSES,
+    imagenet_like_jpeg,
+    write_class_jpegs,
+    write_imagenet_like_jpegs,
+)
 
 __all__ = [
     "CLASSES",
@@ -268,15 +273,9 @@ def write_family(name: str, root: Path | str, count: int, *, seed: int = 0) -> l
         raise ValueError(f"count must be >= 0, got {count!r}")
     if name == "imagenet_like":
         return write_imagenet_like_jpegs(root, count, seed=seed)
-    root = Path(root)
-    paths = []
-    for i in range(count):
-        label = CLASSES[i % len(CLASSES)]
-        path = root / label / f"img_{seed:03d}_{i:06d}.JPEG"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(family_jpeg(name, seed * 1_000_003 + i))
-        paths.append(path)
-    return paths
+    return write_class_jpegs(
+        root, count, lambda _, image_seed: family_jpeg(name, image_seed), seed=seed
+    )
 
 
 def _family(name: str) -> Family:
