@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from tests.fixtures.shards import WrittenDataset, copy_dataset, write_dataset
 from tfrecord_io.delivery import DeliveredSet, DeliveryTracker, decode_positions, split_digest
-from tfrecord_io.epochs import plan_partial_epochs
+from tfrecord_io.epochs import _share_ranges, plan_partial_epochs
 from tfrecord_io.read_config import ReadConfig
 from tfrecord_io.reader import make_dataset
 
@@ -156,6 +156,36 @@ def test_partial_epochs_split_evenly_and_rotate():
     assert 2 not in missing.shards.tolist() and missing.examples == 18 - 10
 
 
+@pytest.mark.parametrize("pipelines", [1, 3])
+def test_only_records_before_the_last_delivered_one_go_through_the_lookup(pipelines):
+    counts = np.array([40, 30, 50])
+    bases = np.cumsum(counts) - counts
+    # As an interruption leaves it: shard 0 read, shard 1 read up to record 19, both with the
+    # holes a shuffle buffer held; shard 2 not begun.
+    delivered_local = [set(range(40)) - {5, 17}, set(range(20)) - {3, 11, 12}, set()]
+    indices = [int(b) + i for b, shard in zip(bases, delivered_local, strict=True) for i in shard]
+    delivered = DeliveredSet.from_indices(int(counts.sum()), indices)
+    mask = delivered.mask
+    read: list[int] = []
+    for p in range(pipelines):
+        share = plan_partial_epochs(
+            delivered, counts, seed=2, num_pipelines=pipelines, pipeline_id=p
+        )[0][0]
+        for shard, start, cut, stop in zip(
+            share.shards, *_share_ranges(share, bases, counts), strict=True
+        ):
+            assert start <= cut <= stop
+            base = int(bases[shard])
+            # Nothing delivered from cut on: that part is read without a lookup.
+            assert not mask[base + cut : base + stop].any()
+            # The looked-up part ends at the last delivered record, never later.
+            assert cut == start or mask[base + cut - 1]
+            looked_up = [i for i in range(start, cut) if not mask[base + i]]
+            read += [base + i for i in [*looked_up, *range(cut, stop)]]
+            assert cut - start <= {0: 40, 1: 20, 2: 0}[int(shard)]
+    assert sorted(read) == np.flatnonzero(~mask).tolist()  # all that is left, once
+
+
 # --- the reader ---------------------------------------------------------------------------
 
 
@@ -284,6 +314,48 @@ def _damage_record(path: Path, record: int) -> None:
         offset += 12 + length + 4
     data[offset + 12] ^= 0xFF
     path.write_bytes(bytes(data))
+
+
+def _damage_header(path: Path, record: int) -> None:
+    """Flips a byte in the length of record ``record`` (its header CRC then fails)."""
+    data = bytearray(path.read_bytes())
+    offset = 0
+    for _ in range(record):
+        (length,) = struct.unpack_from("<Q", data, offset)
+        offset += 12 + length + 4
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_damage_among_the_records_skipped_in_the_file_reader_still_fails(dataset, tmp_path):
+    copy = copy_dataset(dataset, tmp_path / "ds")
+    shards = copy.manifest.split("train").shards
+    damaged = 2
+    base = sum(s.num_examples for s in shards[:damaged])
+    head = shards[damaged].num_examples // 2
+    # The first half of the shard was delivered, so its reading starts after it; the damage is
+    # in the header of a record in that half, which the file reader skips over.
+    _damage_header(copy.shard_paths("train")[damaged], head // 2)
+    delivered = DeliveredSet.from_indices(N, range(base, base + head), seed=3)
+
+    def read(skip_corrupt: bool) -> np.ndarray:
+        ds = make_dataset(
+            copy.root,
+            global_batch_size=4,
+            image_size=8,
+            seed=3,
+            read_config=ReadConfig(exclude=delivered, skip_corrupt=skip_corrupt),
+        )
+        return np.concatenate([b[2].numpy() for b in ds.take(N // 4)])
+
+    path = copy.shard_paths("train")[damaged]
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"{path} ended before"):
+        read(skip_corrupt=False)
+    # Skipping damage, the rest of the epoch is every other shard's examples, once each.
+    epochs, indices = decode_positions(read(skip_corrupt=True), N)
+    rest = indices[epochs == 0].tolist()
+    shard = set(range(base, base + shards[damaged].num_examples))
+    assert sorted(rest) == sorted(set(range(N)) - shard)
 
 
 @pytest.mark.parametrize("pipelines", [1, 2])

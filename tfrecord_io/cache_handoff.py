@@ -225,7 +225,11 @@ class GraphHandoff:
         )
 
     def _pinned_records(
-        self, uri: tf.Tensor, buffer_size: int | None, skip_failed: bool
+        self,
+        uri: tf.Tensor,
+        buffer_size: int | None,
+        skip_failed: bool,
+        skip: tf.Tensor | None = None,
     ) -> tf.data.Dataset:
         """The records of a present shard, pinned from just before the open to the last record.
 
@@ -268,10 +272,18 @@ class GraphHandoff:
             return _after(tf.io.write_file(paths["done"], ""), tf.constant(False))
 
         finished = tf.data.Dataset.from_tensors(tf.constant(b"")).filter(release)
-        return tf.data.TFRecordDataset(names, buffer_size=buffer_size).concatenate(finished)
+        records = tf.data.TFRecordDataset(names, buffer_size=buffer_size)
+        if skip is not None:
+            records = records.skip(skip)
+        return records.concatenate(finished)
 
     def records(
-        self, uri: tf.Tensor, buffer_size: int | None = None, *, skip_failed: bool = False
+        self,
+        uri: tf.Tensor,
+        buffer_size: int | None = None,
+        *,
+        skip_failed: bool = False,
+        skip: tf.Tensor | None = None,
     ) -> tf.data.Dataset:
         """Graph: the records of shard ``uri``, read from the cache (for interleave functions).
 
@@ -288,6 +300,7 @@ class GraphHandoff:
           buffer_size: the read buffer of ``TFRecordDataset``.
           skip_failed: a shard that could not be downloaded or verified reads as empty (the cache
             logs why) instead of failing; for callers that detect and count short shards.
+          skip: records to skip inside the file reader before the first one yielded.
 
         Raises (when run):
           tf.errors.InvalidArgumentError: with the cache's message naming the URI, if the
@@ -299,7 +312,7 @@ class GraphHandoff:
         if skip_failed:
             # A failed shard reads as empty: the first read finds the error marker.
             with tf.control_dependencies([failed]):
-                return self._pinned_records(uri, buffer_size, skip_failed=True)
+                return self._pinned_records(uri, buffer_size, skip_failed=True, skip=skip)
         check = tf.debugging.Assert(tf.logical_not(failed), ["shard cache:", message], summarize=1)
         with tf.control_dependencies([check]):
-            return self._pinned_records(uri, buffer_size, skip_failed=False)
+            return self._pinned_records(uri, buffer_size, skip_failed=False, skip=skip)

@@ -14,10 +14,13 @@ can run on tf.data service workers:
   ahead of another, and batches of consecutive epochs overlap by at most about one global
   batch. A pipeline reads its shards (the first and last of its run only in part) through
   the reader's per-shard reader, interleaved, and shuffles its records within the epoch.
-* **The interrupted epoch** (and a following one already begun) is read through a filter:
-  a lookup in the bitmap, compiled into the graph as a constant of N/8 bytes, drops the
-  examples already delivered, a block of records at a time. Later epochs are full and need
-  no filter.
+* **The interrupted epoch** (and a following one already begun) skips what was delivered.
+  A shard the epoch has not taken from is read plainly. In a shard it has, every delivered
+  record lies before some position (the last one delivered). The records before that position
+  go through a lookup in the bitmap, compiled into the graph as a constant of N/8 bytes, on
+  blocks of records. The file reader skips what comes before them, and reads the rest of the
+  shard plainly. After an interruption only the few hundred records that shuffle buffers held
+  in each shard then open go through the lookup. Later epochs are full and need no filter.
 * **Positions.** Each record is paired with ``epoch * N + index``, which training loops
   give to ``DeliveryTracker.add``.
 
@@ -65,7 +68,9 @@ _SERVICE_SHARE_OF_SHARDS = 8
 # Records per bitmap lookup in a begun epoch.
 _FILTER_BLOCK = 256
 
-ReadShard = Callable[[tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor], tf.data.Dataset]
+ReadShard = Callable[
+    [tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor, tf.Tensor], tf.data.Dataset
+]
 
 
 def _seed_word(seed: int, salt: int) -> int:
@@ -171,6 +176,30 @@ def _pack_bits(mask: np.ndarray) -> np.ndarray:
     return np.packbits(mask.astype(bool), bitorder="little")
 
 
+def _share_ranges(
+    share: EpochShare, bases: np.ndarray, counts: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per shard of ``share``, the records to read: ``start <= cut <= stop`` (shard positions).
+
+    The share takes the needed (undelivered) examples of ranks ``skip..skip+take-1`` of each
+    shard; they lie in records ``start..stop-1``. Delivered examples among those all come
+    before ``cut``, so only ``start..cut-1`` needs the bitmap lookup; ``cut..stop-1`` is read
+    whole. After an interruption that range is the few hundred records a shuffle buffer held
+    in each shard then open, not the shard.
+    """
+    start = np.empty(len(share.shards), np.int64)
+    cut, stop = np.empty_like(start), np.empty_like(start)
+    for i, shard in enumerate(share.shards):
+        delivered = share.mask[bases[shard] : bases[shard] + counts[shard]]
+        needed = np.flatnonzero(~delivered)
+        lo = int(needed[share.skip[i]])
+        hi = int(needed[share.skip[i] + share.take[i] - 1]) + 1
+        inside = np.flatnonzero(delivered[lo:hi])
+        start[i], stop[i] = lo, hi
+        cut[i] = lo + int(inside[-1]) + 1 if inside.size else lo
+    return start, cut, stop
+
+
 def exact_epoch_records(
     resolved: ResolvedSource,
     exclude: DeliveredSet,
@@ -195,8 +224,8 @@ def exact_epoch_records(
       present: per shard, whether it can be read (False for a missing shard skipped under
         ``skip_corrupt``: its examples never come).
       damage_records: per shard, the reader's end-of-shard marker record.
-      read_shard: the reader's checked reader of one shard
-        ``(path, num_bytes, num_examples, damage_record) -> records``.
+      read_shard: the reader's checked reader of records ``start..stop-1`` of one shard
+        ``(path, num_bytes, num_examples, damage_record, start, stop) -> records``.
       seed: orders shards and shuffles records.
       pipeline_id, num_pipelines: this pipeline's place (0 of 1 on the tf.data service).
       num_epochs: the stream ends after epoch ``num_epochs - 1``; None: endless.
@@ -246,50 +275,53 @@ def exact_epoch_records(
 
     def read_unit(
         shard: tf.Tensor,
-        skip: tf.Tensor,
-        take: tf.Tensor,
+        start: tf.Tensor,
+        cut: tf.Tensor,
+        stop: tf.Tensor,
         epoch: tf.Tensor,
-        filter_by: tuple[tf.Tensor, tf.Tensor] | None,
+        bits: tf.Tensor | None,
     ) -> tf.data.Dataset:
         marker = damage[shard]
-        records = read_shard(paths[shard], sizes[shard], records_in[shard], marker)
         first = epoch * n + bases_t[shard]
-        pairs = tf.data.Dataset.zip(
-            (tf.data.Dataset.range(first, first + records_in[shard]), records)
+
+        def region(lo: tf.Tensor, hi: tf.Tensor) -> tf.data.Dataset:
+            records = read_shard(paths[shard], sizes[shard], records_in[shard], marker, lo, hi)
+            return tf.data.Dataset.zip((tf.data.Dataset.range(first + lo, first + hi), records))
+
+        # Records cut..stop-1 are all still needed: read plainly, the ones before skipped in
+        # the file reader.
+        plain = region(cut, stop)
+        if bits is None:
+            return plain
+        epoch_start = epoch * n
+
+        def select(positions: tf.Tensor, records: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            index = positions - epoch_start
+            byte = tf.cast(tf.gather(bits, index // 8), tf.int64)
+            delivered = tf.equal(
+                tf.bitwise.bitwise_and(tf.bitwise.right_shift(byte, index % 8), 1), 1
+            )
+            # The damage marker always passes: a shard that reads short must still fail.
+            keep = tf.logical_or(tf.logical_not(delivered), tf.equal(records, marker))
+            return tf.boolean_mask(positions, keep), tf.boolean_mask(records, keep)
+
+        # Records start..cut-1 mix delivered and needed ones: a bitmap lookup on blocks of
+        # records (a tf.data function call per record cost about as much CPU as reading it).
+        # An empty range (a shard the epoch has not taken from) opens nothing.
+        masked = region(start, cut).batch(_FILTER_BLOCK).map(select).unbatch()
+        return masked.concatenate(plain)
+
+    def read_units(units: tf.data.Dataset, bits: tf.Tensor | None) -> tf.data.Dataset:
+        # (shard, start, cut, stop, epoch) -> (path, ...): the shard cache's download-ahead
+        # needs the path in the element.
+        units = units.map(
+            lambda shard, start, cut, stop, epoch: (paths[shard], shard, start, cut, stop, epoch)
         )
-        if filter_by is not None:
-            bits, touched = filter_by
-            epoch_start = epoch * n
-
-            def select(positions: tf.Tensor, records: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-                index = positions - epoch_start
-                byte = tf.cast(tf.gather(bits, index // 8), tf.int64)
-                delivered = tf.equal(
-                    tf.bitwise.bitwise_and(tf.bitwise.right_shift(byte, index % 8), 1), 1
-                )
-                # The damage marker always passes: a shard that reads short must still fail.
-                keep = tf.logical_or(tf.logical_not(delivered), tf.equal(records, marker))
-                return tf.boolean_mask(positions, keep), tf.boolean_mask(records, keep)
-
-            # The lookup runs on blocks of records: a tf.data function call per record (a
-            # ``filter``) cost about as much CPU as reading the record, a block's far less.
-            # Only shards the epoch already took from go through it (mid-epoch most shards
-            # are whole or untouched); the other branch is a take(0), which reads nothing.
-            none, every = tf.constant(0, tf.int64), tf.constant(-1, tf.int64)
-            plain = pairs.take(tf.where(touched[shard], none, every))
-            masked = pairs.take(tf.where(touched[shard], every, none))
-            pairs = plain.concatenate(masked.batch(_FILTER_BLOCK).map(select).unbatch())
-        return pairs.skip(skip).take(take)
-
-    def read_units(
-        units: tf.data.Dataset, filter_by: tuple[tf.Tensor, tf.Tensor] | None
-    ) -> tf.data.Dataset:
-        # (shard, skip, take, epoch) -> (path, shard, skip, take, epoch): the shard cache's
-        # download-ahead needs the path in the element.
-        units = units.map(lambda shard, skip, take, epoch: (paths[shard], shard, skip, take, epoch))
         units = resolved.prepare_files(units, path_index=0)
         return units.interleave(
-            lambda path, shard, skip, take, epoch: read_unit(shard, skip, take, epoch, filter_by),
+            lambda path, shard, start, cut, stop, epoch: read_unit(
+                shard, start, cut, stop, epoch, bits
+            ),
             cycle_length=cycle,
             block_length=1,
             num_parallel_calls=tf.data.AUTOTUNE,
@@ -302,24 +334,19 @@ def exact_epoch_records(
 
     streams = []
     for share in partial:
+        start, cut, stop = _share_ranges(share, bases, true_counts)
         units = tf.data.Dataset.from_tensor_slices(
             (
                 tf.constant(share.shards, tf.int32),
-                tf.constant(share.skip, tf.int64),
-                tf.constant(share.take, tf.int64),
+                tf.constant(start, tf.int64),
+                tf.constant(cut, tf.int64),
+                tf.constant(stop, tf.int64),
                 tf.fill([len(share.shards)], tf.constant(share.epoch, tf.int64)),
             )
         )
         # Nothing delivered yet (a fresh start): no filter, so fresh epochs cost nothing extra.
-        filter_by = None
-        if share.mask.any():
-            prefix = np.concatenate([[0], np.cumsum(share.mask.astype(np.int64))])
-            touched = prefix[bases + true_counts] > prefix[bases]
-            filter_by = (
-                tf.constant(_pack_bits(share.mask), tf.uint8),
-                tf.constant(touched, tf.bool),
-            )
-        pairs = read_units(units, filter_by)
+        bits = tf.constant(_pack_bits(share.mask), tf.uint8) if share.mask.any() else None
+        pairs = read_units(units, bits)
         if not on_service:
             pairs = shuffled(pairs, min(shuffle_buffer, share.examples), share.epoch)
         streams.append(pairs)
@@ -350,11 +377,12 @@ def exact_epoch_records(
                 epoch = u // num_shards
                 order = shard_order(seed, epoch, num_shards)
                 shard = order[u % num_shards]
-                return shard, tf.constant(0, tf.int64), counts_t[shard], epoch
+                zero = tf.constant(0, tf.int64)
+                return shard, zero, zero, counts_t[shard], epoch
 
             last = _ENDLESS if end == _ENDLESS else end * num_shards
             units = tf.data.Dataset.range(first_full * num_shards, last).map(unit)
-            units = units.filter(lambda shard, skip, take, epoch: take > 0)
+            units = units.filter(lambda shard, start, cut, stop, epoch: stop > 0)
             streams.append(read_units(units, None))
         else:
             share_size = -(-total // num_pipelines)
@@ -362,8 +390,8 @@ def exact_epoch_records(
             def epoch_records(epoch: tf.Tensor) -> tf.data.Dataset:
                 order, skip, take = full_units(epoch)
                 units = tf.data.Dataset.from_tensor_slices(
-                    (order, skip, take, tf.fill(tf.shape(order), epoch))
-                ).filter(lambda shard, skip, take, epoch: take > 0)
+                    (order, skip, skip, skip + take, tf.fill(tf.shape(order), epoch))
+                ).filter(lambda shard, start, cut, stop, epoch: stop > start)
                 return shuffled(read_units(units, None), min(shuffle_buffer, share_size), epoch)
 
             streams.append(tf.data.Dataset.range(first_full, end).flat_map(epoch_records))
@@ -436,7 +464,12 @@ def exact_epoch_dataset(
     deterministic = True if service is None else config.is_deterministic
 
     def read_shard(
-        path: tf.Tensor, num_bytes: tf.Tensor, num_examples: tf.Tensor, damage: tf.Tensor
+        path: tf.Tensor,
+        num_bytes: tf.Tensor,
+        num_examples: tf.Tensor,
+        damage: tf.Tensor,
+        start: tf.Tensor,
+        stop: tf.Tensor,
     ) -> tf.data.Dataset:
         return reader._read_shard(
             path,
@@ -450,6 +483,7 @@ def exact_epoch_dataset(
             counts_known=True,
             readahead=readahead,
             resolved=resolved,
+            records_range=(start, stop),
         )
 
     records = exact_epoch_records(

@@ -158,8 +158,9 @@ def _read_shard(
     counts_known: bool,
     readahead: int,
     resolved: ResolvedSource | None = None,
+    records_range: tuple[tf.Tensor, tf.Tensor] | None = None,
 ) -> tf.data.Dataset:
-    """Reads one shard and checks it was read whole.
+    """Reads one shard and checks it was read whole (or the records in ``records_range``).
 
     TensorFlow's ``DataLossError`` does not name the file it came from, and ``tf.data`` has no
     way to catch and re-raise. So each file is read with errors ignored (a damaged TFRecord file
@@ -177,12 +178,21 @@ def _read_shard(
     Bytes after the last committed record are not read (``_present_shards`` checks local shard
     sizes when the pipeline is built; streamed shards are checked whole, size and SHA-256, by
     the shard cache). A shard the manifest says is empty is not opened.
+
+    ``records_range`` ``(start, stop)`` reads records ``start..stop-1`` only (exact epochs read
+    parts of shards). With known counts and no ``skip_corrupt`` the first ``start`` records are
+    skipped inside the file reader, which reads their headers but neither copies nor checksums
+    their bytes; a shard that ends before ``stop`` still reaches the marker. An empty range
+    does not open the file.
     """
+    fast = counts_known and not skip_corrupt
+    start = tf.constant(0, tf.int64) if records_range is None else records_range[0]
+    file_skip = start if fast and records_range is not None else None
     if resolved is not None and resolved.streamed:
         # Object-store shards come through the shard cache, which downloads, checks SHA-256 and
         # names the URI on failure; with skip_corrupt a failed shard reads as 0 bytes.
         records = resolved.open_records(
-            path, read_buffer_bytes, skip_failed=skip_corrupt
+            path, read_buffer_bytes, skip_failed=skip_corrupt, skip=file_skip
         ).ignore_errors()
     else:
         names = tf.data.Dataset.from_tensors(path)
@@ -191,10 +201,14 @@ def _read_shard(
             # never reach the reader: it then reads as 0 bytes and fails (or is skipped) like any
             # damage.
             names = names.filter(lambda name: tf.size(tf.io.matching_files(name)) > 0)
-        records = tf.data.TFRecordDataset(names, buffer_size=read_buffer_bytes).ignore_errors()
-    if counts_known and not skip_corrupt:
+        records = tf.data.TFRecordDataset(names, buffer_size=read_buffer_bytes)
+        if file_skip is not None:
+            records = records.skip(file_skip)
+        records = records.ignore_errors()
+    if fast:
         marker = tf.data.Dataset.from_tensors(damage_record)
-        return records.concatenate(marker).take(num_examples).prefetch(readahead)
+        count = num_examples if records_range is None else records_range[1] - start
+        return records.concatenate(marker).take(count).prefetch(readahead)
     # A record of our shards is never empty (an example always has features), so an empty one
     # can mark the end. The scan runs per record: about half what counting in batched blocks
     # cost (the batch and unbatch touch every record again).
@@ -269,6 +283,9 @@ def _read_shard(
         checked = checked.take(num_examples)
     # The end marker reaches the output: always without counts, after damage when skipping.
     checked = checked.filter(lambda record: tf.strings.length(record) > 0)
+    if records_range is not None:
+        # The scan checks the whole shard's bytes, so the range is cut after it.
+        checked = checked.skip(start).take(records_range[1] - start)
     return checked.prefetch(readahead)
 
 

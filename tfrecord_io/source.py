@@ -124,19 +124,26 @@ class ResolvedSource:
         return files if cache is None else cache.read_ahead(files, path_index)
 
     def open_records(
-        self, path: tf.Tensor, buffer_size: int | None = None, *, skip_failed: bool = False
+        self,
+        path: tf.Tensor,
+        buffer_size: int | None = None,
+        *,
+        skip_failed: bool = False,
+        skip: tf.Tensor | None = None,
     ) -> Any:
         """``tf.data.TFRecordDataset`` of one shard path, through the shard cache if streamed.
 
         With ``skip_failed``, a streamed shard that cannot be downloaded or verified reads as
-        empty (logged by the cache) rather than failing.
+        empty (logged by the cache) rather than failing. ``skip`` records are skipped inside the
+        file reader (headers read, bytes neither copied nor checksummed).
         """
         cache = self.shard_cache()
         if cache is None:
             import tensorflow as tf
 
-            return tf.data.TFRecordDataset(path, buffer_size=buffer_size)
-        return cache.records(path, buffer_size, skip_failed=skip_failed)
+            records = tf.data.TFRecordDataset(path, buffer_size=buffer_size)
+            return records if skip is None else records.skip(skip)
+        return cache.records(path, buffer_size, skip_failed=skip_failed, skip=skip)
 
 
 def is_remote(path: str) -> bool:
