@@ -56,7 +56,7 @@ from beam_pipelines.resume import (
     start_build,
     summary_of_published,
 )
-from beam_pipelines.runners import private_temp_dir, resolve_runner_aliases
+from beam_pipelines.runners import in_process_runner, private_temp_dir, resolve_runner_aliases
 from beam_pipelines.shards import METRICS_NAMESPACE, TRAIN, VALIDATION, fixed_shard_counts
 from beam_pipelines.sources import is_listing
 from beam_pipelines.summary import RunSummary
@@ -192,7 +192,7 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
 
     # Beam's launcher leaves directories in the temp dir on every run; they go with this one.
     with private_temp_dir():
-        pipeline = beam.Pipeline(options=options)
+        pipeline = beam.Pipeline(runner=in_process_runner(options), options=options)
         results = pipeline | "ImagesToShards" >> ImagesToShards(
             config, spec, resume=resume, base=base.spec if base and base.reusable else None
         )

@@ -8,7 +8,18 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Sequence
 
-__all__ = ["DASK_RUNNER", "RUNNER_ALIASES", "private_temp_dir", "resolve_runner_aliases"]
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.pipeline import Pipeline
+from apache_beam.runners.runner import PipelineResult, PipelineRunner
+
+__all__ = [
+    "DASK_RUNNER",
+    "RUNNER_ALIASES",
+    "InProcessRunner",
+    "in_process_runner",
+    "private_temp_dir",
+    "resolve_runner_aliases",
+]
 
 # Beam's own DaskRunner computes only one branch of a pipeline and mixes tagged outputs (see
 # beam_pipelines.dask_runner), so both its short name and its full class path select the
@@ -18,6 +29,13 @@ RUNNER_ALIASES = {
     "DaskRunner": DASK_RUNNER,
     "apache_beam.runners.dask.dask_runner.DaskRunner": DASK_RUNNER,
 }
+
+# The names under which --runner selects Beam's DirectRunner (its default runner).
+_DIRECT_RUNNER_NAMES = (
+    "direct",
+    "directrunner",
+    "apache_beam.runners.direct.direct_runner.directrunner",
+)
 
 _DASK_FLAGS = (
     "--dask_client_address",
@@ -31,6 +49,43 @@ _DASK_FLAGS = (
 _DASK_ADDRESS = re.compile(
     r"^(?:(?:tcp|tls|ucx|ws|wss)://)?(?P<host>\[[0-9a-fA-F:]+\]|[^:/\s]+):(?P<port>\d+)$"
 )
+
+
+class InProcessRunner(PipelineRunner):
+    """Beam's DirectRunner for a batch pipeline, without its attempt to run on Prism first.
+
+    Beam 2.77's DirectRunner tries Prism before anything else: it downloads Prism's binary on
+    every run, so offline each run pays for a failed download before falling back to the
+    FnApiRunner, and online it would run on Prism, which this project does not test. This runs
+    what the DirectRunner falls back to, built as the DirectRunner builds it (the pipeline
+    options in the workers' provision info, so ``--direct_running_mode multi_processing``
+    workers get them): the same runner, steps and output, minus the detour.
+    """
+
+    def run_pipeline(self, pipeline: Pipeline, options: PipelineOptions) -> PipelineResult:
+        from apache_beam.portability.api import beam_provision_api_pb2
+        from apache_beam.runners.portability.fn_api_runner import fn_runner
+        from apache_beam.runners.portability.portable_runner import JobServiceHandle
+
+        encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+        provision_info = fn_runner.ExtendedProvisionInfo(
+            beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)
+        )
+        return fn_runner.FnApiRunner(provision_info=provision_info).run_pipeline(pipeline, options)
+
+
+def in_process_runner(options: PipelineOptions) -> PipelineRunner | None:
+    """The runner to give ``beam.Pipeline`` for ``options``.
+
+    Returns:
+        An ``InProcessRunner`` when ``--runner`` is unset or names the DirectRunner and the
+        pipeline is a batch one; None otherwise, so that ``--runner`` chooses.
+    """
+    standard = options.view_as(StandardOptions)
+    runner = standard.runner
+    if standard.streaming or not (runner is None or runner.lower() in _DIRECT_RUNNER_NAMES):
+        return None
+    return InProcessRunner()
 
 
 @contextlib.contextmanager

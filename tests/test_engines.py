@@ -22,7 +22,13 @@ from apache_beam.transforms import window
 
 from beam_pipelines.dask_runner import DaskRunner
 from beam_pipelines.images_to_tfrecord import JobFailedError, run
-from beam_pipelines.runners import DASK_RUNNER, RUNNER_ALIASES, resolve_runner_aliases
+from beam_pipelines.runners import (
+    DASK_RUNNER,
+    RUNNER_ALIASES,
+    InProcessRunner,
+    in_process_runner,
+    resolve_runner_aliases,
+)
 from schemas.manifest import MANIFEST_NAME, Manifest
 from tests.fixtures.images import make_bad_files, make_image_tree, png_bytes
 
@@ -53,6 +59,41 @@ def test_dask_short_name_and_beam_class_path_select_the_corrected_runner():
         "--project",
         "p",
     ]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [],
+        ["--runner", "DirectRunner"],
+        ["--runner=direct"],
+        ["--runner", "apache_beam.runners.direct.direct_runner.DirectRunner"],
+    ],
+)
+def test_the_direct_runner_default_runs_in_process_without_trying_prism(argv):
+    assert isinstance(in_process_runner(PipelineOptions(argv)), InProcessRunner)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--runner", DASK_RUNNER],
+        ["--runner", "PrismRunner"],
+        ["--runner", "PortableRunner"],
+        ["--runner", "apache_beam.runners.direct.direct_runner.SwitchingDirectRunner"],
+        ["--streaming"],
+    ],
+)
+def test_any_other_runner_or_a_streaming_job_is_left_to_the_runner_flag(argv):
+    assert in_process_runner(PipelineOptions(argv)) is None
+
+
+def test_an_in_process_run_never_starts_prism(engine_input, tmp_path, caplog):
+    caplog.set_level("INFO", logger="apache_beam.runners.direct.direct_runner")
+    summary = run(["--input", str(engine_input), "--output", str(tmp_path), *_PIPELINE_FLAGS])
+    assert summary.published
+    assert summary.metrics["images_written"] == 18
+    assert not [r for r in caplog.records if "Prism" in r.getMessage()]
 
 
 @pytest.mark.parametrize(
@@ -264,6 +305,9 @@ def in_process_reference(engine_input, tmp_path_factory):
 def _engine_args(engine: str, request) -> list[str]:
     if engine == "dask":
         return request.getfixturevalue("dask_cluster").runner_args()
+    if engine == "beams_direct_runner":
+        # Beam's own DirectRunner (tries Prism, falls back to the FnApiRunner when offline).
+        return ["--runner", "apache_beam.runners.direct.direct_runner.SwitchingDirectRunner"]
     if engine == "portable_loopback":
         return ["--runner", "PortableRunner", "--job_endpoint", "embed"] + [
             "--environment_type",
@@ -275,7 +319,7 @@ def _engine_args(engine: str, request) -> list[str]:
 @pytest.mark.slow
 # The multi-process DirectRunner is held to the same standard by
 # tests/test_pipeline.py::test_multi_process_runner_is_byte_identical.
-@pytest.mark.parametrize("engine", ["dask", "portable_loopback"])
+@pytest.mark.parametrize("engine", ["dask", "portable_loopback", "beams_direct_runner"])
 def test_engine_writes_byte_identical_dataset(
     engine, engine_input, in_process_reference, tmp_path, request
 ):
