@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 import apache_beam as beam
 import pyarrow as pa
+import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
@@ -46,6 +47,7 @@ __all__ = [
     "fragment_table",
     "write_index_and_fragment",
     "merge_split_catalog",
+    "read_catalog_batches",
     "MergeCatalogs",
     "write_tfds_metadata",
     "remove_staged_fragments",
@@ -188,6 +190,21 @@ def merge_split_catalog(
     finally:
         os.remove(local)
     return CatalogResult(split, name, rows, num_bytes, digest)
+
+
+def read_catalog_batches(
+    output_dir: str, name: str, columns: Sequence[str], *, batch_size: int = 8192
+) -> Iterator[pa.RecordBatch]:
+    """Yields a published catalog's ``columns`` in batches of at most ``batch_size`` rows.
+
+    Memory stays at about one batch whatever the catalog's size: the file is copied locally
+    (Parquet reads need random access), then read one batch at a time.
+    """
+    with _local_copies([FileSystems.join(output_dir, name)]) as copies:
+        for local in copies:
+            yield from pq.ParquetFile(local).iter_batches(
+                batch_size=batch_size, columns=list(columns), use_threads=False
+            )
 
 
 @beam.typehints.with_output_types(CatalogResult)

@@ -14,6 +14,12 @@ them. What comes out:
 
 Byte-identical copies are one example here (the shard writer keeps one); a content filed under
 two classes (a label conflict, already in ``duplicates.jsonl``) is left out.
+
+Memory: the search step holds 25 bytes per example (it needs every hash at once); nothing else
+of a record is held back for the report. The report is written once the split catalogs are
+merged, and names the examples of each pair from them (the copy kept, in the split written),
+reading one batch of catalog rows at a time: a second pass over every record, waiting for the
+search, would make the runner keep every record in memory until the search is done.
 """
 
 from __future__ import annotations
@@ -25,9 +31,12 @@ from typing import Any, NamedTuple
 
 import apache_beam as beam
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from beam_pipelines.catalog_io import CatalogResult, read_catalog_batches
 from beam_pipelines.publish import write_text
 from beam_pipelines.shards import METRICS_NAMESPACE, TRAIN, VALIDATION
 from catalog.near_duplicates import DEFAULT_THRESHOLD, classify, find_pairs, leakage_moves
@@ -39,7 +48,11 @@ __all__ = [
     "NearDuplicateMember",
     "NearDuplicatePair",
     "key_number",
+    "NOTHING_FOUND",
+    "members_from_catalogs",
     "FindNearDuplicates",
+    "found_side_input",
+    "ReportNearDuplicates",
     "MoveLeakageToTrain",
     "summary_lines",
 ]
@@ -49,6 +62,19 @@ LEAKAGE_ACTIONS = ("report", "move_to_train")
 # A set holding thousands of copies of one image has millions of pairs: the search stops here.
 MAX_REPORTED_PAIRS = 1_000_000
 _SPLIT_CODES = {TRAIN: 0, VALIDATION: 1}
+_MEMBER_COLUMNS = ("key", "uri", "label", "text")
+# What the search finds among no examples.
+NOTHING_FOUND: dict[str, Any] = {
+    "a": [],
+    "b": [],
+    "distance": [],
+    "flipped": [],
+    "leakage": [],
+    "cross_class": [],
+    "moved": [],
+    "examples": 0,
+    "complete": True,
+}
 
 
 def _signed(value: int) -> int:
@@ -164,12 +190,36 @@ def _search(columns, threshold: int, move: bool) -> dict[str, Any]:
     }
 
 
-def _member_of(element, involved: set[int]):
-    # (split, record) -> (key number, member) for examples named in a pair
-    split, record = element
-    number = key_number(record.sha256)
-    if number in involved and record.meta is not None:
-        yield number, (record.uri, record.sha256, record.meta.label, record.meta.text, split)
+def _key_prefix(number: int) -> str:
+    # The first 16 hex digits of the keys whose key number this is (inverse of key_number).
+    return format(number & ((1 << 64) - 1), "016x")
+
+
+def members_from_catalogs(
+    output_dir: str, catalogs: Iterable[CatalogResult], numbers: Iterable[int]
+) -> dict[int, NearDuplicateMember]:
+    """The written example of each key number in ``numbers``, read from the split catalogs.
+
+    A catalog holds the copy of each content the shard writer kept (the first in URI order),
+    in the split it was written to, so the report names what the dataset holds. Catalogs are
+    read one batch at a time, only the rows named kept: memory does not grow with the dataset.
+    """
+    wanted = pa.array(sorted({_key_prefix(n) for n in numbers}), pa.string())
+    found: dict[int, NearDuplicateMember] = {}
+    if len(wanted) == 0:
+        return found
+    for catalog in sorted(catalogs):
+        for batch in read_catalog_batches(output_dir, catalog.file, _MEMBER_COLUMNS):
+            prefixes = pc.utf8_slice_codeunits(batch.column("key"), 0, 16)
+            rows = batch.filter(pc.is_in(prefixes, value_set=wanted)).to_pylist()
+            for row in rows:
+                number = key_number(row["key"])
+                member = NearDuplicateMember(
+                    row["key"], row["uri"], row["label"], row["text"], catalog.split
+                )
+                if number not in found or member.uri < found[number].uri:
+                    found[number] = member
+    return found
 
 
 class _WriteReportFn(beam.DoFn):
@@ -178,20 +228,14 @@ class _WriteReportFn(beam.DoFn):
         self._threshold = threshold
         self._action = action
 
-    def process(self, _, found, members):
+    def process(self, _, found, catalogs):
         moved = set(found["moved"])
-        # The first URI of each content, as the shard writer keeps it.
-        first: dict[int, tuple] = {}
-        for number, member in members:
-            if number not in first or member[0] < first[number][0]:
-                first[number] = member
+        written = members_from_catalogs(
+            self._output_dir, catalogs, set(found["a"]) | set(found["b"])
+        )
 
         def member(number: int) -> NearDuplicateMember:
-            uri, sha256, label, text, split = first[number]
-            is_moved = number in moved
-            return NearDuplicateMember(
-                sha256, uri, label, text, TRAIN if is_moved else split, is_moved
-            )
+            return written[number]._replace(moved=number in moved)
 
         lines = []
         for a, b, distance, flipped, leak, cross in zip(
@@ -228,59 +272,82 @@ class _WriteReportFn(beam.DoFn):
 
 
 class FindNearDuplicates(beam.PTransform):
-    """``(split, record) -> dict``: the pairs and moves (one element), the report written.
+    """``(split, record) -> dict``: the pairs and moves, one element (none without records).
 
-    Records are ``PreparedRecord`` or ``StagedRecord`` (anything with ``sha256``, ``uri`` and
-    ``meta``). Returns ``{"found": ..., "summary": ...}``: ``found`` is one dict holding the
-    pairs by key number and ``moved``, the key numbers ``MoveLeakageToTrain`` moves; ``summary``
-    one dict of counts (pairs, leakage, cross-class, moved) for the run's summary.
+    Records are ``PreparedRecord`` or ``StagedRecord`` (anything with ``sha256`` and ``meta``).
+    The dict holds the pairs by key number and ``moved``, the key numbers
+    ``MoveLeakageToTrain`` moves; read it with ``found_side_input``, which stands in for an
+    empty search. Only 25 bytes per example reach the search step; nothing else of a record is
+    kept (``ReportNearDuplicates`` names the examples from the catalogs).
 
     Args:
-      output_dir: where ``near_duplicates.jsonl`` goes.
       threshold: the largest Hamming distance that makes a pair.
       action: ``"report"`` or ``"move_to_train"`` (one of ``LEAKAGE_ACTIONS``).
 
     Raises:
-      ValueError: for an action or threshold out of range, naming the flag.
+      ValueError: for an action out of range, naming the flag.
     """
 
-    def __init__(
-        self, output_dir: str, *, threshold: int = DEFAULT_THRESHOLD, action: str = "report"
-    ) -> None:
+    def __init__(self, *, threshold: int = DEFAULT_THRESHOLD, action: str = "report") -> None:
         super().__init__()
         if action not in LEAKAGE_ACTIONS:
             raise ValueError(f"--leakage must be one of {LEAKAGE_ACTIONS}, got {action!r}")
-        self._output_dir = output_dir
         self._threshold = threshold
         self._action = action
 
     def expand(self, by_split):
         threshold, move = self._threshold, self._action == "move_to_train"
-        found = (
+        return (
             by_split
             | "HashEntries" >> beam.Map(_entry)
             | "WithHash" >> beam.Filter(lambda entry: entry is not None)
             # (key number, phash, split code, label)
-            | "Columns" >> beam.CombineGlobally(_Columns())
+            # Without defaults: a default would be injected through a side input, which the
+            # in-process runner keeps (all the columns) until the pipeline ends.
+            | "Columns" >> beam.CombineGlobally(_Columns()).without_defaults()
             | "Search" >> beam.Map(_search, threshold, move)
-            # {"a", "b", "distance", ..., "moved"}, one element
+            # {"a", "b", "distance", ..., "moved"}, one element (none without records)
         )
-        members = by_split | "PairMembers" >> beam.FlatMap(
-            lambda element, found: _member_of(element, set(found["a"]) | set(found["b"])),
-            beam.pvalue.AsSingleton(found),
-        )
-        # (key number, (uri, sha256, label, text, split)) for examples in a pair
-        summary = (
-            by_split.pipeline
+
+
+def found_side_input(found):
+    """``found`` (``FindNearDuplicates``' output) as a singleton side input; an empty search
+    when no record had a hash."""
+    return beam.pvalue.AsSingleton(found, default_value=NOTHING_FOUND)
+
+
+class ReportNearDuplicates(beam.PTransform):
+    """``CatalogResult -> dict`` (one element): writes ``near_duplicates.jsonl`` once the split
+    catalogs are merged; returns its counts (pairs, leakage, cross-class, moved) for the run's
+    summary.
+
+    Args:
+      output_dir: the dataset directory: its catalogs name the examples of each pair, and the
+        report goes there.
+      found: the output of ``FindNearDuplicates``.
+      threshold, action: as given to ``FindNearDuplicates`` (recorded in the summary).
+    """
+
+    def __init__(
+        self, output_dir: str, found, *, threshold: int = DEFAULT_THRESHOLD, action: str = "report"
+    ) -> None:
+        super().__init__()
+        self._output_dir = output_dir
+        self._found = found
+        self._threshold = threshold
+        self._action = action
+
+    def expand(self, catalogs):
+        return (
+            catalogs.pipeline
             | "Once" >> beam.Create([None])
             | "WriteReport"
             >> beam.ParDo(
                 _WriteReportFn(self._output_dir, self._threshold, self._action),
-                beam.pvalue.AsSingleton(found),
-                beam.pvalue.AsList(members),
+                found_side_input(self._found),
+                beam.pvalue.AsList(catalogs),
             )
         )
-        return {"found": found, "summary": summary}
 
 
 class _MoveFn(beam.DoFn):
@@ -313,7 +380,7 @@ class MoveLeakageToTrain(beam.PTransform):
         self._found = found
 
     def expand(self, by_split):
-        return by_split | "Move" >> beam.ParDo(_MoveFn(), beam.pvalue.AsSingleton(self._found))
+        return by_split | "Move" >> beam.ParDo(_MoveFn(), found_side_input(self._found))
 
 
 def summary_lines(summary: dict[str, Any] | None, output_dir: str) -> Iterable[str]:

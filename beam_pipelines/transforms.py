@@ -31,7 +31,7 @@ from beam_pipelines.elements import (
 )
 from beam_pipelines.image_hash import perceptual_hashes
 from beam_pipelines.images import ImageOptions, RejectedImage, internal_error, prepare_image
-from beam_pipelines.leakage import FindNearDuplicates, MoveLeakageToTrain
+from beam_pipelines.leakage import FindNearDuplicates, MoveLeakageToTrain, ReportNearDuplicates
 from beam_pipelines.object_store_io import read_with_retries
 from beam_pipelines.plan import PlanShards
 from beam_pipelines.progress import ProgressReporter, ProgressSpec, reporter_for
@@ -48,7 +48,7 @@ from beam_pipelines.shards import (
     WriteShards,
     fixed_shard_counts,
 )
-from beam_pipelines.sources import SKIPPED_TAG, LabelNames, ListSources
+from beam_pipelines.sources import SKIPPED_TAG, LabelNames, ListSources, unpack_sources
 from beam_pipelines.splits import AssignSplits
 from beam_pipelines.staging import DEFAULT_FILE_BYTES, RecordStager
 from schemas.image_example import ImageRecord, serialize_record
@@ -84,7 +84,8 @@ def read_source(uri: str) -> bytes:
 
 class PrepareImageFn(beam.DoFn):
     """``SourceFile -> StagedRecord`` (or ``PreparedRecord`` without a staging area);
-    ``Rejection`` on the ``rejected`` output.
+    ``Rejection`` on the ``rejected`` output. An element may also be a packed batch of
+    ``SourceFile`` (``sources.unpack_sources``), each of which is prepared.
 
     Side input ``label_names``: the sorted class names, whose positions are the labels.
     ``progress`` says how the images done are shown while the pipeline runs. ``staging``: the
@@ -164,9 +165,16 @@ class PrepareImageFn(beam.DoFn):
         if self._stager is not None:
             self._stager.close()
 
-    def process(self, source: SourceFile, label_names: tuple[str, ...]):
+    def process(self, element: SourceFile | bytes, label_names: tuple[str, ...]):
+        # A packed batch of inputs (sources.ListSources' "batches") or one input.
+        sources = unpack_sources(element) if isinstance(element, bytes) else [element]
+        index = self._label_index(label_names)
+        for source in sources:
+            yield from self._process_one(source, index)
+
+    def _process_one(self, source: SourceFile, index: dict[str, int]):
         try:
-            record = self._prepare(source, self._label_index(label_names))
+            record = self._prepare(source, index)
         except BaseDamagedError:
             raise  # a damaged base fails the build: never a rejection, never a silent rebuild
         except Exception as error:  # per-image work never takes the job down
@@ -259,8 +267,8 @@ class PrepareImageFn(beam.DoFn):
 
 
 class PrepareImages(beam.PTransform):
-    """``SourceFile -> StagedRecord`` (``PreparedRecord`` without ``staging``) with a
-    ``rejected`` output of ``Rejection``.
+    """``SourceFile`` (or a packed batch of them) ``-> StagedRecord`` (``PreparedRecord``
+    without ``staging``) with a ``rejected`` output of ``Rejection``.
 
     Args:
       options: how to prepare each image.
@@ -357,7 +365,8 @@ class ImagesToShards(beam.PTransform):
             options=config.manifest_options(),
         )
         # {split: num_shards}, one element; plan.json is saved before any shard is written
-        to_prepare, reused = sources, []
+        to_prepare, reused = listed["batches"], []
+        # bytes: packed batches of the sources, unpacked by the image step itself
         if resume.sidecars:
             earlier = pbegin | "StagedEarlier" >> StagedFromEarlierAttempts(resume.sidecars)
             split = sources | "ReuseStaged" >> SplitReusable(earlier)
@@ -383,17 +392,23 @@ class ImagesToShards(beam.PTransform):
             label_conflicts=config.label_conflicts,
         )
         # (split, StagedRecord)
-        near = by_split | "FindNearDuplicates" >> FindNearDuplicates(
-            config.output, threshold=config.near_duplicate_threshold, action=config.leakage
+        near_threshold, leakage = config.near_duplicate_threshold, config.leakage
+        found = by_split | "FindNearDuplicates" >> FindNearDuplicates(
+            threshold=near_threshold, action=leakage
         )
+        # {"a", "b", ..., "moved"}: the pairs by key number, one element
         if config.leakage == "move_to_train":
             # Every record waits for the search over all of them, then leakage goes to train.
-            by_split = by_split | "MoveLeakageToTrain" >> MoveLeakageToTrain(near["found"])
+            by_split = by_split | "MoveLeakageToTrain" >> MoveLeakageToTrain(found)
         written = by_split | "WriteShards" >> WriteShards(
             config.output, plan=plan, done=done, label_conflicts=config.label_conflicts
         )
         catalogs = written["shards"] | "MergeCatalogs" >> MergeCatalogs(config.output)
         # CatalogResult, one per split
+        near_summary = catalogs | "ReportNearDuplicates" >> ReportNearDuplicates(
+            config.output, found, threshold=near_threshold, action=leakage
+        )
+        # dict of counts, one element; near_duplicates.jsonl written
         return {
             "sources": sources,
             "skipped": listed[SKIPPED_TAG],
@@ -402,5 +417,5 @@ class ImagesToShards(beam.PTransform):
             "rejected": prepared[REJECTED_TAG],
             "duplicates": written[DUPLICATES_TAG],
             "catalogs": catalogs,
-            "near_duplicates": near["summary"],
+            "near_duplicates": near_summary,
         }
