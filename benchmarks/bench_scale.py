@@ -18,6 +18,11 @@ options fix: ``--image_size 64`` gives 12,288-byte images (the "12 KB records"),
   8 images gives the start-up cost every run pays, so the ratio is also given net of it.
 * ``imagenet``: one run of ``--n`` images (100,000) with 110 KB records, in-process, default
   options: peak RSS and time.
+* ``buffers``: what the in-process runner holds between steps, per N (``--sizes``): the
+  largest encoded size of every PCollection buffered between fused stages, grouping buffer and
+  side input (``runner_buffers``), in bytes per image. Beam's FnApiRunner runs each stage to
+  completion and keeps its whole output until the next stage reads it: an element per image
+  that waits for a GroupByKey, a side input or a CoGroupByKey stays in memory, all of them.
 
 ``--pythonpath DIR`` runs the pipeline from another checkout (e.g. ``git archive`` of an
 older commit), to measure an alternative with the same harness.
@@ -28,11 +33,13 @@ Usage::
   python -m benchmarks.bench_scale overhead [--n 2000]
   python -m benchmarks.bench_scale resume [--n 6000] [--kill_at 0.7]
   python -m benchmarks.bench_scale imagenet [--n 100000] [--workdir DIR]
+  python -m benchmarks.bench_scale buffers [--sizes 2000,8000]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import os
@@ -43,14 +50,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+import weakref
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import psutil
 from PIL import Image
 
-__all__ = ["write_noise_pngs", "measured_run", "main"]
+__all__ = ["write_noise_pngs", "measured_run", "runner_buffers", "main"]
 
 CLASSES = ("cat", "dog", "fox", "owl")
 TWO_PROCESSES = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
@@ -109,6 +117,74 @@ class _PeakRss:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+
+
+def _buffer_bytes(buffer) -> int:
+    from apache_beam.runners.portability.fn_api_runner import execution
+
+    if isinstance(buffer, execution.ListBuffer):
+        return sum(len(chunk) for chunk in buffer._inputs)
+    return getattr(buffer, "_bench_bytes", 0)  # a GroupingBuffer: what it was given
+
+
+@contextlib.contextmanager
+def runner_buffers() -> Iterator[dict[str, int]]:
+    """Records what Beam's in-process runner (FnApiRunner) holds between stages.
+
+    Yields a dict that fills in as pipelines run in this process: for every PCollection
+    buffered between fused stages (its unique name), grouping buffer (``GBK <step>``) and
+    ``<side inputs>`` (the state the runner keeps them in), the largest encoded size in bytes
+    seen at the end of a bundle, and ``<total>``, the largest sum of all of them at once.
+    Instruments Beam's private classes (Beam is pinned); restores them on exit.
+    """
+    from apache_beam.runners.portability.fn_api_runner import execution, fn_runner
+    from apache_beam.runners.portability.fn_api_runner.translations import split_buffer_id
+
+    peaks: dict[str, int] = {}
+    live: weakref.WeakSet = weakref.WeakSet()
+    get_buffer = execution.BundleContextManager.get_buffer
+    group_append = execution.GroupingBuffer.append
+    execute_bundle = fn_runner.FnApiRunner._execute_bundle
+
+    def named_buffer(self, buffer_id, transform_id):
+        buffer = get_buffer(self, buffer_id, transform_id)
+        kind, name = split_buffer_id(buffer_id)
+        components = self.execution_context.pipeline_components
+        if kind == "group":
+            buffer._bench_name = "GBK " + components.transforms[name].unique_name
+        elif name in components.pcollections:
+            buffer._bench_name = components.pcollections[name].unique_name
+        else:
+            buffer._bench_name = name
+        live.add(buffer)
+        return buffer
+
+    def counted_append(self, data):
+        self._bench_bytes = getattr(self, "_bench_bytes", 0) + len(data)
+        return group_append(self, data)
+
+    def measured_bundle(self, context, bundle_manager, bundle_input):
+        result = execute_bundle(self, context, bundle_manager, bundle_input)
+        total = 0
+        for buffer in list(live):
+            size = _buffer_bytes(buffer)
+            total += size
+            peaks[buffer._bench_name] = max(peaks.get(buffer._bench_name, 0), size)
+        state = context.worker_handler_manager.state_servicer._state
+        side_inputs = sum(len(chunk) for chunks in state.values() for chunk in chunks)
+        peaks["<side inputs>"] = max(peaks.get("<side inputs>", 0), side_inputs)
+        peaks["<total>"] = max(peaks.get("<total>", 0), total + side_inputs)
+        return result
+
+    execution.BundleContextManager.get_buffer = named_buffer
+    execution.GroupingBuffer.append = counted_append
+    fn_runner.FnApiRunner._execute_bundle = measured_bundle
+    try:
+        yield peaks
+    finally:
+        execution.BundleContextManager.get_buffer = get_buffer
+        execution.GroupingBuffer.append = group_append
+        fn_runner.FnApiRunner._execute_bundle = execute_bundle
 
 
 def _env(pythonpath: str | None) -> dict[str, str]:
@@ -224,6 +300,30 @@ def _memory(args: argparse.Namespace, work: Path) -> None:
             ratio = results[(mode, largest)] / results[(mode, min(sizes))]
             print(f"{mode}: peak at {largest:,} = {ratio:.2f}x peak at {min(sizes):,}")
     print(f"{_load()} at end")
+
+
+def _buffers(args: argparse.Namespace, work: Path) -> None:
+    from beam_pipelines.images_to_tfrecord import run
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    found: dict[int, dict[str, int]] = {}
+    for n in sizes:
+        images = work / f"images-{n}"
+        write_noise_pngs(images, n)
+        with runner_buffers() as peaks:
+            run(_pipeline_args(images, work / f"out-{n}", SMALL_RECORDS))
+        found[n] = dict(peaks)
+        shutil.rmtree(work / f"out-{n}", ignore_errors=True)
+    largest = max(sizes)
+    print("buffers: what the in-process runner holds between steps, largest size seen, bytes")
+    print("per image; 12 KB records (RAW 64x64), default options")
+    print("| buffered | " + " | ".join(f"{n:,} images" for n in sizes) + " |")
+    print("|---|" + "---:|" * len(sizes))
+    names = sorted(found[largest], key=lambda name: -found[largest][name])
+    for name in names:
+        if found[largest][name] >= largest:  # at least a byte per image somewhere
+            cells = " | ".join(f"{found[n].get(name, 0) / n:,.1f}" for n in sizes)
+            print(f"| {name} | {cells} |")
 
 
 def _plain_loop(paths: Sequence[Path]) -> None:
@@ -384,9 +484,13 @@ def _imagenet(args: argparse.Namespace, work: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("memory", "overhead", "resume", "imagenet", "loop"))
+    parser.add_argument(
+        "what", choices=("memory", "overhead", "resume", "imagenet", "buffers", "loop")
+    )
     parser.add_argument("--images", default=None, help=argparse.SUPPRESS)  # loop: its input
-    parser.add_argument("--sizes", default="16000,64000", help="memory: image counts")
+    parser.add_argument(
+        "--sizes", default=None, help="memory (16000,64000), buffers (2000,8000): image counts"
+    )
     parser.add_argument("--modes", default="in_process,two_process", help="memory: runner modes")
     parser.add_argument("--n", type=int, default=None, help="images (overhead/resume/imagenet)")
     parser.add_argument("--repeats", type=int, default=2, help="overhead: keep the best of R")
@@ -405,11 +509,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     defaults = {"overhead": 2000, "resume": 6000, "imagenet": 100_000}
     if args.n is None:
         args.n = defaults.get(args.what, 0)
+    if args.sizes is None:
+        args.sizes = "2000,8000" if args.what == "buffers" else "16000,64000"
     with tempfile.TemporaryDirectory(dir=args.workdir, prefix="bench-scale-") as tmp:
         work = Path(tmp)
-        {"memory": _memory, "overhead": _overhead, "resume": _resume, "imagenet": _imagenet}[
-            args.what
-        ](args, work)
+        modes = {"memory": _memory, "overhead": _overhead, "resume": _resume}
+        modes |= {"imagenet": _imagenet, "buffers": _buffers}
+        modes[args.what](args, work)
     return 0
 
 

@@ -9,6 +9,9 @@ failed at this size under a 600 MB cap (``MemoryError`` in Beam's buffers) and n
 1.3 GB of RSS at 16,000. The control below runs that design's shape (12 KB records through a
 ``GroupByKey``) under the same cap, to show the cap bites. How peak memory varies with the
 number of images is measured by ``benchmarks.bench_scale memory``.
+
+The in-process runner keeps whatever a step reads after a wait (a GroupByKey, a side input)
+whole in memory until the step runs: the last test counts those bytes per image.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from PIL import Image
+
+from benchmarks.bench_scale import runner_buffers
 
 pytestmark = pytest.mark.slow
 
@@ -96,3 +101,31 @@ def test_the_cap_bites_records_through_a_group_by_key_do_not_fit():
     full = records_through_a_shuffle(RECORD_BYTES)
     assert full.returncode != 0
     assert "MemoryError" in full.stderr or "realloc failed" in full.stderr, full.stderr[-3000:]
+
+
+# Bytes per image the in-process runner may hold between steps: the packed locations of the
+# group-by-shard (~55), the search's hash columns (25) and the listing's packed batches (~15).
+# A location or a SourceFile per image waiting for a side input adds 130-320.
+MAX_BUFFERED_PER_IMAGE = 150
+
+
+def test_the_runner_holds_under_150_bytes_per_image_between_steps(tmp_path):
+    from beam_pipelines import images_to_tfrecord
+
+    n = 2000
+    images = tmp_path / "images"
+    _noise_pngs(images, n)
+    argv = [
+        "--input", str(images), "--output", str(tmp_path / "dataset"), "--image_size", "64",
+        "--crop", "center", "--encoding", "raw", "--max_bad_fraction", "0", "--progress", "off",
+    ]  # fmt: skip
+    with runner_buffers() as peaks:
+        summary = images_to_tfrecord.run(argv)
+    assert summary.published and summary.manifest.counts.written == n
+    assert "<total>" in peaks, "the build did not run on Beam's in-process runner (FnApiRunner)"
+    per_image = {name: size / n for name, size in peaks.items()}
+    assert per_image["<total>"] < MAX_BUFFERED_PER_IMAGE, sorted(
+        per_image.items(), key=lambda item: -item[1]
+    )[:6]
+    # What the bound leaves room for is really there: the test can fail.
+    assert per_image["GBK ImagesToShards/WriteShards/GroupByShard"] > 20
