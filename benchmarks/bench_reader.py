@@ -402,6 +402,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--extra", action="store_true", help="also the --extra rows")
     parser.add_argument("--quick", action="store_true", help="smoke run: 32 photos, tiny runs")
     parser.add_argument("--workdir", default=None, help="where to put photos and shards")
+    parser.add_argument(
+        "--cache", default=None, help="keep photos and shards here and reuse them next time"
+    )
     parser.add_argument("--json", default=None, help="also write every row here")
     parser.add_argument(
         "--chart",
@@ -435,6 +438,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     shards=max(2, min(8, args.n // 30)),
                     workdir=args.workdir,
                     family=family,
+                    cache=args.cache,
                 )
             )
             data[family] = made

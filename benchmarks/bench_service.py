@@ -214,6 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=20, help="untimed batches per row (20)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 64 photos, tiny runs")
     parser.add_argument("--workdir", default=None, help="where to put photos, shards and logs")
+    parser.add_argument(
+        "--cache", default=None, help="keep photos and shards here and reuse them next time"
+    )
     # A child process measuring one row (see _measure_in_child).
     for hidden in ("row", "root", "service", "job", "worker_pids"):
         parser.add_argument(f"--measure_{hidden}", default=None, help=argparse.SUPPRESS)
@@ -225,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from tests.fixtures.data_service import running_cluster
 
     with photo_datasets(
-        args.n, shards=max(4, args.n // 64), workdir=args.workdir, raw=False
+        args.n, shards=max(4, args.n // 64), workdir=args.workdir, raw=False, cache=args.cache
     ) as data:
         root, mean_kb, shards = data.root, data.mean_kb, data.shards
 

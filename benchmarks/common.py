@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -148,6 +149,7 @@ def photo_datasets(
     workdir: str | None = None,
     raw: bool = True,
     family: str = "imagenet_like",
+    cache: str | None = None,
 ) -> Iterator[PhotoDatasets]:
     """``n`` photos written as benchmark datasets, in a directory removed after.
 
@@ -158,16 +160,30 @@ def photo_datasets(
       raw: also write the RAW-224 dataset.
       family: the kind of photo (``benchmarks.photo_families.FAMILIES``); the default is the
         ImageNet-like photos the README's figures were measured on.
+      cache: keep the datasets in ``cache/<family>-<n>-<shards>`` and reuse them on later
+        runs (they are deterministic), instead of a temporary directory.
     """
     from benchmarks.photo_families import write_family
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    with tempfile.TemporaryDirectory(dir=workdir) as work:
-        root = Path(work)
+    with contextlib.ExitStack() as stack:
+        if cache is not None:
+            root = Path(cache) / f"{family}-{n}-{shards}{'' if raw else '-jpeg'}"
+            done = root / "complete"
+            if done.exists():
+                photos = sorted(p for p in (root / "photos").rglob("*") if p.is_file())
+                mean_kb = sum(p.stat().st_size for p in photos) / len(photos) / 1024
+                yield PhotoDatasets(root, photos, mean_kb, shards, 0.0)
+                return
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            root = Path(stack.enter_context(tempfile.TemporaryDirectory(dir=workdir)))
         photos = write_family(family, root / "photos", n, seed=0)
         mean_kb = sum(p.stat().st_size for p in photos) / len(photos) / 1024
         start = time.perf_counter()
         write_shards(root / "photos", root / "jpeg256", shards, JPEG_256)
         if raw:
             write_shards(root / "photos", root / "raw224", shards, RAW_224)
+        if cache is not None:
+            (root / "complete").write_text("")
         yield PhotoDatasets(root, photos, mean_kb, shards, time.perf_counter() - start)

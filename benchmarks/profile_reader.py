@@ -174,6 +174,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=2048, help="timed examples (2048)")
     parser.add_argument("--warmup_examples", type=int, default=512, help="untimed (512)")
     parser.add_argument("--workdir", default=None, help="where to put photos and shards")
+    parser.add_argument(
+        "--cache", default=None, help="keep photos and shards here and reuse them next time"
+    )
     parser.add_argument("--json", default=None, help="also write the medians here")
     parser.add_argument("--measure_root", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--measure_stage", default=None, help=argparse.SUPPRESS)
@@ -189,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         roots = {
             f: stack.enter_context(
-                photo_datasets(args.n, shards=8, workdir=args.workdir, family=f)
+                photo_datasets(args.n, shards=8, workdir=args.workdir, family=f, cache=args.cache)
             ).root
             for f in families
         }
