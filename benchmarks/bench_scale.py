@@ -8,7 +8,9 @@ options fix: ``--image_size 64`` gives 12,288-byte images (the "12 KB records"),
 ``python -m beam_pipelines.images_to_tfrecord`` process, as users run it.
 
 * ``memory``: peak RSS summed over the launcher and every process under it (sampled every
-  0.1 s), per N, in-process and on the 2-process DirectRunner, default options.
+  0.1 s), per N, in-process and on the 2-process DirectRunner, default options; ``--modes
+  dask`` adds a run on a Dask scheduler and two workers the launcher starts itself
+  (``benchmarks/on_dask.py``), so they are counted too.
 * ``overhead``: Beam's CPU per image for 110 KB records, in-process: the pipeline's CPU per
   extra image (N vs 3N, so start-up cancels) minus that of a plain loop doing the same per-image
   work (read, SHA-256, ``prepare_image``, ``serialize_record``).
@@ -29,7 +31,8 @@ older commit), to measure an alternative with the same harness.
 
 Usage::
 
-  python -m benchmarks.bench_scale memory [--sizes 16000,64000] [--modes in_process,two_process]
+  python -m benchmarks.bench_scale memory [--sizes 16000,64000]
+      [--modes in_process,two_process,dask]
   python -m benchmarks.bench_scale overhead [--n 2000]
   python -m benchmarks.bench_scale resume [--n 6000] [--kill_at 0.7]
   python -m benchmarks.bench_scale imagenet [--n 100000] [--workdir DIR]
@@ -62,7 +65,9 @@ __all__ = ["write_noise_pngs", "measured_run", "runner_buffers", "main"]
 
 CLASSES = ("cat", "dog", "fox", "owl")
 TWO_PROCESSES = ["--direct_num_workers=2", "--direct_running_mode=multi_processing"]
-MODES = {"in_process": [], "two_process": TWO_PROCESSES}
+MODES = {"in_process": [], "two_process": TWO_PROCESSES, "dask": []}
+# The module each mode runs: Dask's starts its own scheduler and two workers first.
+MODULES = {"dask": "benchmarks.on_dask"}
 SMALL_RECORDS = ["--image_size", "64", "--crop", "center", "--encoding", "raw"]
 LARGE_RECORDS = ["--image_size", "192", "--crop", "center", "--encoding", "raw"]
 _SAMPLE_S = 0.1
@@ -287,6 +292,7 @@ def _memory(args: argparse.Namespace, work: Path) -> None:
             r = measured_run(
                 _pipeline_args(subset, out, [*SMALL_RECORDS, *MODES[mode]]),
                 pythonpath=args.pythonpath,
+                module=MODULES.get(mode, "beam_pipelines.images_to_tfrecord"),
             )
             results[(mode, n)] = r["peak_mb"]
             print(
@@ -491,7 +497,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--sizes", default=None, help="memory (16000,64000), buffers (2000,8000): image counts"
     )
-    parser.add_argument("--modes", default="in_process,two_process", help="memory: runner modes")
+    parser.add_argument(
+        "--modes",
+        default="in_process,two_process",
+        help=f"memory: runner modes, of {','.join(MODES)}",
+    )
     parser.add_argument("--n", type=int, default=None, help="images (overhead/resume/imagenet)")
     parser.add_argument("--repeats", type=int, default=2, help="overhead: keep the best of R")
     parser.add_argument("--kill_at", type=float, default=0.7, help="resume: kill point")
