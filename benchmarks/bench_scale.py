@@ -92,6 +92,17 @@ def write_noise_pngs(root: Path, n: int, *, side: int = 16, seed: int = 0) -> li
     return paths
 
 
+def _role(proc: psutil.Process) -> str:
+    """What a process runs: the module after ``-m``, else its executable's name."""
+    try:
+        args = proc.cmdline()
+    except psutil.Error:
+        return "?"
+    if "-m" in args[:-1]:
+        return args[args.index("-m") + 1].rsplit(".", 1)[-1]
+    return Path(args[0]).name if args else "?"
+
+
 class _PeakRss:
     """Samples the summed RSS of a process and everything under it, in a thread."""
 
@@ -99,6 +110,8 @@ class _PeakRss:
         self._root = psutil.Process(pid)
         self.peak = 0
         self.processes = 0
+        # Each process's own peak, by pid: (what it runs, peak RSS bytes).
+        self.each: dict[int, tuple[str, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -112,7 +125,10 @@ class _PeakRss:
             total = 0
             for proc in procs:
                 try:
-                    total += proc.memory_info().rss
+                    rss = proc.memory_info().rss
+                    if rss > self.each.get(proc.pid, ("", 0))[1]:
+                        self.each[proc.pid] = (_role(proc), rss)
+                    total += rss
                 except psutil.NoSuchProcess:
                     pass
             if total > self.peak:
@@ -253,6 +269,9 @@ def measured_run(
         "cpu_s": usage.ru_utime + usage.ru_stime,
         "peak_mb": sampler.peak / 2**20,
         "processes": sampler.processes,
+        "each_mb": sorted(
+            ((role, rss / 2**20) for role, rss in sampler.each.values()), key=lambda x: -x[1]
+        ),
         "killed": killed,
     }
 
@@ -300,6 +319,8 @@ def _memory(args: argparse.Namespace, work: Path) -> None:
                 f"{r['wall_s']:.1f} | {r['cpu_s']:.1f} |",
                 flush=True,
             )
+            each = ", ".join(f"{role} {mb:,.0f}" for role, mb in r["each_mb"][:6])
+            print(f"|   | each process's own peak, MB: {each} | | | | |", flush=True)
             shutil.rmtree(out, ignore_errors=True)
     if len(sizes) > 1:
         for mode in modes:
