@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from tests.fixtures.shards import WrittenDataset, copy_dataset, write_dataset
 from tfrecord_io.delivery import DeliveredSet, DeliveryTracker, decode_positions, split_digest
-from tfrecord_io.epochs import _share_ranges, plan_partial_epochs
+from tfrecord_io.epochs import _share_ranges, plan_partial_epochs, service_message_cap
 from tfrecord_io.read_config import ReadConfig
 from tfrecord_io.reader import make_dataset
 
@@ -184,6 +184,14 @@ def test_only_records_before_the_last_delivered_one_go_through_the_lookup(pipeli
             read += [base + i for i in [*looked_up, *range(cut, stop)]]
             assert cut - start <= {0: 40, 1: 20, 2: 0}[int(shard)]
     assert sorted(read) == np.flatnonzero(~mask).tolist()  # all that is left, once
+
+
+def test_service_messages_of_exact_epochs_hold_at_most_a_64th_of_an_epoch():
+    # A small split's messages are single batches (the 128-example default would let a worker
+    # hold much of its epoch in flight); ImageNet's keep the default.
+    cases = [(320, 8, 8), (60, 4, 4), (100_000, 32, 1_562), (1_281_167, 32, 20_018)]
+    for examples, batch, cap in cases:
+        assert service_message_cap(examples, batch) == cap
 
 
 # --- the reader ---------------------------------------------------------------------------

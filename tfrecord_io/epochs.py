@@ -53,6 +53,7 @@ __all__ = [
     "exact_epoch_dataset",
     "exact_epoch_records",
     "plan_partial_epochs",
+    "service_message_cap",
     "shard_order",
 ]
 
@@ -170,6 +171,12 @@ def plan_partial_epochs(
         )
         offset = (offset + total % num_pipelines) % num_pipelines
     return shares, offset
+
+
+def service_message_cap(num_examples: int, batch_size: int) -> int:
+    """Examples in one tf.data service message of an exact-epoch stream: at most 1/64 of an
+    epoch (a worker's shuffle holds as much), never below one batch."""
+    return max(batch_size, num_examples // _SERVICE_SHARE)
 
 
 def _pack_bits(mask: np.ndarray) -> np.ndarray:
@@ -517,4 +524,8 @@ def exact_epoch_dataset(
         deterministic=deterministic,
         options=reader._options(config, deterministic, True, service),
         service=service,
+        # A message is what a service worker holds and sends at once: bounded like its shuffle
+        # (1/64 of an epoch), so neighbouring epochs overlap by little. Whole messages of 128
+        # examples over a small split would hand the trainer a next epoch's examples first.
+        max_examples_per_message=service_message_cap(exclude.num_examples, batch_size),
     )

@@ -647,6 +647,7 @@ def _batch_and_decode(
     deterministic: bool,
     options: tf.data.Options,
     service: ServiceConfig | None,
+    max_examples_per_message: int | None = None,
 ) -> tf.data.Dataset:
     """The chain's tail: batch (full batches in training), decode each batch, the pipeline's
     options, [tf.data service], prefetch.
@@ -655,9 +656,13 @@ def _batch_and_decode(
     at once (``ServiceConfig.batches_per_message``) and the trainer splits each message into
     its ``k`` batches: slices of the received tensors, not copies. The examples, their order
     and their augmentation are the same (each example's seed comes with it); only the trainer's
-    cost per message is shared by more examples.
+    cost per message is shared by more examples. ``max_examples_per_message`` caps ``k``
+    (never below one batch): exact epochs keep what a worker holds in flight well under an
+    epoch.
     """
     per_message = 1 if service is None else service.batches_per_message(batch_size, training)
+    if max_examples_per_message is not None:
+        per_message = max(1, min(per_message, max_examples_per_message // batch_size))
     # A worker's last message may be short; the trainer keeps its whole batches, so a worker's
     # stream ends, as before, with fewer than batch_size examples dropped.
     batches = records.batch(batch_size * per_message, drop_remainder=training and per_message == 1)
