@@ -313,26 +313,26 @@ def test_exclude_is_checked_against_the_split(dataset, foreign_shards, tmp_path)
         )
 
 
-def _damage_record(path: Path, record: int) -> None:
-    """Flips a byte in the data of record ``record`` of a TFRecord file (its CRC then fails)."""
+def _flip(path: Path, record: int, *, at: int, mask: int) -> None:
+    """Flips bits ``mask`` of the byte at offset ``at`` within record ``record`` of a TFRecord
+    file (0: its length, whose header CRC then fails; 12: its data, whose CRC then fails)."""
     data = bytearray(path.read_bytes())
     offset = 0
     for _ in range(record):
         (length,) = struct.unpack_from("<Q", data, offset)
         offset += 12 + length + 4
-    data[offset + 12] ^= 0xFF
+    data[offset + at] ^= mask
     path.write_bytes(bytes(data))
+
+
+def _damage_record(path: Path, record: int) -> None:
+    """Flips a byte in the data of record ``record`` (its CRC then fails)."""
+    _flip(path, record, at=12, mask=0xFF)
 
 
 def _damage_header(path: Path, record: int) -> None:
-    """Flips a byte in the length of record ``record`` (its header CRC then fails)."""
-    data = bytearray(path.read_bytes())
-    offset = 0
-    for _ in range(record):
-        (length,) = struct.unpack_from("<Q", data, offset)
-        offset += 12 + length + 4
-    data[offset] ^= 0x01
-    path.write_bytes(bytes(data))
+    """Flips a bit in the length of record ``record`` (its header CRC then fails)."""
+    _flip(path, record, at=0, mask=0x01)
 
 
 def test_damage_among_the_records_skipped_in_the_file_reader_still_fails(dataset, tmp_path):
