@@ -8,6 +8,8 @@ Beam 2.77's ``apache_beam.runners.dask.dask_runner.DaskRunner`` translates a pip
 * gives every consumer of a multi-output ``ParDo`` all of its outputs, main and tagged mixed;
 * treats ``Reshuffle`` as the identity, so everything that descends from a one-element
   ``Create`` (``MatchFiles`` of one pattern, for example) stays in one partition, on one worker;
+* combines without lifting: every element of a ``CombineGlobally``, ``Count.Globally`` or
+  ``Distinct`` crosses a shuffle and lands in one task, on one worker;
 * drops outputs emitted in ``finish_bundle``;
 * re-runs the whole upstream graph inside a task to read a side input;
 * reports no metrics (``metrics()`` raises ``NotImplementedError``);
@@ -15,14 +17,31 @@ Beam 2.77's ``apache_beam.runners.dask.dask_runner.DaskRunner`` translates a pip
 
 This runner keeps Beam's option surface (``--dask_client_address``, ``--dask_npartitions``, ...)
 and its overrides, and replaces the translation: one bag per PCollection, tagged outputs
-filtered per tag, side inputs passed as graph dependencies, a ``Reshuffle`` that repartitions
-across the cluster, every unconsumed PCollection computed, and Beam metrics collected from the
-workers through Dask's event log. Only the global window is supported; anything else raises.
+filtered per tag, side inputs passed as graph dependencies, a ``Reshuffle`` that spreads its
+elements evenly over partitions of bounded size, combines lifted (Beam's
+``LiftedCombinePerKey``: one accumulator per key and partition crosses the shuffle), every
+unconsumed PCollection computed, and Beam metrics collected from the workers through Dask's
+event log. Only the global window is supported; anything else raises.
+
+Memory. A Dask worker keeps each task's whole output (a partition's list of elements) until
+every task that reads it is done, so a worker's memory follows the partitions' sizes. A
+partition count fixed when the graph is built makes them grow with the data: before this,
+``Reshuffle`` kept the partitions it was given (after a listing: one per class directory) and
+every per-image step ran in tasks of ``inputs / classes`` images. So a ``Reshuffle`` counts
+its input first: everything upstream of it is computed (persisted on the workers, each task
+once), then the elements are cut into partitions of ``DEFAULT_RESHUFFLE_PARTITION_SIZE``
+(``--dask_partition_size``) elements, at least ``DEFAULT_PARTITIONS_PER_THREAD`` per worker
+thread when there are that many (``--dask_npartitions`` fixes the count instead). Running the
+pipeline therefore starts by computing what precedes its first ``Reshuffle`` (the listing),
+and a failure there is raised by ``run()``. Before a ``GroupByKey`` the partitions are merged
+back to that per-thread count, so that Dask's task-based shuffle stays at its former number of
+tasks (it has about ``partitions ** 2 / 32`` of them).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import pickle
 import uuid
 from collections.abc import Iterable, Sequence
@@ -31,7 +50,7 @@ from typing import Any
 import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.metrics.execution import MetricsContainer
-from apache_beam.pipeline import AppliedPTransform, PipelineVisitor
+from apache_beam.pipeline import AppliedPTransform, PipelineVisitor, PTransformOverride
 from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
 from apache_beam.runners.dask import dask_runner as beam_dask
 from apache_beam.runners.dask import overrides as beam_overrides
@@ -43,13 +62,22 @@ from apache_beam.transforms import window
 from apache_beam.transforms.sideinputs import SideInputMap
 from apache_beam.utils import counters
 
-__all__ = ["DaskRunner", "DaskPipelineResult", "DEFAULT_PARTITIONS_PER_THREAD"]
+__all__ = [
+    "DaskRunner",
+    "DaskPipelineResult",
+    "DEFAULT_PARTITIONS_PER_THREAD",
+    "DEFAULT_RESHUFFLE_PARTITION_SIZE",
+]
 
 _LOGGER = logging.getLogger(__name__)
 
 # Reshuffle targets this many partitions per worker thread when --dask_npartitions is not
 # given: enough that a slow partition does not leave the other threads idle at the end.
 DEFAULT_PARTITIONS_PER_THREAD = 4
+# Elements per partition after a Reshuffle when --dask_partition_size is not given: the image
+# step's elements are packed batches of 32 inputs (sources.RESHUFFLE_BATCH), so 512 images a
+# task, whatever the number of images.
+DEFAULT_RESHUFFLE_PARTITION_SIZE = 16
 
 _METRICS_TOPIC_PREFIX = "beam-metrics-"
 _READ_BUNDLE_BYTES = 64 << 20
@@ -167,16 +195,98 @@ def _read_bundles(bundles: Iterable[Any]) -> list[Any]:
     return out
 
 
+def _length(values: Iterable[Any]) -> list[int]:
+    return [sum(1 for _ in values)]
+
+
+def _gather(pieces: Sequence[tuple[int, int, int]], *parts: Sequence[Any]) -> list[Any]:
+    """One new partition: ``parts[i][start:stop]`` for each ``(i, start, stop)`` in order."""
+    return [v for i, start, stop in pieces for v in list(parts[i])[start:stop]]
+
+
+def even_partitions(lengths: Sequence[int], count: int) -> list[list[tuple[int, int, int]]]:
+    """Cuts partitions of ``lengths`` elements into ``count`` runs of nearly equal length.
+
+    Returns, for each new partition, its pieces ``(old partition, start, stop)`` in element
+    order: the new partitions' sizes differ by at most one and keep the elements' order.
+    """
+    total = sum(lengths)
+    plan: list[list[tuple[int, int, int]]] = []
+    i, used = 0, 0  # the old partition being cut, and how much of it is taken already
+    for j in range(count):
+        want = total * (j + 1) // count - total * j // count
+        pieces = []
+        while want > 0:
+            take = min(want, lengths[i] - used)
+            if take > 0:
+                pieces.append((i, used, used + take))
+                used += take
+                want -= take
+            if used == lengths[i]:
+                i, used = i + 1, 0
+        plan.append(pieces)
+    return plan
+
+
+def reshuffle_partition_count(total: int, *, minimum: int, size: int) -> int:
+    """Partitions after a ``Reshuffle`` of ``total`` elements: ``size`` elements each, and at
+    least ``minimum`` (one per element if there are fewer)."""
+    return max(1, min(total, max(minimum, math.ceil(total / size))))
+
+
+class _LiftCombinePerKey(PTransformOverride):
+    """``CombinePerKey`` as Beam's ``LiftedCombinePerKey``: a partial combine per key in each
+    bundle, a ``GroupByKey`` of the accumulators, then a merge. Beam's portable runners lift
+    combiners the same way; without it every input element would cross the shuffle."""
+
+    def matches(self, applied_ptransform: AppliedPTransform) -> bool:
+        return type(applied_ptransform.transform) is beam.CombinePerKey
+
+    def get_replacement_transform_for_applied_ptransform(
+        self, applied_ptransform: AppliedPTransform
+    ) -> beam.PTransform:
+        from apache_beam.transforms.combiners import LiftedCombinePerKey
+
+        transform: Any = applied_ptransform.transform
+        return LiftedCombinePerKey(transform.fn, transform.args, transform.kwargs)
+
+
+class _ConsumerCounter(PipelineVisitor):
+    """Counts the steps that read each PCollection, as a main or side input."""
+
+    def __init__(self) -> None:
+        self.consumers: dict[pvalue.PValue, int] = {}
+
+    def visit_transform(self, node: AppliedPTransform) -> None:
+        for pcoll in node.main_inputs.values():
+            self.consumers[pcoll] = self.consumers.get(pcoll, 0) + 1
+        for side in node.side_inputs:
+            self.consumers[side.pvalue] = self.consumers.get(side.pvalue, 0) + 1
+
+
 class _BagTranslator(PipelineVisitor):
     """Builds one ``dask.bag.Bag`` per PCollection of a pipeline already rewritten by Beam's
     Dask overrides."""
 
-    def __init__(self, bag_kwargs: dict[str, Any], reshuffle_partitions: int, metrics_topic: str):
+    def __init__(
+        self,
+        bag_kwargs: dict[str, Any],
+        reshuffle_partitions: int,
+        metrics_topic: str,
+        *,
+        client: Any = None,
+        consumers: dict[pvalue.PValue, int] | None = None,
+    ):
         self._bag_kwargs = bag_kwargs
         self._reshuffle_partitions = reshuffle_partitions
         self._metrics_topic = metrics_topic
         self._bags: dict[pvalue.PCollection, Any] = {}
         self._consumed: set[pvalue.PValue] = set()
+        # With a client, a Reshuffle counts its input on the cluster first (_spread); the
+        # steps still to visit that read each PCollection say what must be kept for later.
+        self._client = client
+        self._unvisited = dict(consumers or {})
+        self._total_consumers = dict(consumers or {})
 
     def sink_bags(self) -> list[Any]:
         """Returns the bags of PCollections nothing consumes: computing them runs everything."""
@@ -185,8 +295,10 @@ class _BagTranslator(PipelineVisitor):
     def visit_transform(self, node: AppliedPTransform) -> None:
         for pcoll in list(node.main_inputs.values()):
             self._consumed.add(pcoll)
+            self._unvisited[pcoll] = self._unvisited.get(pcoll, 1) - 1
         for side in node.side_inputs:
             self._consumed.add(side.pvalue)
+            self._unvisited[side.pvalue] = self._unvisited.get(side.pvalue, 1) - 1
         out = self._translate(node)
         for tag, output in node.outputs.items():
             if not isinstance(output, pvalue.PCollection):
@@ -218,10 +330,14 @@ class _BagTranslator(PipelineVisitor):
                 _read_bundles
             )
         if isinstance(transform, beam_overrides._Reshuffle):
-            (bag,) = self._input_bags(node)
-            return bag.repartition(npartitions=self._reshuffle_partitions)
+            (pcoll,) = node.main_inputs.values()
+            assert isinstance(pcoll, pvalue.PCollection)
+            return self._spread(pcoll)
         if isinstance(transform, beam_overrides._GroupByKeyOnly):
             (bag,) = self._input_bags(node)
+            if bag.npartitions > self._reshuffle_partitions:
+                # Dask's task shuffle has about n**2/32 tasks for n partitions: merged first.
+                bag = bag.repartition(npartitions=self._reshuffle_partitions)
             return beam_eval.GroupByKey(node).apply(bag)
         if isinstance(transform, beam_overrides._GroupAlsoByWindow):
             # Grouping already happened in _GroupByKeyOnly; only the global window is supported.
@@ -245,6 +361,40 @@ class _BagTranslator(PipelineVisitor):
             f"DaskRunner cannot run step {node.full_label!r}: primitive "
             f"{type(transform).__module__}.{type(transform).__qualname__} is not supported"
         )
+
+    def _spread(self, pcoll: pvalue.PCollection) -> Any:
+        """A ``Reshuffle`` of ``pcoll``: its elements spread evenly over partitions of bounded
+        size, or over the fixed count of the partitions it had without a client."""
+        import dask
+        import dask.bag as db
+
+        bag = self._bags[pcoll]
+        if self._client is None:
+            return bag.repartition(npartitions=self._reshuffle_partitions)
+        # Everything translated so far that a later step, or nobody, reads is computed now, in
+        # one graph, and kept on the workers: no task upstream of here runs twice.
+        kept = [
+            p
+            for p in self._bags
+            if p is pcoll or self._unvisited.get(p, 0) > 0 or self._total_consumers.get(p, 0) == 0
+        ]
+        persisted = self._client.persist([self._bags[p] for p in kept])
+        for p, persisted_bag in zip(kept, persisted, strict=True):
+            self._bags[p] = persisted_bag
+        bag = self._bags[pcoll]
+        lengths = self._client.compute(bag.map_partitions(_length)).result()
+        size = self._bag_kwargs.get("partition_size") or DEFAULT_RESHUFFLE_PARTITION_SIZE
+        count = self._bag_kwargs.get("npartitions") or reshuffle_partition_count(
+            sum(lengths), minimum=self._reshuffle_partitions, size=size
+        )
+        parts = bag.to_delayed(optimize_graph=False)
+        spread = []
+        for pieces in even_partitions(lengths, count):
+            used = sorted({i for i, _, _ in pieces})
+            position = {i: k for k, i in enumerate(used)}
+            local = [(position[i], start, stop) for i, start, stop in pieces]
+            spread.append(dask.delayed(_gather)(local, *(parts[i] for i in used)))
+        return db.from_delayed(spread)
 
     def _translate_pardo(self, node: AppliedPTransform) -> Any:
         import dask
@@ -378,13 +528,19 @@ class DaskRunner(beam_dask.DaskRunner):
         bag_kwargs = beam_dask.DaskOptions._extract_bag_kwargs(dask_options)
         client = ddist.Client(**dask_options)
         try:
-            pipeline.replace_all(beam_overrides.dask_overrides())
+            # Lifted first: the GroupByKey it expands to is then replaced like any other.
+            pipeline.replace_all([_LiftCombinePerKey(), *beam_overrides.dask_overrides()])
             partitions = bag_kwargs.get("npartitions") or self._default_partitions(client)
             topic = f"{_METRICS_TOPIC_PREFIX}{uuid.uuid4().hex}"
-            translator = _BagTranslator(bag_kwargs, partitions, topic)
+            counter = _ConsumerCounter()
+            pipeline.visit(counter)
+            translator = _BagTranslator(
+                bag_kwargs, partitions, topic, client=client, consumers=counter.consumers
+            )
             pipeline.visit(translator)
             sinks = [bag.map_partitions(_drain) for bag in translator.sink_bags()]
             futures = client.compute(sinks)
+            del translator, sinks  # what a Reshuffle kept goes once its readers are done
         except BaseException:
             client.close()
             raise
