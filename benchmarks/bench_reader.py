@@ -54,7 +54,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import photo_datasets, run_module, tuned_jpeg_dataset
+from benchmarks.common import (
+    parse_batch_sizes,
+    parse_rows,
+    photo_datasets,
+    run_module,
+    tuned_jpeg_dataset,
+)
 from benchmarks.photo_families import FAMILIES
 
 __all__ = [
@@ -343,26 +349,6 @@ def _families(text: str) -> list[str]:
     return names
 
 
-def _rows(text: str) -> list[str]:
-    if text == "all":
-        return list(ROWS)
-    keys = [k.strip() for k in text.split(",") if k.strip()]
-    unknown = [k for k in keys if k not in ROW_KEYS]
-    if unknown or not keys:
-        raise SystemExit(f"--rows {text!r}: choose 'all' or names from {list(ROW_KEYS)}")
-    return [ROW_KEYS[k] for k in keys]
-
-
-def _batch_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(v) for v in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) <= 0:
-        raise SystemExit(f"--batch_size {text!r}: give positive ints, comma-separated (32,128)")
-    return sizes
-
-
 def _table(
     family: str, batch_size: int, samples: dict[str, list[tuple[float, float]]]
 ) -> list[dict]:
@@ -476,8 +462,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.measure_row is not None:
         return _child_main(args)
-    families, batch_sizes = _families(args.family), _batch_sizes(args.batch_size)
-    selected = _rows(args.rows)
+    families, batch_sizes = _families(args.family), parse_batch_sizes(args.batch_size, "32,128")
+    selected = parse_rows(args.rows, ROW_KEYS, ROWS)
     if args.chart is None:
         args.chart = str(
             Path(tempfile.gettempdir()) / "bench_reader_quick.png"

@@ -53,7 +53,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import photo_datasets, run_module
+from benchmarks.common import parse_batch_sizes, parse_rows, photo_datasets, run_module
 
 __all__ = ["main", "measure"]
 
@@ -253,27 +253,6 @@ def _child_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _rows(text: str) -> list[str]:
-    if text == "all":
-        return list(ROWS)
-    keys = [k.strip() for k in text.split(",") if k.strip()]
-    unknown = [k for k in keys if k not in ROW_KEYS]
-    if unknown or not keys:
-        raise SystemExit(f"--rows {text!r}: choose 'all' or names from {list(ROW_KEYS)}")
-    chosen = [ROW_KEYS[k] for k in keys]
-    return [IN_PROCESS, *(n for n in chosen if n != IN_PROCESS)]
-
-
-def _batch_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(v) for v in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) <= 0:
-        raise SystemExit(f"--batch_size {text!r}: give positive ints, comma-separated (128)")
-    return sizes
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=512, help="photos to generate (512)")
@@ -309,8 +288,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.measure_row is not None:
         args.batch_size = int(args.batch_size)
         return _child_main(args)
-    batch_sizes = _batch_sizes(args.batch_size)
-    names = _rows(args.rows)
+    batch_sizes = parse_batch_sizes(args.batch_size, "128")
+    chosen = parse_rows(args.rows, ROW_KEYS, ROWS)
+    names = [IN_PROCESS, *(n for n in chosen if n != IN_PROCESS)]
     if args.quick:
         args.n, args.rounds, args.batches, args.warmup = 64, 1, 4, 2
         batch_sizes = sorted({min(b, 16) for b in batch_sizes})

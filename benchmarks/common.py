@@ -187,3 +187,25 @@ def photo_datasets(
         if cache is not None:
             (root / "complete").write_text("")
         yield PhotoDatasets(root, photos, mean_kb, shards, time.perf_counter() - start)
+
+
+def parse_batch_sizes(text: str, default: str) -> list[int]:
+    """``--batch_size``'s comma-separated positive ints; ``default`` is named in the error."""
+    try:
+        sizes = [int(v) for v in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) <= 0:
+        raise SystemExit(f"--batch_size {text!r}: give positive ints, comma-separated ({default})")
+    return sizes
+
+
+def parse_rows(text: str, keys: dict[str, str], every: Sequence[str]) -> list[str]:
+    """``--rows``: ``'all'`` gives ``every``; otherwise short names, comma-separated, looked up
+    in ``keys`` (short name -> row name)."""
+    if text == "all":
+        return list(every)
+    chosen = [k.strip() for k in text.split(",") if k.strip()]
+    if not chosen or any(k not in keys for k in chosen):
+        raise SystemExit(f"--rows {text!r}: choose 'all' or names from {list(keys)}")
+    return [keys[k] for k in chosen]
