@@ -119,6 +119,11 @@ ROWS: dict[str, str | None] = {
     # The same loop over one repeated 128-example message, split into its batches as the
     # service rows split theirs: what the split itself costs.
     "floor: one repeated message, split into batches": "split",
+    # TensorFlow's service client receiving messages of the same shape and size (zeros) that
+    # the workers make with no work at all, split into batches like the service rows: the least
+    # any trainer pays to receive these bytes through the tf.data service. What the service
+    # rows pay above it is the rest of the path (this project's part).
+    "floor: the service client alone, receiving the same bytes": "NONE:client",
     "service, compression AUTO": "AUTO",
     "service, compression NONE": "NONE",
     # As before messages held several batches: one per-replica batch per message.
@@ -141,6 +146,7 @@ ROW_KEYS = dict(
             "in_process",
             "floor",
             "split",
+            "client",
             "auto",
             "none",
             "none_1",
@@ -193,7 +199,8 @@ def _child_main(args: argparse.Namespace) -> int:
     if row is not None:
         row = row.removesuffix("+thp")
     compression = None if row is None else row.partition(":")[0]
-    per_message = 128 if row is None else int(row.partition(":")[2] or 128)
+    client_floor = row is not None and row.endswith(":client")
+    per_message = 128 if row is None or client_floor else int(row.partition(":")[2] or 128)
     if compression and compression != "split":
         # What the trainer does with --data_service, before TensorFlow starts any thread.
         from trainer.host_memory import keep_freed_memory
@@ -228,6 +235,10 @@ def _child_main(args: argparse.Namespace) -> int:
             messages = tf.data.Dataset.from_tensors(message).repeat()
             split = messages.flat_map(lambda *parts: _split_message(parts, b))
             return split.prefetch(tf.data.AUTOTUNE)
+        if client_floor:
+            return _client_floor(
+                root, b, per_message, args.measure_service, f"{args.measure_job}-{next(jobs)}"
+            )
         if compression is None:
             return make_dataset(
                 root / "jpeg256", global_batch_size=b, image_size=IMAGE_SIZE, seed=0
@@ -251,6 +262,32 @@ def _child_main(args: argparse.Namespace) -> int:
     measure(build, b, args.warmup, 1, pids)
     print(json.dumps(measure(build, b, args.warmup, args.batches, pids)))
     return 0
+
+
+def _client_floor(root: Path, batch_size: int, per_message: int, service: str, job: str) -> Any:
+    """The service client's floor: the workers send messages of zeros shaped like the
+    training pipeline's (whole per-replica batches, ``per_message`` examples or more), made
+    with no reading or decoding; the consumer receives them and splits them into batches
+    exactly as ``make_dataset`` does with a service."""
+    import tensorflow as tf
+
+    from tfrecord_io import make_dataset
+    from tfrecord_io.reader import _split_message
+    from tfrecord_io.service_client import distribute_dataset
+
+    one = next(iter(make_dataset(root / "jpeg256", global_batch_size=batch_size, seed=0)))
+    size = -(-per_message // batch_size) * batch_size
+    shapes = [(tuple(part.shape[1:]), part.dtype) for part in one]
+
+    def zeros(_: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        return tuple(tf.zeros([size, *shape], dtype) for shape, dtype in shapes)
+
+    messages = tf.data.Dataset.range(2**62).map(zeros)
+    received = distribute_dataset(
+        messages, service=service, training=True, job_name=job, compression=None
+    )
+    split = received.flat_map(lambda *parts: _split_message(parts, batch_size))
+    return split.prefetch(tf.data.AUTOTUNE)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
