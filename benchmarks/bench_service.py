@@ -334,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.batch_size = int(args.batch_size)
         return _child_main(args)
     batch_sizes = parse_batch_sizes(args.batch_size, "128")
-    chosen = parse_rows(args.rows, ROW_KEYS, ROWS)
+    chosen = parse_rows(args.rows, ROW_KEYS, list(ROWS))
     names = [IN_PROCESS, *(n for n in chosen if n != IN_PROCESS)]
     if args.quick:
         args.n, args.rounds, args.batches, args.warmup = 64, 1, 4, 2
