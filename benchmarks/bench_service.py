@@ -117,7 +117,8 @@ def measure(
     )
 
 
-# Row name -> service compression, None for the in-process reader, "" for the loop's floor.
+# Row name -> service compression[:examples per message], None for the in-process reader, ""
+# and "split" and "client" for the floors.
 ROWS: dict[str, str | None] = {
     "in-process reader": None,
     # What the consumer's own loop costs per batch whatever feeds it: one batch of the same
@@ -130,7 +131,7 @@ ROWS: dict[str, str | None] = {
     # the workers make with no work at all, split into batches like the service rows: the least
     # any trainer pays to receive these bytes through the tf.data service. What the service
     # rows pay above it is the rest of the path (this project's part).
-    "floor: the service client alone, receiving the same bytes": "NONE:client",
+    "floor: the service client alone, receiving the same bytes": "client",
     "service, compression AUTO": "AUTO",
     "service, compression NONE": "NONE",
     # As before messages held several batches: one per-replica batch per message.
@@ -207,8 +208,7 @@ def _child_main(args: argparse.Namespace) -> int:
     if row is not None:
         row = row.removesuffix("+thp")
     compression = None if row is None else row.partition(":")[0]
-    client_floor = row is not None and row.endswith(":client")
-    per_message = 128 if row is None or client_floor else int(row.partition(":")[2] or 128)
+    per_message = 128 if row is None else int(row.partition(":")[2] or 128)
     if compression and compression != "split":
         # What the trainer does with --data_service, before TensorFlow starts any thread.
         from trainer.host_memory import keep_freed_memory
@@ -243,7 +243,7 @@ def _child_main(args: argparse.Namespace) -> int:
             messages = tf.data.Dataset.from_tensors(message).repeat()
             split = messages.flat_map(lambda *parts: _split_message(parts, b))
             return split.prefetch(tf.data.AUTOTUNE)
-        if client_floor:
+        if compression == "client":
             return _client_floor(
                 root, b, per_message, args.measure_service, f"{args.measure_job}-{next(jobs)}"
             )
@@ -279,12 +279,13 @@ def _client_floor(root: Path, batch_size: int, per_message: int, service: str, j
     exactly as ``make_dataset`` does with a service."""
     import tensorflow as tf
 
-    from tfrecord_io import make_dataset
+    from tfrecord_io import ServiceConfig, make_dataset
     from tfrecord_io.reader import _split_message
     from tfrecord_io.service_client import distribute_dataset
 
     one = next(iter(make_dataset(root / "jpeg256", global_batch_size=batch_size, seed=0)))
-    size = -(-per_message // batch_size) * batch_size
+    config = ServiceConfig(service, examples_per_message=per_message)
+    size = config.batches_per_message(batch_size, training=True) * batch_size
     shapes = [(tuple(part.shape[1:]), part.dtype) for part in one]
 
     def zeros(_: tf.Tensor) -> tuple[tf.Tensor, ...]:
