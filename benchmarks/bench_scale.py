@@ -46,6 +46,7 @@ import contextlib
 import hashlib
 import io
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -267,6 +268,8 @@ def measured_run(
     return {
         "wall_s": wall,
         "cpu_s": usage.ru_utime + usage.ru_stime,
+        "user_s": usage.ru_utime,
+        "system_s": usage.ru_stime,
         "peak_mb": sampler.peak / 2**20,
         "processes": sampler.processes,
         "each_mb": sorted(
@@ -353,28 +356,66 @@ def _buffers(args: argparse.Namespace, work: Path) -> None:
             print(f"| {name} | {cells} |")
 
 
-def _plain_loop(paths: Sequence[Path]) -> None:
+def _plain_loop(paths: Sequence[Path], output: str | None = None) -> None:
+    """The pipeline's per-image work with no runner: read, SHA-256, ``prepare_image``,
+    ``serialize_record``. With ``output``, also what the pipeline does besides for each image
+    that any conversion script would: the perceptual hash, and the record written to a TFRecord
+    file (one file, ``shards.write_shard_file``).
+    """
     from beam_pipelines.images import ImageOptions, prepare_image
+    from beam_pipelines.shards import write_shard_file
     from schemas.image_example import ImageRecord, serialize_record
 
     options = ImageOptions(image_size=192, crop="center", encoding="raw")
-    for path in paths:
-        data = path.read_bytes()
-        sha = hashlib.sha256(data).hexdigest()
-        prepared = prepare_image(data, options)
-        serialize_record(
-            ImageRecord(
-                encoded=prepared.encoded,
-                format=prepared.format,
-                height=prepared.height,
-                width=prepared.width,
-                channels=prepared.channels,
-                label=0,
-                text=path.parent.name,
-                filename=str(path),
-                sha256=sha,
+
+    def records() -> Iterator[bytes]:
+        for path in paths:
+            data = path.read_bytes()
+            sha = hashlib.sha256(data).hexdigest()
+            prepared = prepare_image(data, options)
+            if output is not None:
+                assert prepared.phash is not None
+            yield serialize_record(
+                ImageRecord(
+                    encoded=prepared.encoded,
+                    format=prepared.format,
+                    height=prepared.height,
+                    width=prepared.width,
+                    channels=prepared.channels,
+                    label=0,
+                    text=path.parent.name,
+                    filename=str(path),
+                    sha256=sha,
+                )
             )
-        )
+
+    if output is None:
+        for _ in records():
+            pass
+    else:
+        write_shard_file(records(), output)
+
+
+def touch_memory(gib: float) -> float:
+    """Writes ``gib`` GiB of anonymous memory once, in a process of its own; returns its system
+    CPU seconds.
+
+    On a virtual machine the first write to a page of guest memory can be expensive (about
+    13 us a page on the machine these benchmarks were written on, charged as the writing
+    process's system time). A build that grows the page cache by gigabytes pays it for every
+    page its files fill, and which row pays it depends on what ran before. Touching the memory
+    first gives every row the same, warm, conditions.
+    """
+    if gib <= 0:
+        return 0.0
+    code = (
+        "import mmap,sys\n"
+        "m = mmap.mmap(-1, int(float(sys.argv[1]) * 2**30))\n"
+        "for i in range(0, len(m), 4096): m[i] = 1\n"
+    )
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
+    subprocess.run([sys.executable, "-c", code, str(gib)], check=True)
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime - before
 
 
 def _overhead(args: argparse.Namespace, work: Path) -> None:
@@ -383,10 +424,29 @@ def _overhead(args: argparse.Namespace, work: Path) -> None:
     write_noise_pngs(small, n, side=48, seed=1)
     write_noise_pngs(large, 3 * n, side=48, seed=2)
     print(f"overhead: 110 KB records (RAW 192x192 from 48x48 PNGs), N={n}; {_load()} at start")
+    # Before each run: the page cache its staging and shards fill (2 x 110 KB an image), and
+    # 1 GiB. (Freed memory can turn cold again within minutes, so once at the start is not enough.)
+    most = 0.6 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    touched: list[tuple[float, float]] = []
+
+    def warm(images: int) -> None:
+        gib = args.touch_memory_gib
+        if gib is None:
+            gib = min(images * 2 * 110e3 / 2**30 + 1, most)
+        touched.append((gib, touch_memory(gib)))
+
     # Every row, the plain loop included, runs in fresh processes, interleaved, so that they
     # share the machine's conditions; CPU per extra image (3N - N) cancels start-up.
+    # The overhead is the pipeline's CPU per image beyond each loop's: beyond the per-image work
+    # alone, and beyond that work plus what a conversion script also pays for each image (the
+    # perceptual hash, and writing the record once).
+    loop, writing = (
+        "plain loop (same per-image work)",
+        "plain loop, + perceptual hash, written once",
+    )
     rows = {
-        "plain loop (same per-image work, one process)": ("benchmarks.bench_scale", []),
+        loop: ("benchmarks.bench_scale", []),
+        writing: ("benchmarks.bench_scale", ["--loop_output"]),
         "pipeline, in-process": ("beam_pipelines.images_to_tfrecord", []),
     }
     # (The 2-process runner is left out: its worker processes are not reaped by the launcher,
@@ -397,21 +457,34 @@ def _overhead(args: argparse.Namespace, work: Path) -> None:
             for size, images in (("n", small), ("3n", large)):
                 if module == "benchmarks.bench_scale":
                     argv = ["loop", "--images", str(images)]
+                    if extra:
+                        argv += ["--loop_output", str(work / f"loop-{size}.tfrecord")]
                 else:
                     argv = _pipeline_args(images, work / f"out-{size}", [*LARGE_RECORDS, *extra])
+                warm(n if size == "n" else 3 * n)
                 r = measured_run(argv, pythonpath=args.pythonpath, module=module)
                 if (label, size) not in best or r["cpu_s"] < best[(label, size)]["cpu_s"]:
                     best[(label, size)] = r
-    per_image = {
-        label: 1000 * (best[(label, "3n")]["cpu_s"] - best[(label, "n")]["cpu_s"]) / (2 * n)
-        for label in rows
-    }
-    loop_ms = per_image["plain loop (same per-image work, one process)"]
-    print("| row | CPU ms/image | Beam overhead CPU ms/image | peak RSS MB at 3N |")
-    print("|---|---:|---:|---:|")
-    for label, ms in per_image.items():
+    print(
+        f"memory touched before each run: {min(g for g, _ in touched):.1f}-"
+        f"{max(g for g, _ in touched):.1f} GiB, {sum(c for _, c in touched):.1f} s of system CPU"
+    )
+
+    def per_image(label: str, what: str = "cpu_s") -> float:
+        return 1000 * (best[(label, "3n")][what] - best[(label, "n")][what]) / (2 * n)
+
+    print(
+        "| row | CPU ms/image | of which user | of which system | overhead beyond the "
+        "per-image work | beyond the loop that writes | peak RSS MB at 3N |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label in rows:
+        ms, user, system = (per_image(label, what) for what in ("cpu_s", "user_s", "system_s"))
         peak = best[(label, "3n")]["peak_mb"]
-        print(f"| {label} | {ms:.2f} | {ms - loop_ms:.2f} | {peak:,.0f} |")
+        print(
+            f"| {label} | {ms:.2f} | {user:.2f} | {system:.2f} | {ms - per_image(loop):.2f} "
+            f"| {ms - per_image(writing):.2f} | {peak:,.0f} |"
+        )
     print(f"{_load()} at end")
 
 
@@ -515,6 +588,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "what", choices=("memory", "overhead", "resume", "imagenet", "buffers", "loop")
     )
     parser.add_argument("--images", default=None, help=argparse.SUPPRESS)  # loop: its input
+    parser.add_argument("--loop_output", default=None, help=argparse.SUPPRESS)  # loop: writes
     parser.add_argument(
         "--sizes", default=None, help="memory (16000,64000), buffers (2000,8000): image counts"
     )
@@ -525,6 +599,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--n", type=int, default=None, help="images (overhead/resume/imagenet)")
     parser.add_argument("--repeats", type=int, default=2, help="overhead: keep the best of R")
+    parser.add_argument(
+        "--touch_memory_gib",
+        type=float,
+        default=None,
+        help="overhead: GiB of memory to write once before the runs (default: what the builds' "
+        "files fill; 0: none)",
+    )
     parser.add_argument("--kill_at", type=float, default=0.7, help="resume: kill point")
     parser.add_argument("--two_process", action="store_true", help="resume: 2 processes")
     parser.add_argument(
@@ -535,13 +616,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--cache", default=None, help="resume: write the JPEGs here once")
     args = parser.parse_args(argv)
     if args.what == "loop":  # the overhead row's baseline, run in a process of its own
-        _plain_loop(sorted(Path(args.images).glob("*/*.png")))
+        _plain_loop(sorted(Path(args.images).glob("*/*.png")), args.loop_output)
         return 0
     defaults = {"overhead": 2000, "resume": 6000, "imagenet": 100_000}
     if args.n is None:
         args.n = defaults.get(args.what, 0)
     if args.sizes is None:
         args.sizes = "2000,8000" if args.what == "buffers" else "16000,64000"
+    if args.workdir is not None:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=args.workdir, prefix="bench-scale-") as tmp:
         work = Path(tmp)
         modes = {"memory": _memory, "overhead": _overhead, "resume": _resume}
