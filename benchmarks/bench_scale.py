@@ -374,7 +374,7 @@ def _plain_loop(paths: Sequence[Path], output: str | None = None) -> None:
             sha = hashlib.sha256(data).hexdigest()
             prepared = prepare_image(data, options)
             if output is not None:
-                assert prepared.phash is not None
+                _ = prepared.phash  # computed on first access, as the pipeline's catalog does
             yield serialize_record(
                 ImageRecord(
                     encoded=prepared.encoded,
@@ -603,8 +603,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--touch_memory_gib",
         type=float,
         default=None,
-        help="overhead: GiB of memory to write once before the runs (default: what the builds' "
-        "files fill; 0: none)",
+        help="overhead: GiB of memory to write before each run (default: what that build's "
+        "files fill, and 1; 0: none)",
     )
     parser.add_argument("--kill_at", type=float, default=0.7, help="resume: kill point")
     parser.add_argument("--two_process", action="store_true", help="resume: 2 processes")
