@@ -4,6 +4,7 @@ The command-line modules ``beam_pipelines.images_to_tfrecord`` (``run``, ``main`
 ``beam_pipelines.samples`` are not imported here, so that ``python -m`` runs them once.
 """
 
+from beam_pipelines.builds.resume import ResumeState
 from beam_pipelines.config import (
     ImagesToTFRecordOptions,
     PipelineConfig,
@@ -19,7 +20,10 @@ from beam_pipelines.elements import (
     SourceFile,
     StagedRecord,
 )
-from beam_pipelines.images import (
+from beam_pipelines.engines.runners import RUNNER_ALIASES, resolve_runner_aliases
+from beam_pipelines.graph.plan import PlanShards, estimated_example_bytes, listing_shard_counts
+from beam_pipelines.graph.transforms import ImagesToShards, PrepareImages, read_source
+from beam_pipelines.image.prepare import (
     DEFAULT_ACCEPTED_FORMATS,
     REASONS,
     ImageOptions,
@@ -32,8 +36,8 @@ from beam_pipelines.images import (
     resize_and_crop,
     sniff_format,
 )
-from beam_pipelines.plan import PlanShards, estimated_example_bytes, listing_shard_counts
-from beam_pipelines.publish import (
+from beam_pipelines.inputs.sources import LabelNames, ListSources, is_listing, parse_listing_line
+from beam_pipelines.output.publish import (
     DUPLICATES_NAME,
     OutputExistsError,
     StageResults,
@@ -42,9 +46,7 @@ from beam_pipelines.publish import (
     read_manifest,
     remove_unlisted_shards,
 )
-from beam_pipelines.resume import ResumeState
-from beam_pipelines.runners import RUNNER_ALIASES, resolve_runner_aliases
-from beam_pipelines.shards import (
+from beam_pipelines.output.shards import (
     METRICS_NAMESPACE,
     TRAIN,
     VALIDATION,
@@ -55,9 +57,7 @@ from beam_pipelines.shards import (
     fixed_shard_counts,
     plan_shard_counts,
 )
-from beam_pipelines.sources import LabelNames, ListSources, is_listing, parse_listing_line
-from beam_pipelines.staging import RecordStager, StagedRecordReader
-from beam_pipelines.transforms import ImagesToShards, PrepareImages, read_source
+from beam_pipelines.output.staging import RecordStager, StagedRecordReader
 
 __all__ = [
     "PipelineConfig",

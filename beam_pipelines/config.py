@@ -10,11 +10,11 @@ from typing import Any
 import PIL
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_pipelines.image_colour import HIGH_BIT_DEPTH_POLICIES
-from beam_pipelines.image_formats import parse_accepted_formats
-from beam_pipelines.images import ImageOptions
-from beam_pipelines.leakage import LEAKAGE_ACTIONS
-from beam_pipelines.shards import LABEL_CONFLICT_POLICIES
+from beam_pipelines.graph.leakage import LEAKAGE_ACTIONS
+from beam_pipelines.image.colour import HIGH_BIT_DEPTH_POLICIES
+from beam_pipelines.image.formats import parse_accepted_formats
+from beam_pipelines.image.prepare import ImageOptions
+from beam_pipelines.output.shards import LABEL_CONFLICT_POLICIES
 from catalog.near_duplicates import DEFAULT_THRESHOLD, MAX_THRESHOLD
 from schemas.constants import CROPS, ENCODINGS, MAX_SHARDS
 

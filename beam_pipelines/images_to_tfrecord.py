@@ -30,18 +30,30 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-from beam_pipelines.base import lineage_block, open_base
-from beam_pipelines.catalog_io import (
+from beam_pipelines.builds.incremental import lineage_block, open_base
+from beam_pipelines.builds.resume import (
+    published_by_earlier_attempt,
+    remove_staging,
+    start_build,
+    summary_of_published,
+)
+from beam_pipelines.command_line import parse_command_line
+from beam_pipelines.config import ImagesToTFRecordOptions, PipelineConfig, config_from_options
+from beam_pipelines.engines.runners import (
+    in_process_runner,
+    private_temp_dir,
+    resolve_runner_aliases,
+)
+from beam_pipelines.graph.plan import plan_path
+from beam_pipelines.graph.transforms import ImagesToShards
+from beam_pipelines.image.colour import COLOUR_SPACE
+from beam_pipelines.inputs.sources import is_listing
+from beam_pipelines.output.catalog_io import (
     remove_staged_fragments,
     remove_unlisted_catalog_files,
     write_tfds_metadata,
 )
-from beam_pipelines.command_line import parse_command_line
-from beam_pipelines.config import ImagesToTFRecordOptions, PipelineConfig, config_from_options
-from beam_pipelines.image_colour import COLOUR_SPACE
-from beam_pipelines.plan import plan_path
-from beam_pipelines.progress import ProgressSpec, close_reporter
-from beam_pipelines.publish import (
+from beam_pipelines.output.publish import (
     StagedResult,
     StageResults,
     build_manifest,
@@ -50,17 +62,9 @@ from beam_pipelines.publish import (
     read_staged,
     remove_unlisted_shards,
 )
-from beam_pipelines.resume import (
-    published_by_earlier_attempt,
-    remove_staging,
-    start_build,
-    summary_of_published,
-)
-from beam_pipelines.runners import in_process_runner, private_temp_dir, resolve_runner_aliases
-from beam_pipelines.shards import METRICS_NAMESPACE, TRAIN, VALIDATION, fixed_shard_counts
-from beam_pipelines.sources import is_listing
+from beam_pipelines.output.shards import METRICS_NAMESPACE, TRAIN, VALIDATION, fixed_shard_counts
+from beam_pipelines.progress import ProgressSpec, close_reporter
 from beam_pipelines.summary import RunSummary
-from beam_pipelines.transforms import ImagesToShards
 from schemas.manifest import TOOL_VERSION, ImageSpec
 
 __all__ = [

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from beam_pipelines.shards import TRAIN, VALIDATION, assign_split
+from beam_pipelines.output.shards import TRAIN, VALIDATION, assign_split
 from cliflags import StrictArgumentParser, command_name
 
 __all__ = [

@@ -7,8 +7,8 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipelines.leakage import summary_lines
-from beam_pipelines.publish import DUPLICATES_NAME
+from beam_pipelines.graph.leakage import summary_lines
+from beam_pipelines.output.publish import DUPLICATES_NAME
 from schemas.manifest import MANIFEST_NAME, REJECTED_NAME, Manifest
 
 __all__ = ["RunSummary", "TOP_REASONS"]

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipelines.object_store_io import read_object, write_object
+from beam_pipelines.engines.filesystems import read_object, write_object
 from cliflags import StrictArgumentParser, command_name
 from schemas import MANIFEST_NAME, Manifest
 from schemas.lineage import (

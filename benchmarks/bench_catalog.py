@@ -134,8 +134,8 @@ def catalog_rows(rows: int) -> list[tuple[str, str]]:
 
 def _child(mode: str, argv: list[str]) -> None:
     """One pipeline run in this process; ``without`` turns index and catalog writing off."""
-    import beam_pipelines.catalog_io as catalog_io
-    import beam_pipelines.shards as shards
+    import beam_pipelines.output.catalog_io as catalog_io
+    import beam_pipelines.output.shards as shards
     from beam_pipelines import images_to_tfrecord
 
     spent = [0.0]

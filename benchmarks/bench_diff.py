@@ -1,4 +1,4 @@
-"""``python -m tfrecord_io.diff`` on two synthetic catalogs of ``--examples`` examples (1 M).
+"""``python -m dataset_tools.diff`` on two synthetic catalogs of ``--examples`` examples (1 M).
 
 ``python -m benchmarks.bench_diff [--examples 1000000] [--workdir DIR]``
 
@@ -25,8 +25,8 @@ import pyarrow.compute as pc
 
 from benchmarks.common import run_module
 from catalog.table import build_table, catalog_filename, write_table
+from dataset_tools.diff import example_frame_lengths
 from schemas import MANIFEST_NAME, Counts, ImageSpec, Manifest, ShardInfo, SplitInfo, shard_filename
-from tfrecord_io.diff import frame_length
 
 __all__ = ["make_version", "main"]
 
@@ -63,7 +63,7 @@ def make_version(root: Path, columns: dict[str, np.ndarray], *, image_size: int 
             "gs://photos/", pa.array(columns["uri_id"][chosen].astype(str)), ".jpg", ""
         )
         texts = text_dict.take(pa.array(labels))
-        length = frame_length(
+        length = example_frame_lengths(
             columns["image_len"][chosen],
             format_len=np.full(n, 4),
             text_len=np.asarray(pc.binary_length(texts)),
@@ -162,7 +162,7 @@ def main() -> None:
         sizes = {p.name: os.path.getsize(p) for p in (old, new) for p in p.glob("catalog-*")}
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        out = run_module("tfrecord_io.diff", [str(old), str(new), "--json", "--limit", "5"])
+        out = run_module("dataset_tools.diff", [str(old), str(new), "--json", "--limit", "5"])
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         totals = json.loads(out)["totals"]

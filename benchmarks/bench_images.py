@@ -1,7 +1,7 @@
 """Benchmark: the per-image step on real-world files, for speed and for memory.
 
 Throughput rows (``--rows throughput``): ``prepare_image`` from two versions of
-``beam_pipelines/images.py`` in one process, over the same ImageNet-like JPEGs (500x375, about
+``beam_pipelines/image/prepare.py`` in one process, over the same ImageNet-like JPEGs (500x375, about
 100 KB, q90, no ICC profile), the two versions taking turns on each photo and timed in CPU
 seconds, so that load from other jobs on a shared machine falls on both alike. The baseline comes from a git revision
 (``--baseline_rev``), the candidate from another (``--candidate_rev``) or the working tree.
@@ -44,12 +44,12 @@ __all__ = ["load_images_module", "throughput_rows", "memory_rows", "main"]
 
 
 def load_images_module(rev: str | None, name: str) -> ModuleType:
-    """``beam_pipelines/images.py`` at git revision ``rev`` (None: the working tree), as a module."""
+    """``beam_pipelines/image/prepare.py`` at git revision ``rev`` (None: the working tree), as a module."""
     if rev is None:
         path = REPO / "beam_pipelines" / "images.py"
     else:
         source = subprocess.run(
-            ["git", "show", f"{rev}:beam_pipelines/images.py"],
+            ["git", "show", f"{rev}:beam_pipelines/image/prepare.py"],
             cwd=REPO,
             capture_output=True,
             text=True,

@@ -1,8 +1,8 @@
 """Benchmark: the dataset report costs about the same on a big dataset as on a small one.
 
 Two datasets of one shape (10 classes, 64x48 JPEG examples, 90 % train), one ``--small`` and
-one ``--big`` examples, are written as shards and described by ``python -m tfrecord_io.adopt``
-(``dataset.json``, index files, catalogs), then ``python -m tfrecord_io.inspect`` runs on each
+one ``--big`` examples, are written as shards and described by ``python -m dataset_tools.adopt``
+(``dataset.json``, index files, catalogs), then ``python -m dataset_tools.inspect`` runs on each
 in a fresh process, ``--repeats`` times, interleaved. Rows: wall and CPU seconds (the process
 and its children), records read by byte range, and the bytes of the catalogs it reads.
 
@@ -30,8 +30,8 @@ from pathlib import Path
 
 from PIL import Image
 
+from beam_pipelines.output.shards import write_shard_file
 from beam_pipelines.samples import scene_rgb
-from beam_pipelines.shards import write_shard_file
 from benchmarks.common import run_module
 from schemas.image_example import ImageRecord, serialize_record
 
@@ -78,7 +78,7 @@ def write_dataset(root: Path, n: int) -> None:
                 )
                 number += 1
             write_shard_file(payloads, str(root / f"{split}-{shard:05d}-of-{shards:05d}.tfrecord"))
-    run_module("tfrecord_io.adopt", [str(root / "*.tfrecord")])
+    run_module("dataset_tools.adopt", [str(root / "*.tfrecord")])
 
 
 def _children_cpu() -> float:
@@ -87,7 +87,7 @@ def _children_cpu() -> float:
 
 
 def measure(dataset: Path, out: Path) -> tuple[float, float, dict]:
-    """One ``python -m tfrecord_io.inspect`` run: wall s, CPU s, its stats.json."""
+    """One ``python -m dataset_tools.inspect`` run: wall s, CPU s, its stats.json."""
     cpu = _children_cpu()
     start = time.perf_counter()
     run_module(

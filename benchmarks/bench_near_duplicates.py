@@ -40,8 +40,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from PIL import Image
 
-from beam_pipelines import image_hash, images
-from beam_pipelines.images import ImageOptions, prepare_image
+from beam_pipelines.image import phash as image_hash
+from beam_pipelines.image import prepare as images
+from beam_pipelines.image.prepare import ImageOptions, prepare_image
 from beam_pipelines.samples import scene_rgb
 from catalog.near_duplicates import find_pairs
 

@@ -16,7 +16,7 @@ Rows:
     images each. What this machine gives two processes that share nothing (2 cores, shared
     caches and memory bandwidth): the ceiling of any 2-process runner's speed-up.
   * pipeline, 2 processes, default options: no shard flag at all (counts planned from the
-    listing, ``beam_pipelines.plan``: one shard at these N), as a user who passes nothing runs it.
+    listing, ``beam_pipelines.graph.plan``: one shard at these N), as a user who passes nothing runs it.
 
 Targets: in-process >= 80% of the Pillow loop; 2 processes >= 1.5x in-process; 2 processes
 with default options >= 1.7x in-process.
@@ -24,7 +24,7 @@ with default options >= 1.7x in-process.
 Three more rows run the previous design's data plane (Reshuffle, then a GroupByKey by shard of
 the records themselves) over 32 KB blobs made on the workers, with no image work at all: what
 each runner mode charged for moving a record of the size our JPEG examples have, which the
-pipeline no longer pays (only small locations cross its shuffle, ``beam_pipelines.staging``).
+pipeline no longer pays (only small locations cross its shuffle, ``beam_pipelines.output.staging``).
 The last one has the old byte-planned shape, where the shard of each record needed a side input
 computed from all records.
 

@@ -362,8 +362,8 @@ def _plain_loop(paths: Sequence[Path], output: str | None = None) -> None:
     that any conversion script would: the perceptual hash, and the record written to a TFRecord
     file (one file, ``shards.write_shard_file``).
     """
-    from beam_pipelines.images import ImageOptions, prepare_image
-    from beam_pipelines.shards import write_shard_file
+    from beam_pipelines.image.prepare import ImageOptions, prepare_image
+    from beam_pipelines.output.shards import write_shard_file
     from schemas.image_example import ImageRecord, serialize_record
 
     options = ImageOptions(image_size=192, crop="center", encoding="raw")

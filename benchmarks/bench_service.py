@@ -35,7 +35,7 @@ it holds in flight, and until then received batches still land in fresh pages (a
 Each measurement runs in a fresh consumer process, as each row is a trainer of its own: the
 service rows first make glibc keep freed memory for reuse and gRPC read large messages in bulk,
 as ``python -m trainer.train`` does with ``--data_service`` (``trainer/host_memory.py``,
-``tfrecord_io.service_client.enable_bulk_reads``); the in-process row keeps the defaults, as
+``tfrecord_io.service.client.enable_bulk_reads``); the in-process row keeps the defaults, as
 the trainer does without the service. Rows are interleaved round by round (the machine is
 shared, so they see the same noise) and the median over rounds is reported. Each service
 measurement uses its own job.
@@ -218,7 +218,7 @@ def _child_main(args: argparse.Namespace) -> int:
 
     if compression and compression != "split":
         # And, as it does, gRPC reads each batch in few wakeups (before any gRPC use).
-        from tfrecord_io.service_client import enable_bulk_reads
+        from tfrecord_io.service.client import enable_bulk_reads
 
         enable_bulk_reads()
 
@@ -281,7 +281,7 @@ def _client_floor(root: Path, batch_size: int, per_message: int, service: str, j
 
     from tfrecord_io import ServiceConfig, make_dataset
     from tfrecord_io.reader import _split_message
-    from tfrecord_io.service_client import distribute_dataset
+    from tfrecord_io.service.client import distribute_dataset
 
     one = next(iter(make_dataset(root / "jpeg256", global_batch_size=batch_size, seed=0)))
     config = ServiceConfig(service, examples_per_message=per_message)

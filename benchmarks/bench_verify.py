@@ -4,7 +4,7 @@
 
 Both datasets hold the same ``shards * records_per_shard`` small PNG examples (about 300 bytes
 each) with index files and catalogs, as the pipeline publishes them. Each is verified in a
-fresh process (``python -m tfrecord_io.verify DATASET --json``); the per-shard overhead is
+fresh process (``python -m dataset_tools.verify DATASET --json``); the per-shard overhead is
 ``(T_many - T_one) / (shards - 1)``, in wall and CPU time.
 """
 
@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-from apache_beam.io.tfrecordio import _TFRecordUtil
 from PIL import Image
 
 from benchmarks.common import run_module
@@ -39,6 +38,7 @@ from schemas import (
     serialize_record,
     shard_filename,
 )
+from schemas.framing import write_frame
 
 __all__ = ["write_tiny_dataset", "main"]
 
@@ -81,7 +81,7 @@ def write_tiny_dataset(root: Path, records: list[ImageRecord], num_shards: int) 
         payloads = [serialize_record(records[i]) for i in chosen]
         with open(root / name, "wb") as handle:
             for payload in payloads:
-                _TFRecordUtil.write_record(handle, payload)
+                write_frame(handle, payload)
         entries = entries_from_payload_sizes(len(p) for p in payloads)
         (root / index_filename(name)).write_bytes(format_index(entries))
         for position, (i, (offset, length)) in enumerate(zip(chosen, entries, strict=True)):

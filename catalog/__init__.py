@@ -6,12 +6,10 @@ workers, the reader and the tools can all use it.
 """
 
 from catalog.index_files import (
-    FRAME_OVERHEAD,
     INDEX_SUFFIX,
     check_contiguous,
     entries_from_payload_sizes,
     format_index,
-    frame_length,
     index_filename,
     parse_index,
 )
@@ -53,12 +51,10 @@ __all__ = [
     "leakage_moves",
     "phash_of_grid",
     "key_prefixes",
-    "FRAME_OVERHEAD",
     "INDEX_SUFFIX",
     "check_contiguous",
     "entries_from_payload_sizes",
     "format_index",
-    "frame_length",
     "index_filename",
     "parse_index",
     "CATALOG_VERSION",

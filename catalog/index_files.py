@@ -18,10 +18,10 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from schemas.framing import FRAME_OVERHEAD, frame_length
+
 __all__ = [
     "INDEX_SUFFIX",
-    "FRAME_OVERHEAD",
-    "frame_length",
     "index_filename",
     "entries_from_payload_sizes",
     "format_index",
@@ -30,14 +30,7 @@ __all__ = [
 ]
 
 INDEX_SUFFIX = ".idx"
-# 8-byte little-endian length + 4-byte masked CRC of it + 4-byte masked CRC of the payload.
-FRAME_OVERHEAD = 16
 _TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfrec")
-
-
-def frame_length(payload_size: int) -> int:
-    """The bytes one record of ``payload_size`` bytes takes in a TFRecord file."""
-    return FRAME_OVERHEAD + payload_size
 
 
 def index_filename(shard_name: str) -> str:

@@ -4,7 +4,7 @@
 ``.<name>.tmp-<random>``, so listings that skip hidden files never pick one up, and a crash
 leaves something recognisable to clean). It works for local paths and for URIs. ``write_atomic``
 is the helper for whole local files; the pipeline's Beam FileSystems counterpart
-(``beam_pipelines.object_store_io.write_file``) names its temporaries with ``temporary_path``
+(``beam_pipelines.engines.filesystems.write_file``) names its temporaries with ``temporary_path``
 too.
 """
 

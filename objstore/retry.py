@@ -1,7 +1,7 @@
 """The one retry policy and the one retry loop for every storage call of the project.
 
 Both the reader's object-store client (``objstore.stores``) and the pipeline's reads through Beam
-FileSystems (``beam_pipelines.object_store_io``) run their calls through ``retry_call``, so they
+FileSystems (``beam_pipelines.engines.filesystems``) run their calls through ``retry_call``, so they
 retry the same failures with the same bounded backoff and log each retry the same way.
 """
 

@@ -234,7 +234,7 @@ class Manifest:
     rejected_file: str = REJECTED_NAME
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # Where the shard files are when they are not next to dataset.json (shards adopted in place
-    # by ``tfrecord_io.adopt --output``): a directory or URI. Index files and catalogs are
+    # by ``dataset_tools.adopt --output``): a directory or URI. Index files and catalogs are
     # always relative to dataset.json's directory.
     shard_root: str | None = None
     schema_version: int = SCHEMA_VERSION

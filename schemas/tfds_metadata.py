@@ -19,6 +19,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from schemas.framing import FRAME_OVERHEAD
 from schemas.image_example import (
     KEY_CHANNELS,
     KEY_ENCODED,
@@ -58,7 +59,6 @@ OUR_KEYS = (
 )
 _TEXT_KEYS = (KEY_FORMAT, KEY_TEXT, KEY_FILENAME, KEY_SHA256)
 _INT_KEYS = (KEY_HEIGHT, KEY_WIDTH, KEY_CHANNELS, KEY_LABEL)
-_FRAME_OVERHEAD = 16
 _PY = "tensorflow_datasets.core.features."
 _TEMPLATES = (
     (re.compile(r"^(?P<split>[a-z][a-z0-9_]*)-\d{5}-of-\d{5}\.tfrecord$"),
@@ -163,7 +163,7 @@ def tfds_metadata_files(
                 "filepathTemplate": template,
                 "name": split_name,
                 "numBytes": str(
-                    sum(s.num_bytes - _FRAME_OVERHEAD * s.num_examples for s in split.shards)
+                    sum(s.num_bytes - FRAME_OVERHEAD * s.num_examples for s in split.shards)
                 ),
                 "shardLengths": [str(s.num_examples) for s in split.shards],
             }

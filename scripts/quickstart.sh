@@ -12,11 +12,11 @@ set -x
 python -m beam_pipelines.samples --output "$OUT/images"
 python -m beam_pipelines.images_to_tfrecord --input "$OUT/images" --output "$OUT/dataset" \
   --validation_fraction 0.2 --overwrite
-python -m tfrecord_io.verify "$OUT/dataset"
+python -m dataset_tools.verify "$OUT/dataset"
 # The HTML report: samples per class, class balance, rejects, duplicates and near-duplicates
 # (the sample set plants a validation image re-encoded into train: add --fail_on_leakage to
 # fail on it, as a CI gate would).
-python -m tfrecord_io.inspect "$OUT/dataset" --out "$OUT/report"
+python -m dataset_tools.inspect "$OUT/dataset" --out "$OUT/report"
 python -m trainer.train --data "$OUT/dataset" --model_dir "$OUT/model" --model small_cnn \
   --image_size 64 --global_batch_size 32 --steps 300 --base_lr 0.2 --warmup_steps 20 \
   --eval_every 50

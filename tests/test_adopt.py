@@ -11,9 +11,9 @@ import tensorflow as tf
 
 from catalog.index_files import entries_from_payload_sizes, format_index
 from catalog.table import read_table
+from dataset_tools.adopt import adopt, main
 from schemas import Manifest
 from tests.fixtures.shards import write_foreign_shards
-from tfrecord_io.adopt import adopt, main
 from tfrecord_io.random_access import read_examples
 
 
@@ -115,7 +115,7 @@ def test_bad_arguments(tmp_path, capsys):
 def test_the_cli_runs_as_a_module(tmp_path):
     write_foreign_shards(tmp_path / "shards", num_examples=3, num_shards=1)
     done = subprocess.run(
-        [sys.executable, "-m", "tfrecord_io.adopt", str(tmp_path / "shards" / "train-*"),
+        [sys.executable, "-m", "dataset_tools.adopt", str(tmp_path / "shards" / "train-*"),
          "--label_offset", "1"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -1,4 +1,4 @@
-"""``beam_pipelines.base``: reusing a published dataset's examples, and refusing a bad base."""
+"""``beam_pipelines.builds.incremental``: reusing a published dataset's examples, and refusing a bad base."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_pipelines import images_to_tfrecord
-from beam_pipelines.base import BaseDamagedError, BaseRefusedError, open_base
+from beam_pipelines.builds.incremental import BaseDamagedError, BaseRefusedError, open_base
 from catalog.index_files import parse_index
 from schemas import MANIFEST_NAME, TOOL_VERSION, Manifest, record_from_example, serialize_record
 from schemas.lineage import LATEST_NAME, format_latest_pointer
@@ -256,7 +256,7 @@ def test_incremental_build_equals_a_clean_build(
     }  # fmt: skip
     assert incremental.metrics.get("images_reused", 0) == reused
     # diff, on real catalogs, sees the change and no re-encoding unless the options changed.
-    from tfrecord_io.diff import diff_datasets
+    from dataset_tools.diff import diff_datasets
 
     totals = diff_datasets(built, tmp_path / "inc").totals
     expected = {

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tfrecord_io.service_client import BULK_READ_EXPERIMENTS, enable_bulk_reads
+from tfrecord_io.service.client import BULK_READ_EXPERIMENTS, enable_bulk_reads
 
 
 def test_requests_both_experiments_in_an_empty_environment():
@@ -42,7 +42,7 @@ _CHILD = """
 import os, sys
 import tensorflow as tf
 if sys.argv[1] == "on":
-    from tfrecord_io.service_client import enable_bulk_reads
+    from tfrecord_io.service.client import enable_bulk_reads
     assert enable_bulk_reads()
 server = tf.data.experimental.service.DispatchServer()
 print("serving", server.target, flush=True)

@@ -97,8 +97,8 @@ MISSPELLED = [
     ("tfrecord_io.service", ["dispatcher", "--port", "0", "--work-dir", "OUT"], "--work_dir"),
     ("trainer.train", ["--data", "IN", "--model_dir", "OUT", "--stpes", "5"], "--steps"),
     ("trainer.diagnose", ["OUT", "--treshold", "input_wait=0.1"], "--threshold"),
-    ("tfrecord_io.diff", ["IN", "OUT", "--limt", "3"], "--limit"),
-    ("tfrecord_io.adopt", ["IN/*.tfrecord", "--output", "OUT", "--label-offset", "1"], "--label_offset"),
+    ("dataset_tools.diff", ["IN", "OUT", "--limt", "3"], "--limit"),
+    ("dataset_tools.adopt", ["IN/*.tfrecord", "--output", "OUT", "--label-offset", "1"], "--label_offset"),
     ("tfrecord_io.inspect", ["IN", "--out", "OUT", "--fail-on-leakage"], "--fail_on_leakage"),
     ("beam_pipelines.versions", ["OUT", "--set-latest", "v0001"], "--set_latest"),
 ]  # fmt: skip

@@ -17,12 +17,12 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
-from beam_pipelines.dask_runner import (
+from beam_pipelines.engines.dask_runner import (
     DEFAULT_RESHUFFLE_PARTITION_SIZE,
     even_partitions,
     reshuffle_partition_count,
 )
-from beam_pipelines.runners import resolve_runner_aliases
+from beam_pipelines.engines.runners import resolve_runner_aliases
 
 _N = 40 * DEFAULT_RESHUFFLE_PARTITION_SIZE
 

@@ -1,4 +1,4 @@
-"""``tfrecord_io.diff``: each kind of change, per split and class, the CLI, and buckets under faults.
+"""``dataset_tools.diff``: each kind of change, per split and class, the CLI, and buckets under faults.
 
 The datasets here are manifests and catalogs alone (no shard files exist): diff must never need
 the shards.
@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from catalog.table import build_table, catalog_filename, write_table
+from dataset_tools.diff import diff_datasets, main, stored_image_bytes
 from schemas import (
     MANIFEST_NAME,
     Counts,
@@ -34,7 +35,6 @@ from schemas import (
 from schemas.lineage import LATEST_NAME, format_latest_pointer
 from tests.fixtures.fault_proxy import FaultPlan
 from tests.fixtures.object_store import BucketEnv, Server, upload_tree
-from tfrecord_io.diff import diff_datasets, main, stored_image_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,7 +301,7 @@ def test_latest_pointer_is_followed(tmp_path: Path) -> None:
 def test_module_runs_as_a_command(tmp_path: Path) -> None:
     old = write_catalog_dataset(tmp_path / "old", BASE)
     result = subprocess.run(
-        [sys.executable, "-m", "tfrecord_io.diff", str(old), str(old), "--json"],
+        [sys.executable, "-m", "dataset_tools.diff", str(old), str(old), "--json"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -342,7 +342,7 @@ def test_keys_that_are_not_hex_digests_or_share_a_prefix_still_match() -> None:
     """The sort-based match falls back to a hash join; both give the same pairs."""
     import pyarrow as pa
 
-    from tfrecord_io.diff import _full_join
+    from dataset_tools.diff import _full_join
 
     twin = "0" * 16
     cases = [

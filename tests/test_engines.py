@@ -20,15 +20,15 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
-from beam_pipelines.dask_runner import DaskRunner
-from beam_pipelines.images_to_tfrecord import JobFailedError, run
-from beam_pipelines.runners import (
+from beam_pipelines.engines.dask_runner import DaskRunner
+from beam_pipelines.engines.runners import (
     DASK_RUNNER,
     RUNNER_ALIASES,
     InProcessRunner,
     in_process_runner,
     resolve_runner_aliases,
 )
+from beam_pipelines.images_to_tfrecord import JobFailedError, run
 from schemas.manifest import MANIFEST_NAME, Manifest
 from tests.fixtures.images import make_bad_files, make_image_tree, png_bytes
 

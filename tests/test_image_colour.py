@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image, ImageCms
 
-from beam_pipelines.images import ImageOptions, prepare_image
+from beam_pipelines.image.prepare import ImageOptions, prepare_image
 from tests.fixtures.icc import (
     DISPLAY_P3_PRIMARIES,
     gray_gamma_profile,

@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from PIL import Image, PngImagePlugin
 
-from beam_pipelines.image_formats import (
+from beam_pipelines.image.formats import (
     DEFAULT_ACCEPTED_FORMATS,
     EXCLUDED_FORMATS,
     parse_accepted_formats,
     pillow_formats,
 )
-from beam_pipelines.images import (
+from beam_pipelines.image.prepare import (
     REASONS,
     ImageOptions,
     RejectedImage,
@@ -351,7 +351,7 @@ def test_memory_error_while_decoding_is_an_internal_error_rejection(tmp_path):
     script = textwrap.dedent(
         f"""
         import resource
-        from beam_pipelines.images import ImageOptions, RejectedImage, prepare_image
+        from beam_pipelines.image.prepare import ImageOptions, RejectedImage, prepare_image
         data = open({str(source)!r}, "rb").read()
         with open("/proc/self/status") as status:
             size = [int(l.split()[1]) for l in status if l.startswith("VmSize")][0] * 1024

@@ -1,4 +1,4 @@
-"""Pure-function tests for beam_pipelines.images: every format, every bad input, the conversions."""
+"""Pure-function tests for beam_pipelines.image.prepare: every format, every bad input, the conversions."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from beam_pipelines.images import (
+from beam_pipelines.image.prepare import (
     REASONS,
     ImageOptions,
     RejectedImage,
@@ -100,7 +100,7 @@ def test_sixteen_bit_grayscale_is_scaled_not_clipped():
     data = encode(Image.fromarray(values), "PNG")
     assert Image.open(io.BytesIO(data)).mode.startswith("I;16")
     image = open_image(data, 10**6)
-    from beam_pipelines.images import decode_rgb
+    from beam_pipelines.image.prepare import decode_rgb
 
     rgb = np.asarray(decode_rgb(image, min_side=1)).astype(int)
     # v >> 8: 1000 -> 3 and 32768 -> 128; clipping would give 255 for both.
@@ -109,7 +109,7 @@ def test_sixteen_bit_grayscale_is_scaled_not_clipped():
 
 def test_sixteen_bit_rgb_is_scaled(formats):
     image = open_image(formats["png_16bit_rgb"], 10**6)
-    from beam_pipelines.images import decode_rgb
+    from beam_pipelines.image.prepare import decode_rgb
 
     rgb = np.asarray(decode_rgb(image, min_side=1)).astype(int)
     assert rgb[:, :, 1].min() == rgb[:, :, 1].max() == 40000 >> 8

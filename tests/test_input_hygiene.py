@@ -14,14 +14,14 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipelines.elements import CatalogMeta, Duplicate, PreparedRecord, SourceFile
-from beam_pipelines.shards import TRAIN, VALIDATION, dedupe_sorted
-from beam_pipelines.sources import SKIPPED_TAG, ListSources, is_skipped
-from beam_pipelines.splits import (
+from beam_pipelines.graph.splits import (
     AssignSplits,
     assign_split_stratified,
     split_value,
     stratified_cutoff,
 )
+from beam_pipelines.inputs.sources import SKIPPED_TAG, ListSources, is_skipped
+from beam_pipelines.output.shards import TRAIN, VALIDATION, dedupe_sorted
 from tests.fixtures.images import make_image_tree
 
 

@@ -9,10 +9,10 @@ import pytest
 from PIL import Image
 
 from beam_pipelines import images_to_tfrecord, samples
+from dataset_tools.inspect import __main__ as inspect_cli
+from dataset_tools.inspect.inspection import gather, histogram, imbalance
 from tests.fixtures.object_store import upload_tree
-from tfrecord_io import inspect as inspect_cli
 from tfrecord_io import random_access
-from tfrecord_io.inspection import gather, histogram, imbalance
 
 PER_CLASS = 4
 
@@ -56,7 +56,7 @@ def test_report_shows_the_dataset_and_reads_only_the_records_it_shows(built, tmp
         reads.append((path, start, end))
         return real(path, start, end)
 
-    monkeypatch.setattr("tfrecord_io.inspection.read_range", counting)
+    monkeypatch.setattr("dataset_tools.inspect.inspection.read_range", counting)
     assert inspect_cli.main([str(dataset), "--out", str(tmp_path / "r"), "--per_class", "4"]) == 0
 
     stats = json.loads((tmp_path / "r" / "stats.json").read_text(encoding="utf-8"))

@@ -14,8 +14,8 @@ import shutil
 
 import pytest
 
+from dataset_tools.inspect import __main__ as inspect_cli
 from tests.test_inspect import build_sample_dataset
-from tfrecord_io import inspect as inspect_cli
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")

@@ -1,10 +1,10 @@
-"""tfrecord_io.key_check.KeyCollector: duplicate keys found in 24 bytes per example."""
+"""dataset_tools.keys.KeyCollector: duplicate keys found in 24 bytes per example."""
 
 from __future__ import annotations
 
 import hashlib
 
-from tfrecord_io.key_check import BYTES_PER_EXAMPLE, KeyCollector
+from dataset_tools.keys import BYTES_PER_EXAMPLE, KeyCollector
 
 
 def _key(i: int) -> str:
@@ -57,9 +57,9 @@ def test_verify_reports_a_key_stored_twice_naming_both_places(jpeg_dataset, tmp_
 
     from apache_beam.io.tfrecordio import _TFRecordUtil
 
+    from dataset_tools.verify.verification import verify_dataset
     from schemas import MANIFEST_NAME, serialize_record
     from tests.fixtures.shards import copy_dataset
-    from tfrecord_io.verification import verify_dataset
 
     dataset = copy_dataset(jpeg_dataset, tmp_path / "ds")
     record = dataset.records["train"][0]

@@ -1,7 +1,10 @@
 """The layering, checked on the import graph and by running the pipeline without TensorFlow.
 
-* ``schemas/``, ``objstore/`` and ``catalog/`` are the bottom floor: they import nothing of the
-  project (``catalog`` may import ``schemas``).
+* Each package imports only the packages below it (``LAYERS``): ``schemas/``, ``objstore/``,
+  ``cliflags/`` and ``catalog/`` are the bottom floor; the pipeline, the reader, the dataset
+  tools and the trainer stand on it; the tools and the trainer also use the reader.
+* No module imports, at any depth (inside functions too), a module that imports it back: the
+  module graph has no cycle.
 * ``beam_pipelines`` imports neither ``tfrecord_io`` nor ``trainer``, at any depth (also inside
   functions), and so never TensorFlow: Beam workers install the package without it.
 * The pipeline runs where TensorFlow cannot be imported (``sys.modules["tensorflow"] = None``,
@@ -27,11 +30,25 @@ from tests.fixtures.images import make_image_tree
 from tests.fixtures.object_store import BucketEnv, Server, upload_tree
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES: list[str] = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
-    "packages"
+PACKAGES: list[str] = [
+    name.rstrip("*")
+    for name in tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]["find"]["include"]
 ]
 # Package -> the project packages it may import (besides itself).
-BOTTOM_FLOOR = {"schemas": set(), "objstore": set(), "catalog": {"schemas"}}
+BOTTOM_FLOOR = {"schemas": set(), "objstore": set(), "cliflags": set(), "catalog": {"schemas"}}
+_FLOOR = set(BOTTOM_FLOOR)
+LAYERS = {
+    **BOTTOM_FLOOR,
+    "beam_pipelines": _FLOOR,
+    "tfrecord_io": _FLOOR,
+    "dataset_tools": _FLOOR | {"tfrecord_io"},
+    "trainer": _FLOOR | {"tfrecord_io"},
+}
+# The earlier command names ``python -m tfrecord_io.verify|inspect|diff|adopt``: each runs its
+# tool's main, so it imports the tool; nothing imports them.
+COMMAND_ALIASES = {f"tfrecord_io/{name}.py" for name in ("verify", "inspect", "diff", "adopt")}
 NEVER_FROM_BEAM = ("tfrecord_io", "trainer", "tensorflow", "tensorboard", "keras")
 _BLOCK_TENSORFLOW = 'import sys\nsys.modules["tensorflow"] = None  # as if not installed\n'
 
@@ -51,6 +68,95 @@ def _modules(package: str) -> list[Path]:
     return sorted((REPO / package).rglob("*.py"))
 
 
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports, at any depth of the file.
+
+    ``from a.b import c`` is an edge to ``a.b.c`` when that is a module, else to ``a.b``; a
+    package's lazy table (``{"name": "a.b"}``) counts as importing what it names.
+    """
+    files = {_module_name(path): path for package in LAYERS for path in _modules(package)}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                edges.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                for alias in node.names:
+                    whole = f"{node.module}.{alias.name}"
+                    edges.add(whole if whole in files else node.module)
+            elif isinstance(node, ast.Dict):
+                edges.update(
+                    v.value for v in node.values if isinstance(v, ast.Constant) and v.value in files
+                )
+        graph[name] = {edge for edge in edges if edge in files and edge != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for edge in sorted(graph[node]):
+            if edge not in index:
+                visit(edge)
+                low[node] = min(low[node], low[edge])
+            elif edge in stack:
+                low[node] = min(low[node], index[edge])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_module_graph_has_no_cycle() -> None:
+    assert _cycles(_module_graph()) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_the_module_graph_sees_imports_inside_functions() -> None:
+    graph = _module_graph()
+    # dataset_tools.verify.checks imports schemas.framing inside a function only.
+    assert "schemas.framing" in graph["dataset_tools.verify.checks"]
+    assert "tfrecord_io.cache" in graph["tfrecord_io"]  # the lazy table
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_each_package_imports_only_the_floors_below_it(package: str) -> None:
+    allowed = LAYERS[package] | {package}
+    offenders = {
+        str(path.relative_to(REPO)): sorted((_imports(path) & set(PACKAGES)) - allowed)
+        for path in _modules(package)
+        if str(path.relative_to(REPO)) not in COMMAND_ALIASES
+    }
+    assert not {k: v for k, v in offenders.items() if v}, offenders
+    assert set(LAYERS) == set(PACKAGES)
+
+
 def _run_blocked(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-c", _BLOCK_TENSORFLOW + code],
@@ -60,17 +166,6 @@ def _run_blocked(code: str, env: dict[str, str] | None = None) -> subprocess.Com
         cwd=REPO,
         env=env,
     )
-
-
-@pytest.mark.parametrize("package", sorted(BOTTOM_FLOOR))
-def test_bottom_floor_packages_import_nothing_of_ours(package: str) -> None:
-    allowed = BOTTOM_FLOOR[package] | {package}
-    assert _modules(package), package
-    offenders = {
-        str(path.relative_to(REPO)): sorted((_imports(path) & set(PACKAGES)) - allowed)
-        for path in _modules(package)
-    }
-    assert not {k: v for k, v in offenders.items() if v}, offenders
 
 
 def test_beam_pipelines_never_imports_the_reader_trainer_or_tensorflow() -> None:

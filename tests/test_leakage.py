@@ -11,8 +11,8 @@ import pytest
 
 from beam_pipelines import images_to_tfrecord, samples
 from beam_pipelines.config import PipelineConfig
-from beam_pipelines.images import ImageOptions, prepare_image
-from beam_pipelines.leakage import _search, key_number
+from beam_pipelines.graph.leakage import _search, key_number
+from beam_pipelines.image.prepare import ImageOptions, prepare_image
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from beam_pipelines import images_to_tfrecord
+from dataset_tools.verify import __main__ as verify
 from objstore import get_store
 from schemas import MANIFEST_NAME, REJECTED_NAME, Manifest, ShardInfo
 from tests.fixtures.fault_proxy import FaultPlan
@@ -26,7 +27,7 @@ from tests.fixtures.object_store import (
     upload_tree,
 )
 from tests.fixtures.shards import WrittenDataset
-from tfrecord_io import CorruptionCounter, ReadConfig, make_dataset, verify
+from tfrecord_io import CorruptionCounter, ReadConfig, make_dataset
 from tfrecord_io.source import resolve_source
 
 _PIPELINE_FLAGS = ["--num_shards", "2", "--image_size", "24", "--max_bad_fraction", "0.5"]
@@ -231,8 +232,8 @@ def test_pipeline_reads_retry_bodies_cut_short_but_not_missing_objects(
     from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from beam_pipelines.images import RejectedImage
-    from beam_pipelines.transforms import read_source
+    from beam_pipelines.graph.transforms import read_source
+    from beam_pipelines.image.prepare import RejectedImage
 
     bucket: BucketEnv = request.getfixturevalue("s3_env" if scheme == "s3" else "gcs_env")
     if scheme == "gcs":

@@ -26,8 +26,8 @@ from apache_beam.runners.portability.stager import Stager
 from apache_beam.transforms import environments
 
 from beam_pipelines import ImagesToShards, StageResults, config_from_options
-from beam_pipelines.dask_runner import DaskRunner  # noqa: F401  (registers --dask_* options)
-from beam_pipelines.runners import resolve_runner_aliases
+from beam_pipelines.engines.dask_runner import DaskRunner  # noqa: F401  (registers --dask_* options)
+from beam_pipelines.engines.runners import resolve_runner_aliases
 from schemas.manifest import MANIFEST_NAME, Manifest
 from tests.fixtures.images import make_image_tree
 
@@ -39,7 +39,8 @@ _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build",
 
 
 def _packages() -> list[str]:
-    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    return [name.rstrip("*") for name in find["find"]["include"]]
 
 
 def _dependencies() -> list[str]:
@@ -161,7 +162,7 @@ def test_built_package_imports_and_runs_the_pipeline_from_a_clean_venv(clean_pyt
         [
             str(clean_python),
             "-c",
-            "import beam_pipelines.transforms as t, schemas.manifest as m;"
+            "import beam_pipelines.graph.transforms as t, schemas.manifest as m;"
             "print(t.__file__); print(m.__file__); print(t.ImagesToShards.__name__)",
         ],
         cwd=tmp_path,

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from beam_pipelines.image_hash import (
+from beam_pipelines.image.phash import (
     SAMPLE,
     luma_grid_of,
     luma_sample,
     perceptual_hash,
     perceptual_hashes,
 )
-from beam_pipelines.images import ImageOptions, prepare_image
+from beam_pipelines.image.prepare import ImageOptions, prepare_image
 from beam_pipelines.samples import scene_rgb
 from catalog.phash import (
     FLIP_MASK,

@@ -23,7 +23,7 @@ import tensorflow as tf
 from PIL import Image
 
 from beam_pipelines import images_to_tfrecord
-from beam_pipelines.publish import OutputExistsError
+from beam_pipelines.output.publish import OutputExistsError
 from schemas.image_example import record_from_example
 from schemas.manifest import Manifest
 from tests.fixtures.images import (

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from beam_pipelines import images_to_tfrecord, samples
-from beam_pipelines.images import sniff_format
+from beam_pipelines.image.prepare import sniff_format
 from schemas.image_example import record_from_example
 
 
@@ -92,8 +92,8 @@ def test_quickstart_flow_on_a_small_sample_set(tmp_path, capsys):
 def test_sample_set_plants_a_leakage_and_a_cross_class_near_duplicate(tmp_path):
     import hashlib
 
-    from beam_pipelines.images import ImageOptions, prepare_image
-    from beam_pipelines.shards import assign_split
+    from beam_pipelines.image.prepare import ImageOptions, prepare_image
+    from beam_pipelines.output.shards import assign_split
     from catalog.near_duplicates import DEFAULT_THRESHOLD
     from catalog.phash import hamming
 

@@ -10,10 +10,10 @@ import tensorflow as tf
 
 from catalog.table import read_table
 from schemas import Manifest, record_from_example
+from schemas.framing import FrameError
 from tests.fixtures.fault_proxy import FaultPlan
 from tests.fixtures.object_store import upload_tree
 from tests.fixtures.pipeline_datasets import build_pipeline_dataset
-from tfrecord_io.framing import FrameError
 from tfrecord_io.random_access import load_catalog, read_examples
 
 pytestmark = pytest.mark.slow

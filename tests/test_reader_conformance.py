@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from catalog.table import read_table
+from dataset_tools.adopt import adopt
 from schemas import Manifest
 from tests.fixtures.pipeline_datasets import build_pipeline_dataset
 from tests.fixtures.shards import write_foreign_shards
-from tfrecord_io.adopt import adopt
 
 pytestmark = pytest.mark.slow
 

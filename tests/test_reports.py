@@ -1,4 +1,4 @@
-"""Sorted reports written with bounded memory (``beam_pipelines.reports``), on a real pipeline."""
+"""Sorted reports written with bounded memory (``beam_pipelines.output.reports``), on a real pipeline."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipelines.elements import Duplicate, Rejection
-from beam_pipelines.reports import WriteSortedReport
+from beam_pipelines.output.reports import WriteSortedReport
 
 
 class _CountReasons:

@@ -25,8 +25,8 @@ import pytest
 
 from tests.fixtures.data_service import DataServiceCluster, ServiceProcess
 from tests.fixtures.shards import WrittenDataset, write_dataset
-from tfrecord_io import service_cli
-from tfrecord_io.service_client import (
+from tfrecord_io.service import server as service_cli
+from tfrecord_io.service.client import (
     DistributeOptions,
     ServiceAddress,
     ServiceConfig,

@@ -1,4 +1,4 @@
-"""The staging area (``beam_pipelines.staging``), the shard plan (``plan``) and the resume
+"""The staging area (``beam_pipelines.output.staging``), the shard plan (``plan``) and the resume
 records (``resume``): pure functions and small round trips on local disk and real buckets."""
 
 from __future__ import annotations
@@ -13,17 +13,9 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_pipelines.done_records import (
-    done_record_path,
-    keys_digest,
-    list_done_records,
-    read_done_record,
-    shard_result_from_record,
-    write_done_record,
-)
+from beam_pipelines.builds.resume import remove_staging
 from beam_pipelines.elements import CatalogMeta, Duplicate, ShardResult, StagedRecord
-from beam_pipelines.images import ImageOptions
-from beam_pipelines.plan import (
+from beam_pipelines.graph.plan import (
     check_plan,
     estimated_example_bytes,
     listing_shard_counts,
@@ -31,9 +23,17 @@ from beam_pipelines.plan import (
     read_plan,
     write_plan,
 )
-from beam_pipelines.resume import remove_staging
-from beam_pipelines.shards import TRAIN, VALIDATION
-from beam_pipelines.staging import (
+from beam_pipelines.image.prepare import ImageOptions
+from beam_pipelines.output.done_records import (
+    done_record_path,
+    keys_digest,
+    list_done_records,
+    read_done_record,
+    shard_result_from_record,
+    write_done_record,
+)
+from beam_pipelines.output.shards import TRAIN, VALIDATION
+from beam_pipelines.output.staging import (
     RecordStager,
     StagedRecordReader,
     frame_pieces,
@@ -73,10 +73,10 @@ def test_frames_are_the_bytes_beams_tfrecord_writer_writes():
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        (lambda f: f[:-1], "length field"),
-        (lambda f: f[:20] + bytes([f[20] ^ 1]) + f[21:], "CRC does not match"),
-        (lambda f: bytes([f[0] ^ 1]) + f[1:], "length field"),
-        (lambda f: f[:5], "shorter than a TFRecord frame"),
+        (lambda f: f[:-1], "the frame says"),
+        (lambda f: f[:20] + bytes([f[20] ^ 1]) + f[21:], "data CRC mismatch"),
+        (lambda f: bytes([f[0] ^ 1]) + f[1:], "length CRC mismatch"),
+        (lambda f: f[:5], "shorter than a record frame"),
     ],
 )
 def test_damaged_frames_are_refused_naming_where(damage, message):

@@ -13,8 +13,15 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipelines.elements import Duplicate, PreparedRecord, Rejection, ShardResult, SourceFile
-from beam_pipelines.images import ImageOptions
-from beam_pipelines.shards import (
+from beam_pipelines.graph.transforms import REJECTED_TAG, PrepareImages
+from beam_pipelines.image.prepare import ImageOptions
+from beam_pipelines.inputs.sources import (
+    LabelNames,
+    ListSources,
+    parse_listing_line,
+    source_from_path,
+)
+from beam_pipelines.output.shards import (
     DUPLICATES_TAG,
     TRAIN,
     VALIDATION,
@@ -25,9 +32,7 @@ from beam_pipelines.shards import (
     fixed_shard_counts,
     plan_shard_counts,
 )
-from beam_pipelines.sources import LabelNames, ListSources, parse_listing_line, source_from_path
-from beam_pipelines.staging import RecordStager
-from beam_pipelines.transforms import REJECTED_TAG, PrepareImages
+from beam_pipelines.output.staging import RecordStager
 from schemas.image_example import record_from_example
 from tests.fixtures.images import jpeg_bytes, make_bad_files, make_image_tree
 

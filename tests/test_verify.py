@@ -1,4 +1,4 @@
-"""verify_dataset and ``python -m tfrecord_io.verify``: every check, and the CLI contract."""
+"""verify_dataset and ``python -m dataset_tools.verify``: every check, and the CLI contract."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
+from dataset_tools.verify.verification import VerifyReport, verify_dataset
 from schemas import MANIFEST_NAME, ImageRecord, serialize_record
 from tests.fixtures.shards import WrittenDataset, copy_dataset
-from tfrecord_io.verification import VerifyReport, verify_dataset
 from tfrecord_io.verify import main
 
 

@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 
 from catalog.table import COLUMNS, SCHEMA, read_table, write_table
+from dataset_tools.adopt import adopt
+from dataset_tools.verify.verification import verify_dataset
 from tests.fixtures.pipeline_datasets import build_pipeline_dataset
 from tests.fixtures.shards import write_foreign_shards
-from tfrecord_io.adopt import adopt
-from tfrecord_io.verification import verify_dataset
 from tfrecord_io.verify import main
 
 pytestmark = pytest.mark.slow

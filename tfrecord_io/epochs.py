@@ -46,7 +46,7 @@ from tfrecord_io.source import ResolvedSource, ShardFile
 
 if TYPE_CHECKING:
     from tfrecord_io.reader import CorruptionCounter, ReaderConfig
-    from tfrecord_io.service_client import ServiceConfig
+    from tfrecord_io.service.client import ServiceConfig
 
 __all__ = [
     "EpochShare",

@@ -1,81 +1,11 @@
-"""``python -m tfrecord_io.inspect DATASET --out REPORT_DIR [--per_class N] [--seed S]
-[--fail_on_leakage]``, installed as ``tfrecord-inspect``.
+"""``python -m tfrecord_io.inspect``, kept working for existing scripts: the command is
+``python -m dataset_tools.inspect``."""
 
-Writes a report on a dataset that a person reads in a browser and a script reads as JSON:
-
-* ``REPORT_DIR/index.html``: one self-contained page (no network, images inline): the counts,
-  classes per split with imbalance called out, a seeded contact sheet per class decoded from
-  the shards as stored, distributions of source sizes and formats, stored bytes and shard
-  sizes, rejected files by reason (thumbnails where the source still opens), exact duplicates
-  and label conflicts, and near-duplicate pairs side by side, train-validation leakage first;
-* ``REPORT_DIR/contact_sheet.png``: the contact sheets as one image;
-* ``REPORT_DIR/stats.json``: every number on the page.
-
-Only the records shown are read, each by its byte range (``tfrecord_io.inspection``), so the
-cost hardly grows with the dataset. ``DATASET`` may be local, ``s3://`` or ``gs://``.
-
-Exit status: 0; 1 with ``--fail_on_leakage`` when a validation example has a near-duplicate in
-train (for CI gates); 2 when the dataset cannot be read.
-"""
-
-from __future__ import annotations
-
-import os
 import sys
-from collections.abc import Sequence
 
-from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
-from tfrecord_io.inspection import gather
-from tfrecord_io.report_html import write_report
+from dataset_tools.inspect.__main__ import main
 
 __all__ = ["main"]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status."""
-    quiet_tensorflow()
-    parser = StrictArgumentParser(
-        prog=command_name("tfrecord_io.inspect"),
-        description="Write an HTML report of a dataset: samples, classes, rejects, leakage.",
-    )
-    parser.add_argument("dataset", help="dataset directory or URI holding dataset.json")
-    parser.add_argument("--out", required=True, help="local directory for the report")
-    parser.add_argument(
-        "--per_class", type=int, default=16, help="examples per class in the contact sheets (16)"
-    )
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (0)")
-    parser.add_argument(
-        "--fail_on_leakage",
-        action="store_true",
-        help="exit 1 when a validation example has a near-duplicate in train",
-    )
-    args = parser.parse_args(argv)
-    if args.per_class < 1:
-        parser.error(f"--per_class must be >= 1, got {args.per_class}")
-    try:
-        report = gather(args.dataset, per_class=args.per_class, seed=args.seed)
-    except (OSError, ValueError, KeyError) as e:
-        print(f"error: cannot report on {args.dataset}: {e}", file=sys.stderr)
-        return 2
-    paths = write_report(report, args.out)
-    near = report.stats["near_duplicates"]
-    counts = report.stats["counts"]
-    print(
-        f"{counts['written']:,} examples in {len(report.stats['label_names'])} classes; "
-        f"{counts['rejected']:,} rejected, {counts['duplicates']:,} duplicates; "
-        f"{near['pairs']:,} near-duplicate pairs, {near['leakage']:,} train-validation leakage"
-    )
-    print(f"report: {os.path.abspath(paths['html'])}")
-    if args.fail_on_leakage and near["leakage"]:
-        print(
-            f"FAILED: {near['leakage']} validation example(s) have a near-duplicate in train "
-            f"(within {near['threshold']} bits); see the report's near-duplicates section, or "
-            "rebuild with --leakage move_to_train",
-            file=sys.stderr,
-        )
-        return 1
-    return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -21,8 +21,8 @@ import pyarrow.compute as pc
 
 from catalog.table import read_table_bytes
 from schemas import Manifest
+from schemas.framing import parse_frame
 from tfrecord_io import source as _source
-from tfrecord_io.framing import parse_frame
 
 __all__ = [
     "ExampleLocation",
@@ -91,7 +91,7 @@ def dataset_files(dataset: str | os.PathLike[str]) -> DatasetFiles:
     if path is None:
         raise FileNotFoundError(
             f"{text} has no dataset.json: random access needs a published dataset (or shards "
-            "adopted with python -m tfrecord_io.adopt)"
+            "adopted with python -m dataset_tools.adopt)"
         )
     manifest = _source.load_manifest(path)
     assert manifest is not None
@@ -146,7 +146,7 @@ def load_catalog(
         raise FileNotFoundError(
             f"dataset.json of {files.root} lists no catalog for split {split!r}: the dataset was "
             "written before catalogs existed; rewrite it, or adopt its shards with "
-            "python -m tfrecord_io.adopt"
+            "python -m dataset_tools.adopt"
         )
     path = files.path(info.file)
     if not _source.exists(path):

@@ -24,6 +24,7 @@ import numpy as np
 import tensorflow as tf
 
 from objstore import has_glob
+from schemas.framing import FRAME_OVERHEAD
 from tfrecord_io.cache import CacheConfig
 from tfrecord_io.decode import (
     DecodeConfig,
@@ -37,7 +38,7 @@ from tfrecord_io.read_config import (
     ReadConfig,
     ReaderConfig,
 )
-from tfrecord_io.service_client import ServiceConfig, distribute_dataset
+from tfrecord_io.service.client import ServiceConfig, distribute_dataset
 from tfrecord_io.source import ResolvedSource, ShardFile, is_remote, resolve_source
 
 __all__ = [
@@ -58,7 +59,6 @@ _MAX_SHUFFLE_BUFFER = 10_000
 _FOREIGN_SHUFFLE_BUFFER = 2_048
 _DEFAULT_CYCLE_LENGTH = 16
 # TFRecord framing: 8-byte length, 4-byte length CRC, payload, 4-byte payload CRC.
-_RECORD_OVERHEAD = 16
 # Each open shard reads and checks this much ahead of the interleave, in its own thread. A
 # deterministic interleave takes records from its files in a fixed turn, so a file whose next
 # record is not ready stalls the rest; with a read-ahead the turn is rarely kept waiting. It
@@ -67,7 +67,7 @@ _RECORD_OVERHEAD = 16
 _READAHEAD_BYTES = 4 * 1024 * 1024
 # What a reader of a damaged shard can do, from Python or from the trainer's command line.
 SKIP_HINT = (
-    "python -m tfrecord_io.verify DATASET shows the damage; to read past it, "
+    "python -m dataset_tools.verify DATASET shows the damage; to read past it, "
     "ReadConfig(skip_corrupt=True) or the trainer's --skip_corrupt"
 )
 _MIN_READAHEAD = 2
@@ -219,7 +219,7 @@ def _read_shard(
         length = tf.cast(tf.strings.length(record), tf.int64)
         is_end = tf.equal(length, 0)
         real = 1 - tf.cast(is_end, tf.int64)
-        read_bytes += (length + _RECORD_OVERHEAD) * real
+        read_bytes += (length + FRAME_OVERHEAD) * real
         read_records += real
         checkpoint = tf.logical_or(is_end, tf.equal(read_records, num_examples))
         whole = tf.logical_and(
@@ -381,7 +381,7 @@ def _cache_path(cache: str, input_context: tf.distribute.InputContext | None) ->
 
 def _decode_config(config: ReaderConfig, resolved: ResolvedSource) -> DecodeConfig:
     manifest = resolved.manifest
-    # Adopted shards (``tfrecord_io.adopt``) have a manifest but other tools' keys and images:
+    # Adopted shards (``dataset_tools.adopt``) have a manifest but other tools' keys and images:
     # they parse leniently, decode whatever they hold, and their labels shift by the offset
     # recorded at adoption.
     adopted = manifest.options.get("adopted") if manifest is not None else None
@@ -430,7 +430,7 @@ def _fit_image_size(
 ) -> ReaderConfig:
     """The config with the stored image size when none was asked for; logs a difference.
 
-    Adopted shards (``tfrecord_io.adopt``) keep their images as they were, of any size: like
+    Adopted shards (``dataset_tools.adopt``) keep their images as they were, of any size: like
     foreign shards they get the fallback.
     """
     if resolved.manifest is None or isinstance(resolved.manifest.options.get("adopted"), dict):

@@ -168,7 +168,7 @@ class RuntimeConfig:
       keep_freed_memory: tune glibc's malloc to reuse freed memory (``trainer.host_memory``);
         None applies it exactly when batches come from the tf.data service.
       bulk_reads: have gRPC read large messages in few wakeups
-        (``tfrecord_io.service_client.enable_bulk_reads``); None applies it exactly when
+        (``tfrecord_io.service.client.enable_bulk_reads``); None applies it exactly when
         batches come from the tf.data service.
     """
 

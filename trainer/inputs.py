@@ -177,7 +177,7 @@ class ReaderInputs:
         and each element ends with the examples' positions."""
         from tfrecord_io.read_config import ReadConfig
         from tfrecord_io.reader import make_dataset
-        from tfrecord_io.service_client import ServiceConfig
+        from tfrecord_io.service.client import ServiceConfig
 
         service = None
         if self.data.data_service is not None:

@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         "--skip_corrupt",
         action="store_true",
         help="train past damaged or missing shards (logged and skipped) instead of stopping; "
-        "python -m tfrecord_io.verify shows the damage",
+        "python -m dataset_tools.verify shows the damage",
     )
 
     run = p.add_argument_group("run")
@@ -256,7 +256,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if _follows_service(config.runtime.bulk_reads, service):
         # Before this process first uses gRPC (a multi-worker strategy's server, the service).
-        from tfrecord_io.service_client import enable_bulk_reads
+        from tfrecord_io.service.client import enable_bulk_reads
 
         if enable_bulk_reads():
             log.info(

@@ -1,0 +1,400 @@
+"""Near-duplicates across the dataset at build time: the report, and moving leakage to train.
+
+Every example's perceptual hash (``CatalogMeta.phash``) is gathered, as a few fixed-size
+numbers per example, into one step that runs ``catalog.near_duplicates.find_pairs`` over all of
+them. What comes out:
+
+* ``near_duplicates.jsonl``: one line per pair within ``--near_duplicate_threshold`` bits,
+  train-validation leakage first, then pairs joining two classes, then the rest; each line names
+  both examples (key, URI, class, split as written) and the distance;
+* with ``--leakage move_to_train``, the validation examples joined to a train example through
+  near-duplicate pairs are put in train instead (``leakage_moves``), before the shards are
+  written, so the published validation split holds no near-duplicate of a training example.
+  The default, ``report``, changes nothing and does not hold up the writer.
+
+Byte-identical copies are one example here (the shard writer keeps one); a content filed under
+two classes (a label conflict, already in ``duplicates.jsonl``) is left out.
+
+Memory: the search step holds 25 bytes per example (it needs every hash at once); nothing else
+of a record is held back for the report. The report is written once the split catalogs are
+merged, and names the examples of each pair from them (the copy kept, in the split written),
+reading one batch of catalog rows at a time: a second pass over every record, waiting for the
+search, would make the runner keep every record in memory until the search is done.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+from collections.abc import Iterable
+from typing import Any, NamedTuple
+
+import apache_beam as beam
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
+
+from beam_pipelines.output.catalog_io import CatalogResult, read_catalog_batches
+from beam_pipelines.output.publish import write_text
+from beam_pipelines.output.shards import METRICS_NAMESPACE, TRAIN, VALIDATION
+from catalog.near_duplicates import DEFAULT_THRESHOLD, classify, find_pairs, leakage_moves
+
+__all__ = [
+    "NEAR_DUPLICATES_NAME",
+    "LEAKAGE_ACTIONS",
+    "MAX_REPORTED_PAIRS",
+    "NearDuplicateMember",
+    "NearDuplicatePair",
+    "key_number",
+    "NOTHING_FOUND",
+    "members_from_catalogs",
+    "FindNearDuplicates",
+    "found_side_input",
+    "ReportNearDuplicates",
+    "MoveLeakageToTrain",
+    "summary_lines",
+]
+
+NEAR_DUPLICATES_NAME = "near_duplicates.jsonl"
+LEAKAGE_ACTIONS = ("report", "move_to_train")
+# A set holding thousands of copies of one image has millions of pairs: the search stops here.
+MAX_REPORTED_PAIRS = 1_000_000
+_SPLIT_CODES = {TRAIN: 0, VALIDATION: 1}
+_MEMBER_COLUMNS = ("key", "uri", "label", "text")
+# What the search finds among no examples.
+NOTHING_FOUND: dict[str, Any] = {
+    "a": [],
+    "b": [],
+    "distance": [],
+    "flipped": [],
+    "leakage": [],
+    "cross_class": [],
+    "moved": [],
+    "examples": 0,
+    "complete": True,
+}
+
+
+def _signed(value: int) -> int:
+    # Beam's integer coder holds signed 64-bit values: the same 64 bits, read as signed.
+    return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def key_number(sha256: str) -> int:
+    """The first 64 bits of an example's key, as a signed int: what the search step carries."""
+    return _signed(int(sha256[:16], 16))
+
+
+class NearDuplicateMember(NamedTuple):
+    """One side of a pair, as written."""
+
+    key: str
+    uri: str
+    label: int
+    text: str
+    split: str
+    moved: bool = False  # moved from validation to train by --leakage move_to_train
+
+
+class NearDuplicatePair(NamedTuple):
+    """One line of ``near_duplicates.jsonl``; tuples sort in report order."""
+
+    rank: int  # 0 leakage, 1 cross-class, 2 other
+    distance: int
+    a: NearDuplicateMember
+    b: NearDuplicateMember
+    flipped: bool
+    leakage: bool
+    cross_class: bool
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "a": self.a._asdict(),
+                "b": self.b._asdict(),
+                "distance": self.distance,
+                "flipped": self.flipped,
+                "leakage": self.leakage,
+                "cross_class": self.cross_class,
+            },
+            ensure_ascii=False,
+            sort_keys=True,
+        )
+
+
+class _Columns(beam.CombineFn):
+    """``(key number, phash, split code, label) -> columns``: 25 bytes an example."""
+
+    def create_accumulator(self):
+        return (array.array("q"), array.array("q"), array.array("B"), array.array("q"))
+
+    def add_input(self, acc, element):
+        for column, value in zip(acc, element, strict=True):
+            column.append(value)
+        return acc
+
+    def merge_accumulators(self, accumulators):
+        merged = self.create_accumulator()
+        for acc in accumulators:
+            for column, part in zip(merged, acc, strict=True):
+                column.extend(part)
+        return merged
+
+    def extract_output(self, acc):
+        return acc
+
+
+def _entry(element) -> tuple[int, int, int, int] | None:
+    split, record = element
+    meta = record.meta
+    if meta is None or meta.phash is None or split not in _SPLIT_CODES:
+        return None
+    return (key_number(record.sha256), _signed(meta.phash), _SPLIT_CODES[split], meta.label)
+
+
+def _search(columns, threshold: int, move: bool) -> dict[str, Any]:
+    """Runs the search over all examples; returns the pairs (by key number) and the moves."""
+    keys = np.frombuffer(columns[0], dtype=np.int64)
+    hashes = np.frombuffer(columns[1], dtype=np.int64).view(np.uint64)
+    splits = np.frombuffer(columns[2], dtype=np.uint8)
+    labels = np.frombuffer(columns[3], dtype=np.int64)
+    # One example per content; contents under two classes (label conflicts) are left out.
+    order = np.lexsort((labels, keys))
+    keys, hashes, splits, labels = keys[order], hashes[order], splits[order], labels[order]
+    first = np.ones(keys.shape[0], bool)
+    first[1:] = keys[1:] != keys[:-1]
+    group = np.cumsum(first) - 1
+    conflicted = np.zeros(int(first.sum()), bool)
+    np.logical_or.at(conflicted, group[1:], (labels[1:] != labels[:-1]) & ~first[1:])
+    keep = first.copy()
+    keep[first] = ~conflicted
+    keys, hashes, splits, labels = keys[keep], hashes[keep], splits[keep], labels[keep]
+    pairs = find_pairs(hashes, threshold, max_pairs=MAX_REPORTED_PAIRS)
+    names = np.array([TRAIN, VALIDATION], dtype=object)[splits]
+    moved = leakage_moves(pairs, names) if move else np.zeros(0, np.int64)
+    written = names.copy()
+    written[moved] = TRAIN
+    leakage, cross = classify(pairs, written, labels)
+    return {
+        "a": keys[pairs.first].tolist(),
+        "b": keys[pairs.second].tolist(),
+        "distance": pairs.distance.tolist(),
+        "flipped": pairs.flipped.tolist(),
+        "leakage": leakage.tolist(),
+        "cross_class": cross.tolist(),
+        "moved": sorted(keys[moved].tolist()),
+        "examples": int(keys.shape[0]),
+        "complete": pairs.complete,
+    }
+
+
+def _key_prefix(number: int) -> str:
+    # The first 16 hex digits of the keys whose key number this is (inverse of key_number).
+    return format(number & ((1 << 64) - 1), "016x")
+
+
+def members_from_catalogs(
+    output_dir: str, catalogs: Iterable[CatalogResult], numbers: Iterable[int]
+) -> dict[int, NearDuplicateMember]:
+    """The written example of each key number in ``numbers``, read from the split catalogs.
+
+    A catalog holds the copy of each content the shard writer kept (the first in URI order),
+    in the split it was written to, so the report names what the dataset holds. Catalogs are
+    read one batch at a time, only the rows named kept: memory does not grow with the dataset.
+    """
+    wanted = pa.array(sorted({_key_prefix(n) for n in numbers}), pa.string())
+    found: dict[int, NearDuplicateMember] = {}
+    if len(wanted) == 0:
+        return found
+    for catalog in sorted(catalogs):
+        for batch in read_catalog_batches(output_dir, catalog.file, _MEMBER_COLUMNS):
+            prefixes = pc.utf8_slice_codeunits(batch.column("key"), 0, 16)
+            rows = batch.filter(pc.is_in(prefixes, value_set=wanted)).to_pylist()
+            for row in rows:
+                number = key_number(row["key"])
+                member = NearDuplicateMember(
+                    row["key"], row["uri"], row["label"], row["text"], catalog.split
+                )
+                if number not in found or member.uri < found[number].uri:
+                    found[number] = member
+    return found
+
+
+class _WriteReportFn(beam.DoFn):
+    def __init__(self, output_dir: str, threshold: int, action: str) -> None:
+        self._output_dir = output_dir
+        self._threshold = threshold
+        self._action = action
+
+    def process(self, _, found, catalogs):
+        moved = set(found["moved"])
+        written = members_from_catalogs(
+            self._output_dir, catalogs, set(found["a"]) | set(found["b"])
+        )
+
+        def member(number: int) -> NearDuplicateMember:
+            return written[number]._replace(moved=number in moved)
+
+        lines = []
+        for a, b, distance, flipped, leak, cross in zip(
+            found["a"],
+            found["b"],
+            found["distance"],
+            found["flipped"],
+            found["leakage"],
+            found["cross_class"],
+            strict=True,
+        ):
+            one, two = sorted((member(a), member(b)))
+            rank = 0 if leak else 1 if cross else 2
+            lines.append(NearDuplicatePair(rank, distance, one, two, flipped, leak, cross))
+        lines.sort()
+        write_text(
+            FileSystems.join(self._output_dir, NEAR_DUPLICATES_NAME),
+            "".join(line.to_json() + "\n" for line in lines),
+        )
+        Metrics.counter(METRICS_NAMESPACE, "near_duplicate_pairs").inc(len(lines))
+        Metrics.counter(METRICS_NAMESPACE, "leakage_pairs").inc(sum(p.leakage for p in lines))
+        Metrics.counter(METRICS_NAMESPACE, "moved_to_train").inc(len(moved))
+        yield {
+            "file": NEAR_DUPLICATES_NAME,
+            "threshold": self._threshold,
+            "action": self._action,
+            "examples": found["examples"],
+            "pairs": len(lines),
+            "leakage": sum(p.leakage for p in lines),
+            "cross_class": sum(p.cross_class for p in lines),
+            "moved_to_train": len(moved),
+            "complete": found["complete"],
+        }
+
+
+class FindNearDuplicates(beam.PTransform):
+    """``(split, record) -> dict``: the pairs and moves, one element (none without records).
+
+    Records are ``PreparedRecord`` or ``StagedRecord`` (anything with ``sha256`` and ``meta``).
+    The dict holds the pairs by key number and ``moved``, the key numbers
+    ``MoveLeakageToTrain`` moves; read it with ``found_side_input``, which stands in for an
+    empty search. Only 25 bytes per example reach the search step; nothing else of a record is
+    kept (``ReportNearDuplicates`` names the examples from the catalogs).
+
+    Args:
+      threshold: the largest Hamming distance that makes a pair.
+      action: ``"report"`` or ``"move_to_train"`` (one of ``LEAKAGE_ACTIONS``).
+
+    Raises:
+      ValueError: for an action out of range, naming the flag.
+    """
+
+    def __init__(self, *, threshold: int = DEFAULT_THRESHOLD, action: str = "report") -> None:
+        super().__init__()
+        if action not in LEAKAGE_ACTIONS:
+            raise ValueError(f"--leakage must be one of {LEAKAGE_ACTIONS}, got {action!r}")
+        self._threshold = threshold
+        self._action = action
+
+    def expand(self, by_split):
+        threshold, move = self._threshold, self._action == "move_to_train"
+        return (
+            by_split
+            | "HashEntries" >> beam.Map(_entry)
+            | "WithHash" >> beam.Filter(lambda entry: entry is not None)
+            # (key number, phash, split code, label)
+            # Without defaults: a default would be injected through a side input, which the
+            # in-process runner keeps (all the columns) until the pipeline ends.
+            | "Columns" >> beam.CombineGlobally(_Columns()).without_defaults()
+            | "Search" >> beam.Map(_search, threshold, move)
+            # {"a", "b", "distance", ..., "moved"}, one element (none without records)
+        )
+
+
+def found_side_input(found):
+    """``found`` (``FindNearDuplicates``' output) as a singleton side input; an empty search
+    when no record had a hash."""
+    return beam.pvalue.AsSingleton(found, default_value=NOTHING_FOUND)
+
+
+class ReportNearDuplicates(beam.PTransform):
+    """``CatalogResult -> dict`` (one element): writes ``near_duplicates.jsonl`` once the split
+    catalogs are merged; returns its counts (pairs, leakage, cross-class, moved) for the run's
+    summary.
+
+    Args:
+      output_dir: the dataset directory: its catalogs name the examples of each pair, and the
+        report goes there.
+      found: the output of ``FindNearDuplicates``.
+      threshold, action: as given to ``FindNearDuplicates`` (recorded in the summary).
+    """
+
+    def __init__(
+        self, output_dir: str, found, *, threshold: int = DEFAULT_THRESHOLD, action: str = "report"
+    ) -> None:
+        super().__init__()
+        self._output_dir = output_dir
+        self._found = found
+        self._threshold = threshold
+        self._action = action
+
+    def expand(self, catalogs):
+        return (
+            catalogs.pipeline
+            | "Once" >> beam.Create([None])
+            | "WriteReport"
+            >> beam.ParDo(
+                _WriteReportFn(self._output_dir, self._threshold, self._action),
+                found_side_input(self._found),
+                beam.pvalue.AsList(catalogs),
+            )
+        )
+
+
+class _MoveFn(beam.DoFn):
+    """``(split, record) -> (split, record)`` with the leakage moves applied."""
+
+    def __init__(self) -> None:
+        self._found: Any = None
+        self._moved: set[int] = set()
+
+    def process(self, element, found):
+        if found is not self._found:
+            self._found, self._moved = found, set(found["moved"])
+        split, record = element
+        if split == VALIDATION and key_number(record.sha256) in self._moved:
+            yield TRAIN, record
+        else:
+            yield element
+
+
+class MoveLeakageToTrain(beam.PTransform):
+    """``(split, record) -> (split, record)``: validation examples in ``found["moved"]`` go to
+    train. Every record waits for the search (a side input computed from all records).
+
+    Args:
+      found: the ``"found"`` output of ``FindNearDuplicates``.
+    """
+
+    def __init__(self, found) -> None:
+        super().__init__()
+        self._found = found
+
+    def expand(self, by_split):
+        return by_split | "Move" >> beam.ParDo(_MoveFn(), found_side_input(self._found))
+
+
+def summary_lines(summary: dict[str, Any] | None, output_dir: str) -> Iterable[str]:
+    """The run summary's near-duplicate line(s)."""
+    if not summary:
+        return
+    text = (
+        f"near-duplicates (<= {summary['threshold']} bits): {summary['pairs']} pairs, "
+        f"{summary['leakage']} train-validation leakage, {summary['cross_class']} cross-class"
+    )
+    if summary.get("moved_to_train"):
+        moved = summary["moved_to_train"]
+        text += f"; {moved} validation example{'' if moved == 1 else 's'} moved to train"
+    if not summary.get("complete", True):
+        text += f" (stopped at {MAX_REPORTED_PAIRS:,} pairs)"
+    yield text
+    yield f"near-duplicates report: {FileSystems.join(output_dir, summary['file'])}"

@@ -1,0 +1,414 @@
+"""``python -m dataset_tools.adopt "GLOB" [--label_offset 1] [--output DIR]``: adopt foreign shards.
+
+Shards written by other tools (TensorFlow's ImageNet converters: ``train-00000-of-01024`` with
+``image/encoded`` and a 1-based ``image/class/label``) are scanned once and described without
+being rewritten: ``dataset.json`` (each shard's size, SHA-256 and record count), one index file
+per shard, a catalog per split and, when tfds can read the shards where they are, its metadata.
+From then on every tool that takes a dataset works on them: the reader, ``verify``,
+``read_examples``, DALI and the ``tfrecord`` package through the index files.
+
+Choices for shards that lack our keys:
+
+* ``key`` is ``image/key/sha256`` when the examples carry one, else the SHA-256 of the stored
+  ``image/encoded`` bytes (the converters store the source JPEG bytes for most images);
+* ``label`` is the stored label minus ``--label_offset``;
+* ``label_names[i]`` is the class's ``image/class/synset`` (distinct in ImageNet), else its
+  ``image/class/text``, else ``class_<i>``;
+* splits come from the file names (``<split>-NNNNN-of-NNNNN``), else ``--split``;
+* source columns of the catalog are null (the sources are unknown).
+
+Exit status: 0 when adopted, 1 when a shard is damaged (nothing is written), 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import posixpath
+import re
+import sys
+import tempfile
+from collections.abc import Sequence
+from typing import Any
+
+from catalog.index_files import format_index, index_filename
+from catalog.table import build_table, catalog_filename, table_bytes
+from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from schemas import (
+    KEY_ENCODED,
+    KEY_FILENAME,
+    KEY_FORMAT,
+    KEY_HEIGHT,
+    KEY_LABEL,
+    KEY_SHA256,
+    KEY_TEXT,
+    KEY_WIDTH,
+    MANIFEST_NAME,
+    Counts,
+    FileInfo,
+    ImageSpec,
+    Manifest,
+    ShardInfo,
+    SplitInfo,
+    example_proto,
+)
+from schemas.framing import FrameError, iter_frames
+from schemas.tfds_metadata import OUR_KEYS, tfds_metadata_files
+from tfrecord_io import source as _source
+
+__all__ = ["ADOPTED_OPTION", "ForeignRecord", "parse_foreign", "adopt", "main"]
+
+ADOPTED_OPTION = "adopted"
+_KEY_SYNSET = "image/class/synset"
+_SPLIT_RE = re.compile(r"^(?P<split>[a-z][a-z0-9_]*)-\d+-of-\d+(\.[A-Za-z0-9]+)?$")
+_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+_NOT_SHARDS = (".idx", ".json", ".jsonl", ".parquet", ".txt")
+_MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ForeignRecord:
+    """What adoption (and verification of an adopted dataset) reads from one example.
+
+    ``label`` is already shifted by the label offset; None fields were absent.
+    """
+
+    key: str
+    label: int | None
+    text: str | None
+    synset: str | None
+    uri: str | None
+    height: int | None
+    width: int | None
+    format: str | None
+    keys: frozenset[str]
+
+
+def _one(feature: Any, key: str, kind: str) -> Any:
+    if key not in feature or feature[key].WhichOneof("kind") != kind:
+        return None
+    values = getattr(feature[key], kind).value
+    return values[0] if len(values) == 1 else None
+
+
+def _text(feature: Any, key: str) -> str | None:
+    value = _one(feature, key, "bytes_list")
+    if value is None:
+        return None
+    try:
+        return value.decode("utf-8") or None
+    except UnicodeDecodeError:
+        return None
+
+
+def parse_foreign(payload: bytes, *, label_offset: int = 0, where: str = "record") -> ForeignRecord:
+    """Reads a foreign example's fields (TensorFlow's ImageNet keys), without TensorFlow.
+
+    Raises:
+      ValueError: naming ``where`` if the payload is not an Example with ``image/encoded``, or
+        its label minus ``label_offset`` is negative.
+    """
+    try:
+        example = example_proto.Example.FromString(payload)
+    except Exception as e:  # protobuf's DecodeError is not a ValueError
+        raise ValueError(f"{where}: not a serialised tf.train.Example ({e})") from e
+    feature = example.features.feature
+    encoded = _one(feature, KEY_ENCODED, "bytes_list")
+    if not encoded:
+        raise ValueError(f"{where}: has no {KEY_ENCODED!r} bytes (keys: {sorted(feature)})")
+    stored_key = _text(feature, KEY_SHA256)
+    key = stored_key if stored_key and _SHA256_RE.match(stored_key) else None
+    label = _one(feature, KEY_LABEL, "int64_list")
+    if label is not None:
+        label = int(label) - label_offset
+        if label < 0:
+            raise ValueError(
+                f"{where}: label {label + label_offset} minus --label_offset {label_offset} is "
+                "negative; pass the offset the shards' labels start at"
+            )
+    fmt = _text(feature, KEY_FORMAT)
+    if fmt is None:
+        fmt = next((name for magic, name in _MAGIC if encoded.startswith(magic)), None)
+    height = _one(feature, KEY_HEIGHT, "int64_list")
+    width = _one(feature, KEY_WIDTH, "int64_list")
+    return ForeignRecord(
+        key=key or hashlib.sha256(encoded).hexdigest(),
+        label=label,
+        text=_text(feature, KEY_TEXT),
+        synset=_text(feature, _KEY_SYNSET),
+        uri=_text(feature, KEY_FILENAME),
+        height=int(height) if height is not None else None,
+        width=int(width) if width is not None else None,
+        format=fmt.upper() if fmt else None,
+        keys=frozenset(feature),
+    )
+
+
+@dataclasses.dataclass
+class _Split:
+    shards: list[ShardInfo] = dataclasses.field(default_factory=list)
+    columns: dict[str, list[Any]] = dataclasses.field(default_factory=dict)
+
+    def add(self, name: str, value: Any) -> None:
+        self.columns.setdefault(name, []).append(value)
+
+
+def _split_of(name: str, default: str) -> str:
+    match = _SPLIT_RE.match(name)
+    return match["split"] if match else default
+
+
+def _label_names(records: dict[int, tuple[str | None, str | None]], num_labels: int) -> list[str]:
+    names = []
+    for label in range(num_labels):
+        synset, text = records.get(label, (None, None))
+        names.append(synset or text or f"class_{label}")
+    counts: dict[str, int] = {}
+    for name in names:
+        counts[name] = counts.get(name, 0) + 1
+    # Names must be distinct: a repeated one gets its label appended.
+    return [f"{n} ({i})" if counts[n] > 1 else n for i, n in enumerate(names)]
+
+
+def _write(path: str, data: bytes) -> None:
+    """Writes a file under a temporary name, then renames it (a single PUT on object stores)."""
+    store = _source._object_store(path)
+    if store is not None:
+        store.write_bytes(path, data)
+        return
+    if _source.is_remote(path):
+        import tensorflow as tf
+
+        tf.io.gfile.makedirs(posixpath.dirname(path))
+        temporary = f"{path}.tmp-adopt"
+        with tf.io.gfile.GFile(temporary, "wb") as handle:
+            handle.write(data)
+        tf.io.gfile.rename(temporary, path, overwrite=True)
+        return
+    local = _source._local(path)
+    os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(local) or ".", prefix=".adopt-")
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
+    os.replace(temporary, local)
+
+
+def _parent(path: str) -> str:
+    return posixpath.dirname(path) if _source.is_remote(path) else os.path.dirname(path)
+
+
+def adopt(
+    pattern: str,
+    *,
+    output: str | None = None,
+    label_offset: int = 0,
+    split: str = "train",
+    overwrite: bool = False,
+) -> Manifest:
+    """Scans foreign shards once and writes ``dataset.json``, index files, catalogs, tfds metadata.
+
+    Args:
+      pattern: a glob (or one file) of TFRecord shards, local or URI, all in one directory.
+      output: where to write (default: the shards' directory). The shards are never rewritten.
+      label_offset: subtracted from every stored label (1 for TensorFlow's converters).
+      split: the split of shards whose names do not start with ``<split>-NNNNN-of-NNNNN``.
+      overwrite: replace an existing ``dataset.json`` in ``output``.
+
+    Returns:
+      The manifest written.
+
+    Raises:
+      FileNotFoundError: if nothing matches ``pattern``.
+      FileExistsError: if ``output`` holds ``dataset.json`` and ``overwrite`` is False.
+      ValueError: for a damaged shard or record (naming it and the byte offset), shards in
+        several directories, or a bad ``label_offset``.
+    """
+    if label_offset < 0:
+        raise ValueError(f"--label_offset must be >= 0, got {label_offset}")
+    resolved = _source.resolve_source(pattern, split)
+    if resolved.manifest is not None:
+        raise ValueError(f"{pattern} is already a dataset (it has {MANIFEST_NAME})")
+    # A glob like 'DIR/train-*' also matches what an earlier adoption wrote next to the shards.
+    paths = [p for p in resolved.paths if not p.endswith(_NOT_SHARDS)]
+    if not paths:
+        raise FileNotFoundError(f"{pattern} matches no TFRecord shards")
+    directories = {_parent(p) for p in paths}
+    if len(directories) != 1:
+        raise ValueError(
+            f"{pattern} matches shards in {len(directories)} directories; adopt one directory "
+            "at a time (a glob like 'DIR/train-*')"
+        )
+    shard_dir = directories.pop() or "."
+    root = output.rstrip("/") if output else shard_dir
+    manifest_path = _source.join(root, MANIFEST_NAME)
+    if _source.exists(manifest_path) and not overwrite:
+        raise FileExistsError(
+            f"{manifest_path} already exists; pass --overwrite to replace it, or choose another "
+            "--output"
+        )
+    splits: dict[str, _Split] = {}
+    names: dict[int, tuple[str | None, str | None]] = {}
+    common_keys: frozenset[str] | None = None
+    shorter_sides: list[int] = []
+    formats: dict[str, int] = {}
+    max_label = -1
+    index_files: dict[str, bytes] = {}
+    for path in paths:
+        name = posixpath.basename(path) if _source.is_remote(path) else os.path.basename(path)
+        split_name = _split_of(name, split)
+        target = splits.setdefault(split_name, _Split())
+        entries = []
+        digest: list[tuple[int, str]] = []
+        with _source.open_binary(path) as stream:
+            for number, frame in enumerate(iter_frames(stream, name=path, digest=digest)):
+                record = parse_foreign(
+                    frame.payload, label_offset=label_offset, where=f"{path} record {number}"
+                )
+                entries.append((frame.offset, frame.length))
+                common_keys = record.keys if common_keys is None else common_keys & record.keys
+                if record.label is not None:
+                    max_label = max(max_label, record.label)
+                    names.setdefault(record.label, (record.synset, record.text))
+                if record.height and record.width:
+                    shorter_sides.append(min(record.height, record.width))
+                if record.format:
+                    formats[record.format] = formats.get(record.format, 0) + 1
+                for column, value in (
+                    ("key", record.key),
+                    ("uri", record.uri),
+                    ("label", record.label),
+                    ("text", record.text),
+                    ("split", split_name),
+                    ("shard", name),
+                    ("record", number),
+                    ("offset", frame.offset),
+                    ("length", frame.length),
+                    ("height", record.height),
+                    ("width", record.width),
+                    ("format", record.format),
+                ):
+                    target.add(column, value)
+        num_bytes, sha256 = digest[0]
+        index_name = index_filename(name)
+        index_files[index_name] = format_index(entries)
+        target.shards.append(
+            ShardInfo(
+                file=name,
+                num_examples=len(entries),
+                num_bytes=num_bytes,
+                sha256=sha256,
+                index=FileInfo(
+                    index_name,
+                    len(index_files[index_name]),
+                    hashlib.sha256(index_files[index_name]).hexdigest(),
+                ),
+            )
+        )
+
+    label_names = _label_names(names, max_label + 1)
+    split_infos = {}
+    catalogs: dict[str, bytes] = {}
+    for split_name, target in sorted(splits.items()):
+        count = sum(s.num_examples for s in target.shards)
+        target.columns.setdefault("key", [])
+        columns = {k: v for k, v in target.columns.items()}
+        columns["index"] = list(range(count))
+        for column in ("split", "shard", "record", "offset", "length"):
+            columns.setdefault(column, [])
+        catalogs[catalog_filename(split_name)] = table_bytes(build_table(columns))
+        data = catalogs[catalog_filename(split_name)]
+        split_infos[split_name] = SplitInfo(
+            num_examples=count,
+            shards=tuple(target.shards),
+            catalog=FileInfo(
+                catalog_filename(split_name), len(data), hashlib.sha256(data).hexdigest()
+            ),
+        )
+    total = sum(s.num_examples for s in split_infos.values())
+    encoding = "png" if formats and max(formats, key=lambda f: formats[f]) == "PNG" else "jpeg"
+    manifest = Manifest(
+        label_names=tuple(label_names),
+        splits=split_infos,
+        counts=Counts(input=total, written=total, rejected=0, duplicates=0),
+        image=ImageSpec(encoding=encoding, image_size=max(shorter_sides, default=1), crop="none"),
+        options={
+            ADOPTED_OPTION: {
+                "pattern": pattern,
+                "label_offset": label_offset,
+                "key": "image/key/sha256, else the SHA-256 of image/encoded",
+            }
+        },
+        shard_root=None if _same_place(root, shard_dir) else shard_dir,
+    )
+    for name, data in sorted(index_files.items()):
+        _write(_source.join(root, name), data)
+    for name, data in sorted(catalogs.items()):
+        _write(_source.join(root, name), data)
+    if manifest.shard_root is None:
+        keys = [k for k in OUR_KEYS if common_keys and k in common_keys]
+        try:
+            tfds_files = tfds_metadata_files(
+                manifest, keys=keys, class_label=label_offset == 0 and KEY_LABEL in keys
+            )
+        except ValueError:
+            tfds_files = {}  # names tfds has no template for: the other tools still work
+        for name, text in sorted(tfds_files.items()):
+            _write(_source.join(root, name), text.encode("utf-8"))
+    _write(manifest_path, manifest.to_json().encode("utf-8"))
+    return manifest
+
+
+def _same_place(a: str, b: str) -> bool:
+    if _source.is_remote(a) or _source.is_remote(b):
+        return a.rstrip("/") == b.rstrip("/")
+    return os.path.realpath(_source._local(a)) == os.path.realpath(_source._local(b))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit status."""
+    quiet_tensorflow()
+    parser = StrictArgumentParser(
+        prog=command_name("dataset_tools.adopt"),
+        description=(
+            "Describe existing TFRecord shards (e.g. TensorFlow's ImageNet converter output) "
+            "with dataset.json, index files and a catalog, without rewriting them."
+        ),
+    )
+    parser.add_argument("pattern", help="glob of the shards, e.g. 'imagenet/train-*' (quoted)")
+    parser.add_argument(
+        "--label_offset",
+        type=int,
+        default=0,
+        help="subtracted from stored labels: 1 for TensorFlow's converters (1-based labels)",
+    )
+    parser.add_argument("--output", help="where to write (default: next to the shards)")
+    parser.add_argument(
+        "--split", default="train", help="split of shards not named <split>-NNNNN-of-NNNNN"
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset.json")
+    args = parser.parse_args(argv)
+    try:
+        manifest = adopt(
+            args.pattern,
+            output=args.output,
+            label_offset=args.label_offset,
+            split=args.split,
+            overwrite=args.overwrite,
+        )
+    except FrameError as e:
+        print(f"error: damaged shard: {e}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    root = args.output or "the shards' directory"
+    for name, split in sorted(manifest.splits.items()):
+        print(f"{name}: {split.num_examples} examples in {len(split.shards)} shards")
+    print(f"classes: {len(manifest.label_names)}")
+    print(f"adopted: dataset.json, index files and catalogs written to {root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,395 @@
+"""The tf.data service processes: ``python -m tfrecord_io.service dispatcher|worker``.
+
+``dispatcher --port P [--work_dir DIR]`` runs the dispatcher, which registers datasets,
+creates jobs and hands out shards. Given a ``work_dir`` it runs in fault-tolerant mode: it
+journals its state there, so a dispatcher restarted with the same ``work_dir`` and port
+recovers its datasets, jobs and workers, and trainers reconnect without restarting.
+
+``worker --dispatcher HOST:P [--port Q]`` runs a worker, which runs the input pipelines the
+dispatcher assigns it and streams their elements to the trainers.
+
+Both log what they serve when they start and when it changes (workers registered, tasks
+running), and stop cleanly on SIGTERM or SIGINT: the server is stopped and the process exits 0
+after logging that it stopped. If stopping takes longer than ``--stop_timeout_s`` (a worker
+winds down each running task first), the process dumps its stacks to the log and exits 1.
+
+Jobs whose consumers have gone keep their tasks running on the workers until the dispatcher
+collects them (``--job_gc_timeout_ms``, checked every ``--job_gc_check_interval_ms``; by
+default 5 and 10 minutes). tf.data never collects dynamic-sharding jobs unless told to, so
+this dispatcher turns ``gc_dynamic_sharding_jobs`` on (``--no-gc_dynamic_sharding_jobs`` to
+keep tf.data's behaviour): otherwise every abandoned endless training job runs forever.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import faulthandler
+import logging
+import os
+import re
+import signal
+import sys
+import threading
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from tfrecord_io.service.client import ServiceAddress
+
+__all__ = [
+    "DEFAULT_STOP_TIMEOUT_S",
+    "DispatcherSettings",
+    "WorkerSettings",
+    "serve_dispatcher",
+    "serve_worker",
+    "main",
+]
+
+_LOG = logging.getLogger("tfrecord_io.service")
+_POLL_SECONDS = 1.0
+# Below Kubernetes' default 30 s grace period, so the exit is ours and logged.
+DEFAULT_STOP_TIMEOUT_S = 25.0
+
+
+def _check_optional_ms(name: str, value: int | None) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ValueError(f"{name} must be None or an int >= 1 (milliseconds), got {value!r}")
+
+
+def _check_stop_timeout(value: float) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:
+        raise ValueError(f"stop_timeout_s must be a number > 0 (seconds), got {value!r}")
+
+
+def _check_port(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 65536:
+        raise ValueError(f"{name} must be an int in 0..65535 (0 picks a free port), got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class DispatcherSettings:
+    """How to run a dispatcher.
+
+    Attributes:
+      port: port to listen on; 0 picks a free one (logged).
+      work_dir: directory or URI for the dispatcher's journal. Given one, the dispatcher runs
+        in fault-tolerant mode and recovers its state from it on restart.
+      job_gc_timeout_ms: how long a job with no consumer is kept (its tasks keep running on
+        the workers until then), which is also how long a restarted trainer has to rejoin
+        its job. None keeps tf.data's default (5 minutes).
+      job_gc_check_interval_ms: how often the dispatcher looks for such jobs, and for
+        silent workers. None keeps tf.data's default (10 minutes).
+      gc_dynamic_sharding_jobs: also collect dynamic-sharding jobs (every job this project
+        creates). tf.data keeps them forever by default, so each abandoned endless training
+        job would keep running on the workers, holding memory and slowing their shutdown.
+        The price: a trainer that returns after its job was collected starts a fresh job.
+      client_timeout_ms: how long a consumer may go silent (a crashed trainer) before it is
+        released from its job. None keeps tf.data's default.
+      worker_timeout_ms: how long a silent worker may go before the dispatcher logs it as
+        lost. tf.data 2.21 does not hand a lost worker's job tasks to others: a replacement
+        worker started on the same address takes them over. None keeps tf.data's default.
+      stop_timeout_s: how long SIGTERM waits for the server to stop before exiting anyway.
+
+    Raises:
+      ValueError: naming the bad value, if any attribute is invalid.
+    """
+
+    port: int
+    work_dir: str | None = None
+    job_gc_timeout_ms: int | None = None
+    job_gc_check_interval_ms: int | None = None
+    gc_dynamic_sharding_jobs: bool = True
+    client_timeout_ms: int | None = None
+    worker_timeout_ms: int | None = None
+    stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        _check_port("port", self.port)
+        if self.work_dir is not None and (not isinstance(self.work_dir, str) or not self.work_dir):
+            raise ValueError(f"work_dir must be None or a non-empty path, got {self.work_dir!r}")
+        _check_optional_ms("job_gc_timeout_ms", self.job_gc_timeout_ms)
+        _check_optional_ms("job_gc_check_interval_ms", self.job_gc_check_interval_ms)
+        if not isinstance(self.gc_dynamic_sharding_jobs, bool):
+            raise ValueError(
+                f"gc_dynamic_sharding_jobs must be a bool, got {self.gc_dynamic_sharding_jobs!r}"
+            )
+        _check_optional_ms("client_timeout_ms", self.client_timeout_ms)
+        _check_optional_ms("worker_timeout_ms", self.worker_timeout_ms)
+        _check_stop_timeout(self.stop_timeout_s)
+
+    @property
+    def fault_tolerant(self) -> bool:
+        return self.work_dir is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    """How to run a worker.
+
+    Attributes:
+      dispatcher: the dispatcher, ``"host:port"`` or ``"grpc://host:port"``.
+      port: port to listen on; 0 picks a free one (logged).
+      worker_address: the address trainers and the dispatcher use to reach this worker, with
+        ``%port%`` standing for the bound port. The default, ``localhost:%port%``, only works
+        when trainers run on the same host; give a routable name otherwise.
+      heartbeat_interval_ms: how often the worker reports to the dispatcher. None keeps
+        tf.data's default.
+      dispatcher_timeout_ms: how long the worker retries an unreachable dispatcher before
+        failing a request. None keeps tf.data's default.
+      stop_timeout_s: how long SIGTERM waits for the server to stop before exiting anyway.
+
+    Raises:
+      ValueError: naming the bad value, if any attribute is invalid.
+    """
+
+    dispatcher: str
+    port: int = 0
+    worker_address: str = "localhost:%port%"
+    heartbeat_interval_ms: int | None = None
+    dispatcher_timeout_ms: int | None = None
+    stop_timeout_s: float = DEFAULT_STOP_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        address = ServiceAddress.parse(self.dispatcher)
+        object.__setattr__(self, "dispatcher", address.host_port)
+        _check_port("port", self.port)
+        if not isinstance(self.worker_address, str) or ":" not in self.worker_address:
+            raise ValueError(
+                f"worker_address must be 'host:port' or 'host:%port%', got {self.worker_address!r}"
+            )
+        _check_optional_ms("heartbeat_interval_ms", self.heartbeat_interval_ms)
+        _check_optional_ms("dispatcher_timeout_ms", self.dispatcher_timeout_ms)
+        _check_stop_timeout(self.stop_timeout_s)
+
+
+class _Server(Protocol):
+    def stop(self) -> None: ...
+
+
+def _serve(
+    role: str,
+    server: _Server,
+    describe_state: Callable[[], str],
+    stop_event: threading.Event,
+    stop_timeout_s: float,
+) -> int:
+    """Keeps ``server`` up until ``stop_event`` is set, logging changes of its state.
+
+    Returns:
+      0 once the server has stopped. If it takes over ``stop_timeout_s``, the process exits
+      with status 1 instead of returning.
+    """
+    state = describe_state()
+    _LOG.info("tf.data service %s: %s", role, state)
+    while not stop_event.wait(_POLL_SECONDS):
+        latest = describe_state()
+        if latest != state:
+            state = latest
+            _LOG.info("tf.data service %s: %s", role, state)
+    _LOG.info(
+        "tf.data service %s stopping (%s); exiting with status 1 if that takes over %.0f s",
+        role,
+        state,
+        stop_timeout_s,
+    )
+    # tf.data's stop() holds the GIL while each task winds down, so no Python timer or signal
+    # handler can run until it returns: the deadline is faulthandler's C watchdog thread, which
+    # dumps the stacks to the log and exits with status 1.
+    faulthandler.dump_traceback_later(stop_timeout_s, exit=True, file=sys.stderr)
+    server.stop()
+    faulthandler.cancel_dump_traceback_later()
+    _LOG.info("tf.data service %s stopped cleanly", role)
+    return 0
+
+
+def _install_stop_handlers() -> threading.Event:
+    """Turns SIGTERM and SIGINT into a stop request the serving loop sees at once."""
+    stop_event = threading.Event()
+
+    def _request_stop(signum: int, _frame: Any) -> None:
+        _LOG.info("received %s", signal.Signals(signum).name)
+        stop_event.set()
+
+    signal.signal(signal.SIGTERM, _request_stop)
+    signal.signal(signal.SIGINT, _request_stop)
+    return stop_event
+
+
+def _bound_port(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+def serve_dispatcher(settings: DispatcherSettings, stop_event: threading.Event) -> int:
+    """Runs a dispatcher until ``stop_event`` is set.
+
+    Returns:
+      The process exit status, 0 on a clean stop.
+    """
+    import tensorflow as tf
+    from tensorflow.core.protobuf import service_config_pb2
+
+    if settings.work_dir is not None:
+        tf.io.gfile.makedirs(settings.work_dir)
+    # DispatchServer takes the config proto as well as the Python tuple; only the proto has
+    # gc_dynamic_sharding_jobs and client_timeout_ms. 0 means "tf.data's default".
+    config = service_config_pb2.DispatcherConfig(
+        port=settings.port,
+        protocol="grpc",
+        work_dir=settings.work_dir or "",
+        fault_tolerant_mode=settings.fault_tolerant,
+        job_gc_check_interval_ms=settings.job_gc_check_interval_ms or 0,
+        job_gc_timeout_ms=settings.job_gc_timeout_ms or 0,
+        gc_dynamic_sharding_jobs=settings.gc_dynamic_sharding_jobs,
+        client_timeout_ms=settings.client_timeout_ms or 0,
+        worker_timeout_ms=settings.worker_timeout_ms or 0,
+    )
+    server = tf.data.experimental.service.DispatchServer(config)
+    port = _bound_port(server.target)
+    _LOG.info(
+        "tf.data service dispatcher serving at grpc://%s:%d (pid %d, port %d, mode %s, "
+        "work_dir %s, job_gc_timeout_ms %s, job_gc_check_interval_ms %s, "
+        "gc_dynamic_sharding_jobs %s, client_timeout_ms %s, worker_timeout_ms %s)",
+        _host_name(),
+        port,
+        os.getpid(),
+        port,
+        "fault-tolerant" if settings.fault_tolerant else "in-memory (state lost on restart)",
+        settings.work_dir or "-",
+        settings.job_gc_timeout_ms or "default",
+        settings.job_gc_check_interval_ms or "default",
+        settings.gc_dynamic_sharding_jobs,
+        settings.client_timeout_ms or "default",
+        settings.worker_timeout_ms or "default",
+    )
+
+    def describe_state() -> str:
+        # A private accessor, but the only way to see registrations from Python.
+        return f"{server._num_workers()} worker(s) registered"
+
+    return _serve("dispatcher", server, describe_state, stop_event, settings.stop_timeout_s)
+
+
+def serve_worker(settings: WorkerSettings, stop_event: threading.Event) -> int:
+    """Runs a worker until ``stop_event`` is set.
+
+    Returns:
+      The process exit status, 0 on a clean stop.
+    """
+    import tensorflow as tf
+
+    service = tf.data.experimental.service
+    server = service.WorkerServer(
+        service.WorkerConfig(
+            dispatcher_address=settings.dispatcher,
+            worker_address=settings.worker_address,
+            port=settings.port,
+            protocol="grpc",
+            heartbeat_interval_ms=settings.heartbeat_interval_ms,
+            dispatcher_timeout_ms=settings.dispatcher_timeout_ms,
+        )
+    )
+    port = _bound_port(server._address)
+    _LOG.info(
+        "tf.data service worker serving at %s (pid %d, port %d) for dispatcher grpc://%s",
+        settings.worker_address.replace("%port%", str(port)),
+        os.getpid(),
+        port,
+        settings.dispatcher,
+    )
+
+    def describe_state() -> str:
+        return f"{server._num_tasks()} task(s) running"
+
+    return _serve("worker", server, describe_state, stop_event, settings.stop_timeout_s)
+
+
+def _host_name() -> str:
+    import socket
+
+    return socket.gethostname() or "localhost"
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """Field name -> its description in ``cls``'s ``Attributes:`` docstring section."""
+    docs: dict[str, list[str]] = {}
+    current = None
+    section = (cls.__doc__ or "").partition("Attributes:")[2].partition("Raises:")[0]
+    for line in section.splitlines():
+        match = re.match(r"^      (\w+): (.*)$", line)
+        if match:
+            current = match.group(1)
+            docs[current] = [match.group(2)]
+        elif current is not None and line.strip():
+            docs[current].append(line.strip())
+    return {name: " ".join(words) for name, words in docs.items()}
+
+
+def _add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One ``--<field>`` flag per field of the settings dataclass ``cls``.
+
+    The flags take their types, defaults and help from the dataclass itself; the values are
+    checked once, by the dataclass (``_settings``), not by argparse.
+    """
+    hints = typing.get_type_hints(cls)
+    docs = _field_docs(cls)
+    for field in dataclasses.fields(cls):
+        kind = hints[field.name]
+        required = field.default is dataclasses.MISSING
+        options: dict[str, Any] = {
+            "help": docs.get(field.name, "").replace("``", "").replace("%", "%%"),
+            "required": required,
+        }
+        if not required:
+            options["default"] = field.default
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        else:
+            base = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
+            options["type"] = base
+            options["metavar"] = field.name.upper()
+        parser.add_argument(f"--{field.name}", **options)
+
+
+def _settings(cls: Any, args: argparse.Namespace) -> Any:
+    """The settings dataclass from parsed flags (it validates them)."""
+    return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = StrictArgumentParser(
+        prog=command_name("tfrecord_io.service"),
+        description="Run a tf.data service dispatcher or worker.",
+    )
+    roles = parser.add_subparsers(dest="role", required=True, metavar="{dispatcher,worker}")
+    _add_flags(roles.add_parser("dispatcher", help="run the dispatcher"), DispatcherSettings)
+    _add_flags(roles.add_parser("worker", help="run a worker"), WorkerSettings)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m tfrecord_io.service``.
+
+    Returns:
+      The process exit status.
+    """
+    quiet_tensorflow()
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s[%(process)d]: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        settings: DispatcherSettings | WorkerSettings = _settings(
+            DispatcherSettings if args.role == "dispatcher" else WorkerSettings, args
+        )
+    except ValueError as e:
+        parser.error(str(e))
+    # Handlers go in before the server starts, so a SIGTERM during start-up is a clean stop.
+    stop_event = _install_stop_handlers()
+    if isinstance(settings, DispatcherSettings):
+        return serve_dispatcher(settings, stop_event)
+    return serve_worker(settings, stop_event)
