@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
-# Installs the pinned dev set into .venv (and Debian's chromium for the HTML report test),
-# lints, type-checks and runs the whole test suite.
+# The whole suite (what CI runs, via .ci/run): installs the pinned dev set into .venv (and
+# Debian's chromium for the HTML report test), lints, type-checks and runs every test.
+#
+#   bash scripts/test.sh            the whole suite
+#   bash scripts/test.sh --fast     the inner loop: ruff, then every test not marked slow
+#                                   (no browser, no engine clusters, no process chains)
+#   bash scripts/test.sh [--fast] ARGS...   ARGS go to pytest (a file, -k, -n 0, ...)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then
+fast=0
+if [ "${1:-}" = "--fast" ]; then
+  fast=1
+  shift
+fi
+if [ "$fast" = 0 ] && { ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; }; then
   echo "Installing Debian's chromium and chromium-driver (browser tests)..."
   _sudo=""; [ "$(id -u)" -ne 0 ] && _sudo="sudo"
   $_sudo apt-get update -qq && $_sudo apt-get install -y -qq chromium chromium-driver >/dev/null
@@ -11,8 +21,13 @@ fi
 source scripts/bootstrap.sh dev
 ruff check .
 ruff format --check .
-mypy  # the packages, as [tool.mypy] in pyproject.toml lists them
+markers=()
+if [ "$fast" = 1 ]; then
+  markers=(-m "not slow")
+else
+  mypy  # the packages, as [tool.mypy] in pyproject.toml lists them
+fi
 # One pytest worker per logical CPU (at most 4: each worker imports TensorFlow and Beam); a worker
 # that runs out of tests takes half of what another still has queued, so the long end-to-end
 # tests do not leave a core idle at the end. Pass -n 0 to run in one process.
-python -m pytest -n logical --maxprocesses 4 --dist worksteal "$@"
+python -m pytest -n logical --maxprocesses 4 --dist worksteal "${markers[@]}" "$@"

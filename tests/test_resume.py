@@ -6,18 +6,19 @@ written again."""
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from beam_pipelines import images_to_tfrecord
 from beam_pipelines.images_to_tfrecord import JobFailedError
+from beam_pipelines.output.staging import RECORDS_DIR
 from objstore import get_store
 from tests.fixtures.dask_cluster import local_dask_cluster
 from tests.fixtures.fault_proxy import FaultPlan
@@ -83,8 +84,12 @@ def reference(images, tmp_path_factory) -> tuple[dict[str, bytes], float]:
     return files, time.monotonic() - start
 
 
-def _kill_after(command: list[str], seconds: float) -> bool:
-    """Starts ``command``, SIGKILLs its process group after ``seconds``; True if it was killed."""
+def _kill_when(command: list[str], event: Callable[[], bool]) -> bool:
+    """Starts ``command`` and SIGKILLs its process group as soon as ``event()`` holds.
+
+    Returns:
+      True if the process was still running when it was killed; False if it ended first.
+    """
     proc = subprocess.Popen(
         command,
         cwd=REPO,
@@ -93,38 +98,55 @@ def _kill_after(command: list[str], seconds: float) -> bool:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    try:
-        proc.wait(timeout=seconds)
-        return False
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return True
+    deadline = time.monotonic() + 300
+    while not event():
+        if proc.poll() is not None:
+            return False
+        assert time.monotonic() < deadline, "the event never came"
+        time.sleep(0.005)
+    running = proc.poll() is None
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return running and proc.returncode == -signal.SIGKILL
 
 
-def test_launcher_killed_at_random_moments_then_resumed_is_byte_identical(
-    images, reference, tmp_path
+def _files(directory: Path, pattern: str = "*") -> int:
+    return sum(1 for p in directory.glob(pattern) if p.is_file())
+
+
+# Moments of a build that the test can see from outside, in the order they come: the output's
+# staging area is made (the launcher has checked its input, nothing is read yet); the first
+# staged file is committed (images are being prepared); a third of the staging files the
+# reference build makes (60, with their sidecars) are committed (deep in the image step). The shard-writing moment is
+# the next test's.
+KILL_EVENTS = {
+    "staging made": lambda out: (out / ".staging").is_dir(),
+    "first staged file": lambda out: _files(out / ".staging" / RECORDS_DIR) >= 1,
+    "a third staged": lambda out: _files(out / ".staging" / RECORDS_DIR) >= 20,
+}
+
+
+@pytest.mark.parametrize("event", sorted(KILL_EVENTS))
+def test_launcher_killed_at_each_stage_then_resumed_is_byte_identical(
+    images, reference, tmp_path, event
 ):
-    expected, clean_s = reference
-    rng = random.Random(20)
-    # Spread over the whole run: planning, image step, shard writing, publishing.
-    moments = sorted(rng.uniform(0.05, 1.0) for _ in range(3))
-    for number, moment in enumerate(moments):
-        output = tmp_path / f"killed-{number}"
-        killed = _kill_after(_cli(images, output, *FLAGS), moment * clean_s)
-        staged = sorted(p.name for p in (output / ".staging").rglob("*") if p.is_file())
-        resumed = subprocess.run(
-            _cli(images, output, *FLAGS, "--resume"),
-            cwd=REPO,
-            env=_env(),
-            capture_output=True,
-            timeout=600,
-        )
-        assert resumed.returncode == 0, (moment, resumed.stderr[-3000:])
-        got = _snapshot(output)
-        assert sorted(got) == sorted(expected), (moment, killed, len(staged))
-        for name, data in expected.items():
-            assert got[name] == data, f"{name} differs after a kill at {moment:.0%} and --resume"
+    expected, _ = reference
+    output = tmp_path / "killed"
+    killed = _kill_when(_cli(images, output, *FLAGS), lambda: KILL_EVENTS[event](output))
+    assert killed, f"the build ended before {event!r}"
+    assert not (output / "dataset.json").exists()  # nothing half-written is published
+    resumed = subprocess.run(
+        _cli(images, output, *FLAGS, "--resume"),
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, (event, resumed.stderr[-3000:])
+    got = _snapshot(output)
+    assert sorted(got) == sorted(expected), event
+    for name, data in expected.items():
+        assert got[name] == data, f"{name} differs after a kill at {event!r} and --resume"
 
 
 def test_staged_examples_are_not_decoded_again_and_done_shards_not_written_again(
