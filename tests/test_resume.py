@@ -117,8 +117,8 @@ def _files(directory: Path, pattern: str = "*") -> int:
 # Moments of a build that the test can see from outside, in the order they come: the output's
 # staging area is made (the launcher has checked its input, nothing is read yet); the first
 # staged file is committed (images are being prepared); a third of the staging files the
-# reference build makes (60, with their sidecars) are committed (deep in the image step). The shard-writing moment is
-# the next test's.
+# reference build makes (60, with their sidecars) are committed (deep in the image step).
+# The shard-writing moment is the next test's.
 KILL_EVENTS = {
     "staging made": lambda out: (out / ".staging").is_dir(),
     "first staged file": lambda out: _files(out / ".staging" / RECORDS_DIR) >= 1,
