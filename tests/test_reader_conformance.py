@@ -22,7 +22,6 @@ import pytest
 from catalog.table import read_table
 from dataset_tools.adopt import adopt
 from schemas import Manifest
-from tests.fixtures.pipeline_datasets import build_pipeline_dataset
 from tests.fixtures.shards import write_foreign_shards
 
 pytestmark = pytest.mark.slow
@@ -30,9 +29,9 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> Path:
-    return build_pipeline_dataset(tmp_path_factory.mktemp("conformance"), num_shards=3)
+@pytest.fixture
+def dataset(pipeline_dataset: Path) -> Path:
+    return pipeline_dataset
 
 
 def _manifest(root: Path) -> Manifest:
