@@ -5,12 +5,7 @@ The command-line modules ``beam_pipelines.images_to_tfrecord`` (``run``, ``main`
 """
 
 from beam_pipelines.builds.resume import ResumeState
-from beam_pipelines.config import (
-    ImagesToTFRecordOptions,
-    PipelineConfig,
-    config_from_options,
-    parse_background,
-)
+from beam_pipelines.config import ImagesToTFRecordOptions, PipelineConfig, config_from_options
 from beam_pipelines.elements import (
     CatalogMeta,
     Duplicate,
@@ -23,10 +18,10 @@ from beam_pipelines.elements import (
 from beam_pipelines.engines.runners import RUNNER_ALIASES, resolve_runner_aliases
 from beam_pipelines.graph.plan import PlanShards, estimated_example_bytes, listing_shard_counts
 from beam_pipelines.graph.transforms import ImagesToShards, PrepareImages, read_source
+from beam_pipelines.image.formats import DEFAULT_ACCEPTED_FORMATS, sniff_format
+from beam_pipelines.image.options import ImageOptions, parse_background
 from beam_pipelines.image.prepare import (
-    DEFAULT_ACCEPTED_FORMATS,
     REASONS,
-    ImageOptions,
     PreparedImage,
     RejectedImage,
     decode_rgb,
@@ -34,7 +29,6 @@ from beam_pipelines.image.prepare import (
     open_image,
     prepare_image,
     resize_and_crop,
-    sniff_format,
 )
 from beam_pipelines.inputs.sources import LabelNames, ListSources, is_listing, parse_listing_line
 from beam_pipelines.output.publish import (

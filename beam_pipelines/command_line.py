@@ -3,9 +3,9 @@
 Our flags are parsed first; whatever is left must be a Beam pipeline option (``--runner``,
 ``--direct_num_workers``, ``--temp_location``...), checked against every option Beam knows.
 Anything neither knows ends the command with status 2 and the closest flag, before any work.
-The flags themselves stay defined on ``config.ImagesToTFRecordOptions``, Beam's way, so that
-``PipelineOptions`` parses them from the same argv; ``OPTION_GROUPS`` only says where each one
-is listed in ``--help``.
+Our flags are declared once, on ``PipelineConfig``'s fields (``config_flags``): Beam's
+``ImagesToTFRecordOptions`` and this parser both define them from there, the parser in the
+``--help`` group each field names (``OPTION_GROUPS``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
-from beam_pipelines.config import ImagesToTFRecordOptions
+from beam_pipelines.config import HELP_GROUPS, ImagesToTFRecordOptions, PipelineConfig
+from beam_pipelines.config_flags import add_flags, flag_groups
 from cliflags import StrictArgumentParser, command_name
 
 __all__ = [
@@ -27,40 +28,10 @@ __all__ = [
     "parse_command_line",
 ]
 
-# Where each of ImagesToTFRecordOptions' flags is listed in --help, in this order. A flag not
-# named here is listed under "other options" (a test keeps that group empty).
-OPTION_GROUPS: dict[str, tuple[str, ...]] = {
-    "input": ("--input",),
-    "image": (
-        "--image_size",
-        "--crop",
-        "--encoding",
-        "--jpeg_quality",
-        "--background",
-        "--max_pixels",
-        "--max_aspect_ratio",
-        "--max_output_pixels",
-        "--out_of_bounds",
-        "--accepted_formats",
-        "--high_bit_depth",
-    ),
-    "sharding": (
-        "--validation_fraction",
-        "--stratify_validation",
-        "--num_shards",
-        "--target_shard_mb",
-    ),
-    "quality gates": (
-        "--max_bad_fraction",
-        "--label_conflicts",
-        "--leakage",
-        "--near_duplicate_threshold",
-    ),
-    "output": ("--output", "--overwrite", "--resume", "--base", "--staging_file_mb"),
-}
+# Where each pipeline flag is listed in --help, in this order: made from the fields' groups.
+OPTION_GROUPS: dict[str, tuple[str, ...]] = flag_groups(PipelineConfig, HELP_GROUPS)
 # Flags of the command itself, never handed to Beam.
 COMMAND_FLAGS = ("--json", "--progress", "--help_beam")
-_OTHER = "other options"
 _BEAM_DOCS = (
     "https://beam.apache.org/releases/pydoc/current/apache_beam.options.pipeline_options.html"
 )
@@ -69,18 +40,6 @@ _EPILOG = (
     "--temp_location, --project, --region, --s3_endpoint_url, --dask_client_address...) pass "
     f"through to Beam: list them with --help_beam, or see {_BEAM_DOCS}"
 )
-
-
-class _GroupRouter:
-    """Stands in for a parser in ``_add_argparse_args``: each flag goes to its help group."""
-
-    def __init__(self, groups: dict[str, argparse._ArgumentGroup]) -> None:
-        self._groups = groups
-        self._where = {flag: title for title, flags in OPTION_GROUPS.items() for flag in flags}
-
-    def add_argument(self, *names: str, **kwargs):
-        title = self._where.get(names[0], _OTHER)
-        return self._groups[title].add_argument(*names, **kwargs)
 
 
 def beam_option_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
@@ -107,8 +66,8 @@ def build_parser(prog: str | None = None, argv: Sequence[str] = ()) -> StrictArg
         description="Images -> deterministic TFRecord shards + dataset.json, with Apache Beam.",
         epilog=_EPILOG,
     )
-    groups = {title: parser.add_argument_group(title) for title in (*OPTION_GROUPS, _OTHER)}
-    ImagesToTFRecordOptions._add_argparse_args(_GroupRouter(groups))
+    groups = {title: parser.add_argument_group(title) for title in HELP_GROUPS}
+    add_flags(parser, PipelineConfig, groups)
     output = groups["output"]
     output.add_argument(
         "--json", action="store_true", help="print the run's summary as JSON (for machines)"

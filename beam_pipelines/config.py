@@ -1,39 +1,41 @@
-"""The pipeline's own configuration, validated once, independent of the Beam runner."""
+"""The pipeline's own configuration, validated once, independent of the Beam runner.
+
+``PipelineConfig`` (with ``ImageOptions`` for its ``image`` field) is also where each flag of the
+command line is declared: the field's metadata gives its help and ``--help`` group
+(``config_flags``), and Beam's ``ImagesToTFRecordOptions`` defines the flags from it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-import re
 from typing import Any
 
 import PIL
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_pipelines.config_flags import add_flags, flag, from_flags
 from beam_pipelines.graph.leakage import LEAKAGE_ACTIONS
-from beam_pipelines.image.colour import HIGH_BIT_DEPTH_POLICIES
-from beam_pipelines.image.formats import parse_accepted_formats
-from beam_pipelines.image.prepare import ImageOptions
+from beam_pipelines.image.options import ImageOptions
 from beam_pipelines.output.shards import LABEL_CONFLICT_POLICIES
 from catalog.near_duplicates import DEFAULT_THRESHOLD, MAX_THRESHOLD
-from schemas.constants import CROPS, ENCODINGS, MAX_SHARDS
+from schemas.constants import MAX_SHARDS
 
-__all__ = ["PipelineConfig", "ImagesToTFRecordOptions", "config_from_options", "parse_background"]
+__all__ = ["HELP_GROUPS", "PipelineConfig", "ImagesToTFRecordOptions", "config_from_options"]
 
-_HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
+# The --help groups of the pipeline's flags, in the order they are listed.
+HELP_GROUPS = ("input", "image", "sharding", "quality gates", "output")
 
 
-def parse_background(text: str) -> tuple[int, int, int]:
-    """Parses ``#rrggbb`` (or ``rrggbb``) into an RGB tuple.
+def _absolute(path: str) -> str:
+    # Local paths become absolute so that URIs in the shards and reports are unambiguous.
+    if "://" in path:
+        return path
+    return os.path.abspath(path)
 
-    Raises:
-      ValueError: naming the text and the expected form.
-    """
-    match = _HEX_COLOUR.match(text.strip())
-    if not match:
-        raise ValueError(f"background colour must look like '#ffffff', got {text!r}")
-    value = match.group(1)
-    return (int(value[0:2], 16), int(value[2:4], 16), int(value[4:6], 16))
+
+def _absolute_or_none(path: str | None) -> str | None:
+    return _absolute(path) if path else None
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -74,21 +76,109 @@ class PipelineConfig:
       ValueError: naming the bad field and value.
     """
 
-    input: str
-    output: str
+    input: str = dataclasses.field(
+        metadata=flag(
+            help="directory/prefix laid out as <class name>/<image file>, or a .csv/.jsonl "
+            "listing of uri,label (local, gs://, s3://)",
+            group="input",
+            parse=_absolute,
+        )
+    )
+    output: str = dataclasses.field(
+        metadata=flag(help="dataset directory/prefix to write", group="output", parse=_absolute)
+    )
     image: ImageOptions = dataclasses.field(default_factory=ImageOptions)
-    validation_fraction: float = 0.0
-    num_shards: int | None = None
-    target_shard_mb: float = 128.0
-    max_bad_fraction: float = 0.01
-    overwrite: bool = False
-    resume: bool = False
-    staging_file_mb: float = 32.0
-    label_conflicts: str = "keep_first"
-    stratify_validation: bool = False
-    leakage: str = "report"
-    near_duplicate_threshold: int = DEFAULT_THRESHOLD
-    base: str | None = None
+    validation_fraction: float = dataclasses.field(
+        default=0.0,
+        metadata=flag(
+            help="share of examples, chosen by content hash, in the validation split (%(default)s)",
+            group="sharding",
+        ),
+    )
+    stratify_validation: bool = dataclasses.field(
+        default=False,
+        metadata=flag(
+            help="give every class its share of the validation split (still chosen by content "
+            "hash); records then wait until every class is counted",
+            group="sharding",
+        ),
+    )
+    num_shards: int | None = dataclasses.field(
+        default=None,
+        metadata=flag(
+            help="train shard count, fixed up front (validation gets a proportional count); "
+            "the fastest way to shard. Default: planned from --target_shard_mb",
+            group="sharding",
+        ),
+    )
+    target_shard_mb: float = dataclasses.field(
+        default=128.0,
+        metadata=flag(help="wanted shard size in MiB (%(default)s)", group="sharding"),
+    )
+    max_bad_fraction: float = dataclasses.field(
+        default=0.01,
+        metadata=flag(
+            help="largest share of bad input that still publishes the dataset: rejected files "
+            "(not counting no_label ones) over files inside a class folder (%(default)s)",
+            group="quality gates",
+        ),
+    )
+    overwrite: bool = dataclasses.field(
+        default=False,
+        metadata=flag(help="replace a dataset already published at --output", group="output"),
+    )
+    resume: bool = dataclasses.field(
+        default=False,
+        metadata=flag(
+            help="continue an interrupted build of this command at --output: complete shards are "
+            "kept, prepared images are not decoded again, the result is byte-identical",
+            group="output",
+        ),
+    )
+    staging_file_mb: float = dataclasses.field(
+        default=32.0,
+        metadata=flag(
+            help="MiB of prepared examples per staging file, the unit --resume reuses "
+            "(%(default)s)",
+            group="output",
+        ),
+    )
+    label_conflicts: str = dataclasses.field(
+        default="keep_first",
+        metadata=flag(
+            help="the same bytes under two classes: keep the first copy (in URI order), drop "
+            "every copy, or keep the first and refuse to publish (%(default)s)",
+            group="quality gates",
+            choices=LABEL_CONFLICT_POLICIES,
+        ),
+    )
+    leakage: str = dataclasses.field(
+        default="report",
+        metadata=flag(
+            help="validation examples that are near-duplicates of train ones: report them in "
+            "near_duplicates.jsonl, or move them to train before writing (%(default)s)",
+            group="quality gates",
+            choices=LEAKAGE_ACTIONS,
+        ),
+    )
+    near_duplicate_threshold: int = dataclasses.field(
+        default=DEFAULT_THRESHOLD,
+        metadata=flag(
+            help="largest Hamming distance between 64-bit perceptual hashes that makes two "
+            f"examples near-duplicates, 0-{MAX_THRESHOLD} (%(default)s)",
+            group="quality gates",
+        ),
+    )
+    base: str | None = dataclasses.field(
+        default=None,
+        metadata=flag(
+            help="a previous dataset (or versions root with a latest pointer), local or bucket: "
+            "its stored examples are reused, without decoding, for images whose bytes are "
+            "unchanged when the image options match; the result equals a clean build",
+            group="output",
+            parse=_absolute_or_none,
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.input, str) or not self.input:
@@ -173,157 +263,12 @@ class PipelineConfig:
 
 
 class ImagesToTFRecordOptions(PipelineOptions):
-    """The pipeline's own flags; Beam's options are parsed by Beam from the same argv."""
+    """The pipeline's own flags, made from ``PipelineConfig``'s fields; Beam parses them from
+    the same argv as its own options."""
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        parser.add_argument(
-            "--input",
-            help="directory/prefix laid out as <class name>/<image file>, or a .csv/.jsonl "
-            "listing of uri,label (local, gs://, s3://)",
-        )
-        parser.add_argument("--output", help="dataset directory/prefix to write")
-        parser.add_argument(
-            "--image_size", type=int, default=256, help="shorter side after resizing (256)"
-        )
-        parser.add_argument("--crop", choices=CROPS, default="none", help="center: square crop")
-        parser.add_argument(
-            "--encoding",
-            choices=ENCODINGS,
-            default="jpeg",
-            help="stored encoding; raw (uint8 HWC) requires --crop center",
-        )
-        parser.add_argument("--jpeg_quality", type=int, default=90, help="JPEG quality (90)")
-        parser.add_argument(
-            "--max_pixels",
-            type=int,
-            default=ImageOptions.max_pixels,
-            help="reject images whose header declares more pixels (100000000)",
-        )
-        parser.add_argument(
-            "--background",
-            default="#ffffff",
-            help="colour transparent pixels are composited over (#ffffff)",
-        )
-        parser.add_argument(
-            "--max_aspect_ratio",
-            type=float,
-            default=ImageOptions.max_aspect_ratio,
-            help="longer side over shorter side above which an image is out of bounds, checked "
-            "from the header (10)",
-        )
-        parser.add_argument(
-            "--max_output_pixels",
-            type=int,
-            default=ImageOptions.max_output_pixels,
-            help="most pixels a stored image may have; JPEG also caps each side at 65500 "
-            f"({ImageOptions.max_output_pixels})",
-        )
-        parser.add_argument(
-            "--out_of_bounds",
-            choices=("reject", "crop"),
-            default="reject",
-            help="images past --max_aspect_ratio or --max_output_pixels: reject them, or keep "
-            "the centre of the longer side (reject)",
-        )
-        parser.add_argument(
-            "--accepted_formats",
-            default="default",
-            help="Pillow formats to accept: 'default' (every raster format Pillow decodes "
-            "without external programs), a list 'JPEG,PNG', or changes 'default,+EPS,-TGA' "
-            "(default)",
-        )
-        parser.add_argument(
-            "--high_bit_depth",
-            choices=HIGH_BIT_DEPTH_POLICIES,
-            default="shift",
-            help="16-bit samples to 8: shift (v >> 8) or stretch by the real bit depth from "
-            "sBIT / BitsPerSample / the largest sample, for 10-14 bit data (shift)",
-        )
-        parser.add_argument(
-            "--validation_fraction",
-            type=float,
-            default=0.0,
-            help="share of examples, chosen by content hash, in the validation split (0)",
-        )
-        parser.add_argument(
-            "--stratify_validation",
-            action="store_true",
-            default=False,
-            help="give every class its share of the validation split (still chosen by content "
-            "hash); records then wait until every class is counted",
-        )
-        parser.add_argument(
-            "--num_shards",
-            type=int,
-            default=None,
-            help="train shard count, fixed up front (validation gets a proportional count); "
-            "the fastest way to shard. Default: planned from --target_shard_mb",
-        )
-        parser.add_argument(
-            "--target_shard_mb", type=float, default=128.0, help="wanted shard size in MiB (128)"
-        )
-        parser.add_argument(
-            "--max_bad_fraction",
-            type=float,
-            default=0.01,
-            help="largest share of bad input that still publishes the dataset: rejected files "
-            "(not counting no_label ones) over files inside a class folder (0.01)",
-        )
-        parser.add_argument(
-            "--label_conflicts",
-            choices=LABEL_CONFLICT_POLICIES,
-            default="keep_first",
-            help="the same bytes under two classes: keep the first copy (in URI order), drop "
-            "every copy, or keep the first and refuse to publish (keep_first)",
-        )
-        parser.add_argument(
-            "--leakage",
-            choices=LEAKAGE_ACTIONS,
-            default="report",
-            help="validation examples that are near-duplicates of train ones: report them in "
-            "near_duplicates.jsonl, or move them to train before writing (report)",
-        )
-        parser.add_argument(
-            "--near_duplicate_threshold",
-            type=int,
-            default=DEFAULT_THRESHOLD,
-            help="largest Hamming distance between 64-bit perceptual hashes that makes two "
-            f"examples near-duplicates, 0-{MAX_THRESHOLD} ({DEFAULT_THRESHOLD})",
-        )
-        parser.add_argument(
-            "--overwrite",
-            action="store_true",
-            default=False,
-            help="replace a dataset already published at --output",
-        )
-        parser.add_argument(
-            "--resume",
-            action="store_true",
-            default=False,
-            help="continue an interrupted build of this command at --output: complete shards are "
-            "kept, prepared images are not decoded again, the result is byte-identical",
-        )
-        parser.add_argument(
-            "--staging_file_mb",
-            type=float,
-            default=32.0,
-            help="MiB of prepared examples per staging file, the unit --resume reuses (32)",
-        )
-        parser.add_argument(
-            "--base",
-            default=None,
-            help="a previous dataset (or versions root with a latest pointer), local or bucket: "
-            "its stored examples are reused, without decoding, for images whose bytes are "
-            "unchanged when the image options match; the result equals a clean build",
-        )
-
-
-def _absolute(path: str) -> str:
-    # Local paths become absolute so that URIs in the shards and reports are unambiguous.
-    if "://" in path:
-        return path
-    return os.path.abspath(path)
+        add_flags(parser, PipelineConfig)
 
 
 def config_from_options(options: PipelineOptions) -> PipelineConfig:
@@ -335,32 +280,5 @@ def config_from_options(options: PipelineOptions) -> PipelineConfig:
     own = options.view_as(ImagesToTFRecordOptions)
     if not own.input or not own.output:
         raise ValueError("both --input and --output are required")
-    return PipelineConfig(
-        input=_absolute(own.input),
-        output=_absolute(own.output),
-        image=ImageOptions(
-            image_size=own.image_size,
-            crop=own.crop,
-            encoding=own.encoding,
-            jpeg_quality=own.jpeg_quality,
-            max_pixels=own.max_pixels,
-            max_aspect_ratio=own.max_aspect_ratio,
-            max_output_pixels=own.max_output_pixels,
-            out_of_bounds=own.out_of_bounds,
-            accepted_formats=parse_accepted_formats(own.accepted_formats),
-            high_bit_depth=own.high_bit_depth,
-            background=parse_background(own.background),
-        ),
-        validation_fraction=own.validation_fraction,
-        num_shards=own.num_shards,
-        target_shard_mb=own.target_shard_mb,
-        max_bad_fraction=own.max_bad_fraction,
-        overwrite=own.overwrite,
-        resume=own.resume,
-        staging_file_mb=own.staging_file_mb,
-        label_conflicts=own.label_conflicts,
-        stratify_validation=own.stratify_validation,
-        leakage=own.leakage,
-        near_duplicate_threshold=own.near_duplicate_threshold,
-        base=_absolute(own.base) if own.base else None,
-    )
+    config: PipelineConfig = from_flags(PipelineConfig, own)
+    return config

@@ -24,14 +24,17 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
+from apache_beam.runners.runner import PipelineResult
 
-from beam_pipelines.builds.incremental import lineage_block, open_base
+from beam_pipelines.builds.incremental import BaseDataset, lineage_block, open_base
 from beam_pipelines.builds.resume import (
+    ResumeState,
     published_by_earlier_attempt,
     remove_staging,
     start_build,
@@ -65,7 +68,7 @@ from beam_pipelines.output.publish import (
 from beam_pipelines.output.shards import METRICS_NAMESPACE, TRAIN, VALIDATION, fixed_shard_counts
 from beam_pipelines.progress import ProgressSpec, close_reporter
 from beam_pipelines.summary import RunSummary
-from schemas.manifest import TOOL_VERSION, ImageSpec
+from schemas.manifest import TOOL_VERSION, ImageSpec, Manifest
 
 __all__ = [
     "ImagesToTFRecordOptions",
@@ -144,6 +147,89 @@ class JobFailedError(RuntimeError):
     """The pipeline itself failed (not an input image: those are rejections)."""
 
 
+def _open_base(config: PipelineConfig, content: dict[str, Any]) -> BaseDataset | None:
+    """The ``--base`` dataset, opened (and refused, naming the problem) before anything is
+    written; when its image options differ it says so and nothing is reused.
+
+    Raises:
+      ValueError: if the base cannot be used, or is ``--output`` through its latest pointer.
+    """
+    if config.base is None:
+        return None
+    base = open_base(config.base, options=content, tool_version=TOOL_VERSION)
+    if base.root.rstrip("/") == config.output.rstrip("/"):
+        raise ValueError(
+            f"--base {config.base} is --output {config.output} (through its latest "
+            "pointer): the base is never modified; write the new version beside it"
+        )
+    return base
+
+
+def _run_pipeline(
+    config: PipelineConfig,
+    options: PipelineOptions,
+    spec: ProgressSpec,
+    resume: ResumeState,
+    base: BaseDataset | None,
+) -> PipelineResult:
+    """Builds and runs the Beam pipeline to its end; returns its result (for the counters).
+
+    Raises:
+      JobFailedError: if the pipeline failed while running.
+    """
+    # Beam's launcher leaves directories in the temp dir on every run; they go with this one.
+    with private_temp_dir():
+        pipeline = beam.Pipeline(runner=in_process_runner(options), options=options)
+        results = pipeline | "ImagesToShards" >> ImagesToShards(
+            config, spec, resume=resume, base=base.spec if base and base.reusable else None
+        )
+        _ = results | "StageResults" >> StageResults(config.output, spec.run_id)
+        try:
+            result = pipeline.run()
+            result.wait_until_finish()
+        except Exception as e:  # runners re-raise a step's own exception type
+            raise JobFailedError(f"the pipeline failed: {type(e).__name__}: {e}") from e
+        finally:
+            close_reporter(spec.run_id)
+    return result
+
+
+def _manifest(
+    config: PipelineConfig, staged: StagedResult, metrics: dict[str, int], base: BaseDataset | None
+) -> Manifest:
+    """The dataset's manifest from what the run staged, with its lineage for a ``--base`` build."""
+    image = config.image
+    manifest = build_manifest(
+        staged,
+        image=ImageSpec(
+            encoding=image.encoding,
+            image_size=image.image_size,
+            crop=image.crop,
+            color_space=COLOUR_SPACE,
+        ),
+        options=config.manifest_options(),
+        splits=(TRAIN, VALIDATION) if config.validation_fraction > 0 else (TRAIN,),
+    )
+    if base is None:
+        return manifest
+    reused, prepared = metrics.get("images_reused", 0), metrics.get("images_prepared", 0)
+    return dataclasses.replace(
+        manifest, lineage=lineage_block(base, reused=reused, prepared=prepared)
+    )
+
+
+def _publish(output: str, manifest: Manifest, old_manifest: Manifest | None) -> list[str]:
+    """Publishes the dataset (``dataset.json`` last but for the clean-up); returns the files
+    of the dataset it replaced that it removed."""
+    write_tfds_metadata(output, manifest)
+    publish_manifest(output, manifest)
+    removed = remove_unlisted_shards(output, manifest, old_manifest)
+    removed += remove_unlisted_catalog_files(output, manifest)
+    remove_staged_fragments(output, manifest)
+    remove_staging(output)  # kept after a failure or a refusal, for --resume
+    return removed
+
+
 def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> RunSummary:
     """Runs the pipeline; publishes ``dataset.json`` unless a quality gate fails.
 
@@ -163,7 +249,6 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
     """
     started = time.monotonic()
     args, pipeline_argv = parse_command_line(sys.argv[1:] if argv is None else argv)
-    progress = progress or args.progress
     options = PipelineOptions(resolve_runner_aliases(pipeline_argv))
     # The checks below list s3:// and gs:// paths before any Pipeline exists, and Beam gives
     # FileSystems its options (--s3_* endpoint and credentials) only when one is built.
@@ -171,16 +256,7 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
     config = config_from_options(options)
     _check_input(config)
     content = config.manifest_options()
-    # Opened (and refused, naming the problem) before anything is written; when its image
-    # options differ it says so and nothing is reused.
-    base = None
-    if config.base is not None:
-        base = open_base(config.base, options=content, tool_version=TOOL_VERSION)
-        if base.root.rstrip("/") == config.output.rstrip("/"):
-            raise ValueError(
-                f"--base {config.base} is --output {config.output} (through its latest "
-                "pointer): the base is never modified; write the new version beside it"
-            )
+    base = _open_base(config, content)
     if config.resume and (done := published_by_earlier_attempt(config.output, content)):
         # Killed after publishing: nothing left to do but tidy up.
         return summary_of_published(config.output, done, time.monotonic() - started)
@@ -192,56 +268,17 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
         fixed = fixed_shard_counts(config.num_shards, config.validation_fraction)
     resume = start_build(config.output, content, resume=config.resume, fixed_counts=fixed)
     run_id = uuid.uuid4().hex
-    spec = ProgressSpec(run_id, _progress_mode(progress, options))
-
-    # Beam's launcher leaves directories in the temp dir on every run; they go with this one.
-    with private_temp_dir():
-        pipeline = beam.Pipeline(runner=in_process_runner(options), options=options)
-        results = pipeline | "ImagesToShards" >> ImagesToShards(
-            config, spec, resume=resume, base=base.spec if base and base.reusable else None
-        )
-        _ = results | "StageResults" >> StageResults(config.output, run_id)
-        try:
-            result = pipeline.run()
-            result.wait_until_finish()
-        except Exception as e:  # runners re-raise a step's own exception type
-            raise JobFailedError(f"the pipeline failed: {type(e).__name__}: {e}") from e
-        finally:
-            close_reporter(run_id)
+    spec = ProgressSpec(run_id, _progress_mode(progress or args.progress, options))
+    result = _run_pipeline(config, options, spec, resume, base)
 
     staged = read_staged(config.output, run_id)
-    splits = (TRAIN, VALIDATION) if config.validation_fraction > 0 else (TRAIN,)
-    image = config.image
-    manifest = build_manifest(
-        staged,
-        image=ImageSpec(
-            encoding=image.encoding,
-            image_size=image.image_size,
-            crop=image.crop,
-            color_space=COLOUR_SPACE,
-        ),
-        options=config.manifest_options(),
-        splits=splits,
-    )
     metrics = _counters(result)
-    if base is not None:
-        reused, prepared = metrics.get("images_reused", 0), metrics.get("images_prepared", 0)
-        manifest = dataclasses.replace(
-            manifest, lineage=lineage_block(base, reused=reused, prepared=prepared)
-        )
+    manifest = _manifest(config, staged, metrics, base)
     blockers = _publish_blockers(staged, config)
-    published = not blockers
-    removed: list[str] = []
-    if published:
-        write_tfds_metadata(config.output, manifest)
-        publish_manifest(config.output, manifest)
-        removed = remove_unlisted_shards(config.output, manifest, old_manifest)
-        removed += remove_unlisted_catalog_files(config.output, manifest)
-        remove_staged_fragments(config.output, manifest)
-        remove_staging(config.output)  # kept after a failure or a refusal, for --resume
+    removed = [] if blockers else _publish(config.output, manifest, old_manifest)
     return RunSummary(
         output=config.output,
-        published=published,
+        published=not blockers,
         manifest=manifest,
         bad_fraction=staged.bad_fraction,
         rejected_by_reason=staged.rejected_by_reason,

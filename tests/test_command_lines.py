@@ -4,6 +4,7 @@ Beam's options passed through, and progress on a terminal."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fcntl
 import logging
 import os
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipelines.command_line import (
     COMMAND_FLAGS,
@@ -24,7 +26,8 @@ from beam_pipelines.command_line import (
     beam_option_parser,
     parse_command_line,
 )
-from beam_pipelines.config import ImagesToTFRecordOptions
+from beam_pipelines.config import ImagesToTFRecordOptions, PipelineConfig, config_from_options
+from beam_pipelines.image.options import ImageOptions
 from beam_pipelines.progress import ProgressReporter, ProgressSpec
 from cliflags import StrictArgumentParser, suggest_flag, unknown_flags
 from tests.fixtures.images import make_image_tree
@@ -155,6 +158,17 @@ def test_help_lists_every_pipeline_option_in_its_group_then_where_beams_are(caps
         parse_command_line(["--help_beam"])
     beam_help = capsys.readouterr().out
     assert "--runner" in beam_help and "--direct_num_workers" in beam_help
+
+
+def test_each_pipeline_flag_is_a_config_field_with_the_same_default(tmp_path):
+    # The flags are generated from PipelineConfig's and ImageOptions' fields: the defaults of
+    # the command line build the dataclasses' own defaults, parsed text (--background) included.
+    options = PipelineOptions(["--input", str(tmp_path / "i"), "--output", str(tmp_path / "o")])
+    expected = PipelineConfig(input=str(tmp_path / "i"), output=str(tmp_path / "o"))
+    assert config_from_options(options) == expected
+    fields = {f.name for f in dataclasses.fields(PipelineConfig) if f.name != "image"}
+    fields |= {f.name for f in dataclasses.fields(ImageOptions)}
+    assert sorted(f"--{name}" for name in fields) == sorted(_pipeline_flags())
 
 
 def test_beam_options_pass_through_and_command_flags_stay_with_the_command():

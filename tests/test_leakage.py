@@ -11,7 +11,7 @@ import pytest
 
 from beam_pipelines import images_to_tfrecord, samples
 from beam_pipelines.config import PipelineConfig
-from beam_pipelines.graph.leakage import _search, key_number
+from beam_pipelines.graph.leakage import key_number, search_columns
 from beam_pipelines.image.prepare import ImageOptions, prepare_image
 
 
@@ -112,17 +112,17 @@ def test_search_counts_each_content_once_and_leaves_label_conflicts_out():
         (_key("c"), 100, 1, 2),
         (_key("d"), -1, 1, 1),  # a hash above 2**63, carried signed: far from the rest
     ]
-    found = _search(_columns(rows), 8, move=True)
+    found = search_columns(_columns(rows), 8, move=True)
     assert found["examples"] == 3
     assert sorted([found["a"][0], found["b"][0]]) == sorted([_key("a"), _key("b")])
     assert found["leakage"] == [False]  # b was moved, so no leakage is left
     assert found["moved"] == [_key("b")]
-    reported = _search(_columns(rows), 8, move=False)
+    reported = search_columns(_columns(rows), 8, move=False)
     assert reported["leakage"] == [True] and reported["moved"] == []
 
 
 def test_empty_search():
-    found = _search(_columns([]), 8, move=True)
+    found = search_columns(_columns([]), 8, move=True)
     assert found["examples"] == 0 and found["a"] == [] and found["complete"]
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "NearDuplicatePair",
     "key_number",
     "NOTHING_FOUND",
+    "search_columns",
     "members_from_catalogs",
     "FindNearDuplicates",
     "found_side_input",
@@ -154,8 +155,19 @@ def _entry(element) -> tuple[int, int, int, int] | None:
     return (key_number(record.sha256), _signed(meta.phash), _SPLIT_CODES[split], meta.label)
 
 
-def _search(columns, threshold: int, move: bool) -> dict[str, Any]:
-    """Runs the search over all examples; returns the pairs (by key number) and the moves."""
+def search_columns(columns, threshold: int, move: bool) -> dict[str, Any]:
+    """Runs the search over all examples; returns the pairs (by key number) and the moves.
+
+    Args:
+      columns: every example as four packed arrays, one entry each: key numbers (int64),
+        perceptual hashes (int64, carried signed), split codes (uint8: 0 train, 1 validation)
+        and labels (int64).
+      threshold: the largest Hamming distance that makes two examples near-duplicates.
+      move: also choose the validation examples to move to train (``move_to_train``).
+
+    Returns:
+      The search's result, shaped like ``NOTHING_FOUND``.
+    """
     keys = np.frombuffer(columns[0], dtype=np.int64)
     hashes = np.frombuffer(columns[1], dtype=np.int64).view(np.uint64)
     splits = np.frombuffer(columns[2], dtype=np.uint8)
@@ -305,7 +317,7 @@ class FindNearDuplicates(beam.PTransform):
             # Without defaults: a default would be injected through a side input, which the
             # in-process runner keeps (all the columns) until the pipeline ends.
             | "Columns" >> beam.CombineGlobally(_Columns()).without_defaults()
-            | "Search" >> beam.Map(_search, threshold, move)
+            | "Search" >> beam.Map(search_columns, threshold, move)
             # {"a", "b", "distance", ..., "moved"}, one element (none without records)
         )
 

@@ -12,6 +12,7 @@ leaves the step, once the example's bytes are durable in ``DST/.staging/records/
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -211,25 +212,19 @@ class PrepareImageFn(beam.DoFn):
         self._read.inc()
         self._bytes_read.inc(len(data))
         sha256 = hashlib.sha256(data).hexdigest()
+        # The source as the new build names it, for looking it up in the base.
+        named: dict[str, Any] = {
+            "uri": source.uri,
+            "label": index[source.label],
+            "text": source.label,
+        }
         if self._base is not None and self._staging is not None:
-            located = self._base.locate(
-                sha256,
-                uri=source.uri,
-                label=index[source.label],
-                text=source.label,
-                source_bytes=len(data),
-            )
+            located = self._base.locate(sha256, **named, source_bytes=len(data))
             if located is not None:  # the very example a clean build writes: not even read
                 self._reused.inc()
                 return located
         if self._base is not None:
-            reused = self._base.reuse(
-                sha256,
-                uri=source.uri,
-                label=index[source.label],
-                text=source.label,
-                source_bytes=len(data),
-            )
+            reused = self._base.reuse(sha256, **named, source_bytes=len(data))
             if reused is not None:  # the base's stored example, relabelled if need be: no decode
                 self._reused.inc()
                 return PreparedRecord(sha256, source.uri, reused.serialized, reused.meta)

@@ -31,7 +31,6 @@ from PIL import Image
 
 from beam_pipelines.image.colour import (
     COLOUR_SPACE,
-    HIGH_BIT_DEPTH_POLICIES,
     reduce_bit_depth,
     to_srgb,
     wide_colour_rawmode,
@@ -44,8 +43,9 @@ from beam_pipelines.image.formats import (
     sniff_format,
     why_not_accepted,
 )
+from beam_pipelines.image.options import ImageOptions
 from beam_pipelines.image.phash import luma_sample, perceptual_hashes
-from schemas.constants import CROPS, ENCODINGS
+from schemas.constants import ENCODINGS
 
 __all__ = [
     "REASONS",
@@ -96,7 +96,6 @@ _TRANSPOSE = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
-_OUT_OF_BOUNDS = ("reject", "crop")
 _JPEG_MAX_SIDE = 65_500  # libjpeg's limit on either side
 _SHRINK_ABOVE_PIXELS = 16_000_000  # decoded images larger than this are reduced first
 _SHRINKABLE_MODES = ("L", "LA", "RGB", "RGBA", "RGBX", "CMYK", "I", "F")
@@ -149,99 +148,6 @@ def internal_error(error: BaseException) -> RejectedImage:
     return RejectedImage(
         "internal_error", f"{type(error).__name__}: {message}" + (f" (at {where})" if where else "")
     )
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ImageOptions:
-    """How every image is prepared.
-
-    Attributes:
-      image_size: the shorter side after resizing (and the side of the square with center crop).
-      crop: ``"none"`` keeps the aspect ratio; ``"center"`` crops the middle square.
-      encoding: ``"jpeg"``, ``"png"`` or ``"raw"`` (uint8 HWC, needs ``crop="center"``).
-      jpeg_quality: 1-95, for ``encoding="jpeg"``.
-      max_pixels: inputs whose header declares more pixels are rejected before decoding.
-      max_aspect_ratio: inputs whose longer side is more than this many times the shorter one
-        are out of bounds (checked from the header).
-      max_output_pixels: the most pixels a stored image may have (with ``crop="none"`` an
-        elongated input makes a long stored image); JPEG also caps each side at 65,500.
-      out_of_bounds: ``"reject"`` (``extreme_aspect_ratio`` / ``output_too_large``) or
-        ``"crop"``: keep the centre of the longer side, as much as the bounds allow.
-      accepted_formats: Pillow format names accepted, in the order they are tried.
-      high_bit_depth: ``"shift"`` (``v >> 8``) or ``"stretch"`` (scale by the real bit depth).
-      background: RGB colour that transparent pixels are composited over.
-
-    Raises:
-      ValueError: naming the bad field and value.
-    """
-
-    image_size: int = 256
-    crop: str = "none"
-    encoding: str = "jpeg"
-    jpeg_quality: int = 90
-    max_pixels: int = 100_000_000
-    max_aspect_ratio: float = 10.0
-    max_output_pixels: int = 1 << 26
-    out_of_bounds: str = "reject"
-    accepted_formats: tuple[str, ...] = DEFAULT_ACCEPTED_FORMATS
-    high_bit_depth: str = "shift"
-    background: tuple[int, int, int] = (255, 255, 255)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.image_size, int) or not 1 <= self.image_size <= 16384:
-            raise ValueError(f"image_size must be an int in [1, 16384], got {self.image_size!r}")
-        if self.crop not in CROPS:
-            raise ValueError(f"crop must be one of {CROPS}, got {self.crop!r}")
-        if self.encoding not in ENCODINGS:
-            raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
-        if self.encoding == "raw" and self.crop != "center":
-            raise ValueError(
-                "encoding 'raw' stores uint8 HWC arrays that must share one shape: "
-                f"it requires crop 'center', got crop {self.crop!r}"
-            )
-        if not isinstance(self.jpeg_quality, int) or not 1 <= self.jpeg_quality <= 95:
-            raise ValueError(f"jpeg_quality must be an int in [1, 95], got {self.jpeg_quality!r}")
-        if not isinstance(self.max_pixels, int) or self.max_pixels < 1:
-            raise ValueError(f"max_pixels must be a positive int, got {self.max_pixels!r}")
-        if not isinstance(self.max_aspect_ratio, (int, float)) or not self.max_aspect_ratio >= 1:
-            raise ValueError(
-                f"max_aspect_ratio must be a number >= 1, got {self.max_aspect_ratio!r}"
-            )
-        if (
-            not isinstance(self.max_output_pixels, int)
-            or self.max_output_pixels < self.image_size**2
-        ):
-            raise ValueError(
-                f"max_output_pixels must be an int >= image_size**2 = {self.image_size**2}, "
-                f"got {self.max_output_pixels!r}: raise --max_output_pixels or lower --image_size"
-            )
-        if self.out_of_bounds not in _OUT_OF_BOUNDS:
-            raise ValueError(
-                f"out_of_bounds must be one of {_OUT_OF_BOUNDS}, got {self.out_of_bounds!r}"
-            )
-        known = pillow_formats()
-        if (
-            not isinstance(self.accepted_formats, tuple)
-            or not self.accepted_formats
-            or any(f not in known for f in self.accepted_formats)
-        ):
-            raise ValueError(
-                f"accepted_formats must be a non-empty tuple of Pillow format names ({known}), "
-                f"got {self.accepted_formats!r}"
-            )
-        if self.high_bit_depth not in HIGH_BIT_DEPTH_POLICIES:
-            raise ValueError(
-                f"high_bit_depth must be one of {HIGH_BIT_DEPTH_POLICIES}, "
-                f"got {self.high_bit_depth!r}"
-            )
-        if (
-            not isinstance(self.background, tuple)
-            or len(self.background) != 3
-            or not all(isinstance(c, int) and 0 <= c <= 255 for c in self.background)
-        ):
-            raise ValueError(
-                f"background must be an (r, g, b) tuple of ints in [0, 255], got {self.background!r}"
-            )
 
 
 @dataclasses.dataclass(frozen=True)
