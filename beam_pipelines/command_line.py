@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
@@ -30,8 +31,19 @@ __all__ = [
 
 # Where each pipeline flag is listed in --help, in this order: made from the fields' groups.
 OPTION_GROUPS: dict[str, tuple[str, ...]] = flag_groups(PipelineConfig, HELP_GROUPS)
-# Flags of the command itself, never handed to Beam.
-COMMAND_FLAGS = ("--json", "--progress", "--help_beam")
+# Flags of the command itself, listed under "output" and never handed to Beam: flag ->
+# add_argument keywords.
+_COMMAND_FLAG_OPTIONS: dict[str, dict[str, Any]] = {
+    "--json": {"action": "store_true", "help": "print the run's summary as JSON (for machines)"},
+    "--progress": {
+        "choices": ("auto", "bar", "log", "off"),
+        "default": "auto",
+        "help": "progress while images are prepared: a bar on a terminal, log lines otherwise "
+        "(%(default)s)",
+    },
+    "--help_beam": {"action": "store_true", "help": "list Beam's pipeline options and exit"},
+}
+COMMAND_FLAGS = tuple(_COMMAND_FLAG_OPTIONS)
 _BEAM_DOCS = (
     "https://beam.apache.org/releases/pydoc/current/apache_beam.options.pipeline_options.html"
 )
@@ -68,34 +80,25 @@ def build_parser(prog: str | None = None, argv: Sequence[str] = ()) -> StrictArg
     )
     groups = {title: parser.add_argument_group(title) for title in HELP_GROUPS}
     add_flags(parser, PipelineConfig, groups)
-    output = groups["output"]
-    output.add_argument(
-        "--json", action="store_true", help="print the run's summary as JSON (for machines)"
-    )
-    output.add_argument(
-        "--progress",
-        choices=("auto", "bar", "log", "off"),
-        default="auto",
-        help="progress while images are prepared: a bar on a terminal, log lines otherwise (auto)",
-    )
-    output.add_argument(
-        "--help_beam", action="store_true", help="list Beam's pipeline options and exit"
-    )
+    for flag, options in _COMMAND_FLAG_OPTIONS.items():
+        groups["output"].add_argument(flag, **options)
     parser.extra_known_flags = set(beam_option_parser(argv)._option_string_actions)
     return parser
 
 
 def _without_command_flags(argv: Sequence[str]) -> list[str]:
+    """``argv`` without the command's own flags (and their values), for ``PipelineOptions``."""
     kept: list[str] = []
     skip_value = False
     for arg in argv:
+        flag, equals, _ = arg.partition("=")
         if skip_value:
             skip_value = False
-        elif arg in ("--json", "--help_beam"):
-            pass
-        elif arg == "--progress":
-            skip_value = True
-        elif not arg.startswith("--progress="):
+        elif flag in _COMMAND_FLAG_OPTIONS:
+            # A flag that takes a value, written as two arguments: the next one is its value.
+            takes_value = _COMMAND_FLAG_OPTIONS[flag].get("action") != "store_true"
+            skip_value = takes_value and not equals
+        else:
             kept.append(arg)
     return kept
 
