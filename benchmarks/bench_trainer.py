@@ -56,12 +56,22 @@ class TunedJpegInputs:
     train_examples: int | None = None
     has_eval: bool = False
     checkpointable: bool = True
+    exact_epochs: bool = False
+    split_digest: str | None = None
 
     image_size: int = 224
 
-    def train_dataset(self, input_context: Any, *, with_keys: bool) -> Any:
+    def train_dataset(
+        self,
+        input_context: Any,
+        *,
+        with_keys: bool,
+        exclude: Any = None,
+        service_job_name: str | None = None,
+    ) -> Any:
         if with_keys:
             raise ValueError("the tuned JPEG pipeline has no example keys")
+        assert exclude is None and service_job_name is None  # no exact epochs, no service
         return tuned_jpeg_dataset(
             self.photos,
             input_context.get_per_replica_batch_size(self.global_batch_size),

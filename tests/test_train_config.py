@@ -3,6 +3,7 @@ flag errors. No training here."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import signal
@@ -11,10 +12,10 @@ import pytest
 
 from trainer.audit import KeyAudit, audit_path
 from trainer.config import DataConfig, OptimConfig, RuntimeConfig, TrainConfig
-from trainer.loop import plan_steps
 from trainer.metrics import StepWindow
 from trainer.optim import learning_rate_at
 from trainer.preemption import StopSignal
+from trainer.setup import plan_steps
 from trainer.train import parse_config
 
 
@@ -233,3 +234,33 @@ def test_host_setting_flags_default_to_following_the_data_service(flag: str, bad
     assert getattr(parse_config([*base, f"--no-{flag}"])[0].runtime, flag) is False
     with pytest.raises(ValueError, match=f"{flag} must be True, False or None, got {bad!r}"):
         RuntimeConfig(**{flag: bad})
+
+
+def test_help_lists_every_flag_with_a_help_line_and_its_default_once(capsys):
+    from trainer.train import build_parser
+
+    with pytest.raises(SystemExit) as info:
+        parse_config(["--help"])
+    assert info.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    actions = [a for a in build_parser()._actions if a.option_strings and a.dest != "help"]
+    for action in actions:
+        assert f" {action.option_strings[0]}" in out, action.option_strings
+        assert action.help and not action.help.startswith("("), action.option_strings
+        shown = action.help.count("(default:")
+        # Required flags (--data, --model_dir, one of --steps/--epochs) have no default.
+        assert shown == (0 if action.required or action.dest in ("steps", "epochs") else 1), (
+            action.option_strings,
+            action.help,
+        )
+    # Each config field is one flag (OptimConfig.momentum has none), plus --log_level.
+    fields = {
+        f.name
+        for cls in (DataConfig, TrainConfig, OptimConfig, RuntimeConfig)
+        for f in dataclasses.fields(cls)
+        if f.name not in ("data", "optim", "runtime", "momentum")
+    }
+    renamed = {"data": "source", "optimizer": "name", "lr_schedule": "schedule"}
+    flags = {renamed.get(a.dest, a.dest) for a in actions} - {"log_level"}
+    assert flags == fields
+    assert "(default: the side the dataset stores, from dataset.json's image; else 224)" in out

@@ -37,6 +37,8 @@ class MemoryInputs:
     checkpointable: bool = True
     num_classes: int = CLASSES
     has_eval: bool = True
+    exact_epochs: bool = False
+    split_digest: str | None = None
 
     @staticmethod
     def _arrays(count: int, offset: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -51,9 +53,17 @@ class MemoryInputs:
         # Like the reader's output="float32": normalised on the host.
         return (images.astype(np.float32) / 127.5 - 1.0) if self.normalised else images
 
-    def train_dataset(self, input_context: Any, *, with_keys: bool) -> Any:
+    def train_dataset(
+        self,
+        input_context: Any,
+        *,
+        with_keys: bool,
+        exclude: Any = None,
+        service_job_name: str | None = None,
+    ) -> Any:
         import tensorflow as tf
 
+        assert exclude is None and service_job_name is None  # no exact epochs, no service
         images, labels, keys = self._arrays(self.train_examples, 0)
         images = self._pixels(images)
         ds = tf.data.Dataset.from_tensor_slices((images, labels, keys))
@@ -242,9 +252,9 @@ def test_float16_loss_scaling_reports_the_unscaled_gradient_norm(one_device):
     import keras
     import tensorflow as tf
 
-    from trainer.loop import _Steps
     from trainer.models import build_model
     from trainer.optim import build_optimizer
+    from trainer.steps import TrainSteps
 
     images, labels, _ = MemoryInputs._arrays(12, 0)
     x, y = tf.constant(images), tf.constant(labels)
@@ -262,7 +272,7 @@ def test_float16_loss_scaling_reports_the_unscaled_gradient_norm(one_device):
                     loss_scaling=policy == "mixed_float16",
                 )
                 optimizer.build(model.trainable_variables)
-            steps = _Steps(
+            steps = TrainSteps(
                 dist=one_device,
                 model=model,
                 optimizer=optimizer,

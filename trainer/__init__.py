@@ -76,7 +76,7 @@ _HOME = {
     "ResumePlan": "trainer.resume",
     "plan_resume": "trainer.resume",
     "TrainResult": "trainer.loop",
-    "plan_steps": "trainer.loop",
+    "plan_steps": "trainer.setup",
     "run_training": "trainer.loop",
     "TAGS": "trainer.metrics",
     "SummaryWriters": "trainer.metrics",

@@ -3,6 +3,9 @@
 The command line (``trainer.train``) is the only place that parses flags; everything below it
 takes one of these objects. Each ``__post_init__`` rejects a bad value with an error that names
 the field, the value and what was expected.
+
+Each field is written once: its ``flag(...)`` metadata holds the help line, and its default is
+the one default, from which ``cliflags.dataclass_flags`` generates the trainer's flags.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from cliflags.dataclass_flags import NO_FLAG, flag
 from schemas.constants import TRAIN, VALIDATION
 
 __all__ = [
@@ -17,6 +21,7 @@ __all__ = [
     "STRATEGIES",
     "OPTIMIZERS",
     "LR_SCHEDULES",
+    "SERVICE_COMPRESSIONS",
     "DataConfig",
     "OptimConfig",
     "RuntimeConfig",
@@ -27,6 +32,7 @@ MODELS = ("small_cnn", "resnet50")
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 OPTIMIZERS = ("sgd", "adam")
 LR_SCHEDULES = ("constant", "cosine")
+SERVICE_COMPRESSIONS = ("NONE", "AUTO", "SNAPPY")
 
 
 def _positive_int(name: str, value: object) -> None:
@@ -48,30 +54,69 @@ def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
 class DataConfig:
     """Where the examples come from and how they are read.
 
-    Attributes:
-      source: a dataset directory or URI holding ``dataset.json``, or a glob of TFRecord files.
-      train_split: split trained on.
-      eval_split: split evaluated on; evaluation is skipped when the dataset has no such split.
-      image_size: side of the square images fed to the model.
-      num_classes: number of classes; required only when ``source`` has no manifest.
-      data_service: ``grpc://host:port`` of a tf.data service dispatcher, or None to read
-        in-process.
-      data_service_compression: transfer compression from the service: ``"NONE"``,
-        ``"AUTO"`` or ``"SNAPPY"``.
-      cache: passed to the reader: None, ``"memory"`` or a file path prefix.
-      skip_corrupt: training reads past damaged shards (logged and skipped) instead of
-        failing; evaluation never does, so its totals stay exact.
+    Each field's help is its ``flag`` metadata (``python -m trainer.train --help`` prints it).
     """
 
-    source: str
-    train_split: str = TRAIN
-    eval_split: str = VALIDATION
-    image_size: int = 224
-    num_classes: int | None = None
-    data_service: str | None = None
-    data_service_compression: str = "NONE"
-    cache: str | None = None
-    skip_corrupt: bool = False
+    source: str = dataclasses.field(
+        metadata=flag(
+            "dataset directory or URI holding dataset.json, or a glob of TFRecord files",
+            name="data",
+        )
+    )
+    train_split: str = dataclasses.field(default=TRAIN, metadata=flag("split trained on"))
+    eval_split: str = dataclasses.field(
+        default=VALIDATION,
+        metadata=flag(
+            "split evaluated on; evaluation is skipped when the dataset has no such split"
+        ),
+    )
+    image_size: int = dataclasses.field(
+        default=224,
+        metadata=flag(
+            "side of the square images fed to the model; foreign or adopted shards, whose "
+            "dataset.json cannot tell, get the fallback",
+            derived="the side the dataset stores, from dataset.json's image",
+        ),
+    )
+    num_classes: int | None = dataclasses.field(
+        default=None,
+        metadata=flag(
+            "number of classes; only for sources without dataset.json",
+            default_text="from dataset.json",
+        ),
+    )
+    data_service: str | None = dataclasses.field(
+        default=None,
+        metadata=flag(
+            "tf.data service dispatcher (grpc://host:port); a resume reads the rest of the "
+            "epoch from the checkpoint's delivered set",
+            default_text="none (read in-process)",
+        ),
+    )
+    data_service_compression: str = dataclasses.field(
+        default="NONE",
+        metadata=flag(
+            "transfer compression of decoded batches from the tf.data service (NONE costs the "
+            "trainer about a third of the CPU of AUTO)",
+            choices=SERVICE_COMPRESSIONS,
+        ),
+    )
+    cache: str | None = dataclasses.field(
+        default=None,
+        metadata=flag(
+            "reader cache: 'memory' or a file path prefix (only 'memory' with --data_service, "
+            "whose workers would write a file cache concurrently)",
+            default_text="none",
+        ),
+    )
+    skip_corrupt: bool = dataclasses.field(
+        default=False,
+        metadata=flag(
+            "train past damaged or missing shards (logged and skipped) instead of stopping; "
+            "evaluation never skips, so its totals stay exact; python -m dataset_tools.verify "
+            "shows the damage"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source:
@@ -94,11 +139,7 @@ class DataConfig:
                 f"data_service must be a dispatcher address like 'grpc://host:5050', "
                 f"got {self.data_service!r}"
             )
-        if self.data_service_compression not in ("NONE", "AUTO", "SNAPPY"):
-            raise ValueError(
-                "data_service_compression must be one of ('NONE', 'AUTO', 'SNAPPY'), "
-                f"got {self.data_service_compression!r}"
-            )
+        _choice("data_service_compression", self.data_service_compression, SERVICE_COMPRESSIONS)
         if self.data_service is not None and self.cache not in (None, "memory"):
             raise ValueError(
                 f"cache {self.cache!r} is a file cache, which service workers sharing a "
@@ -116,19 +157,34 @@ class OptimConfig:
     (``cosine``). The constant schedule does not depend on the number of steps, so extending a
     finished run with a larger ``--steps`` trains exactly as one longer run would.
 
-    Attributes:
-      name: ``sgd`` (momentum 0.9) or ``adam``.
-      base_lr: learning rate for a global batch of 256.
-      warmup_steps: steps of linear warm-up; 0 disables it.
-      schedule: ``constant`` or ``cosine``.
-      momentum: SGD momentum.
+    Each field's help is its ``flag`` metadata (``python -m trainer.train --help`` prints
+    it); ``momentum`` has no flag.
     """
 
-    name: str = "sgd"
-    base_lr: float = 0.1
-    warmup_steps: int = 100
-    schedule: str = "constant"
-    momentum: float = 0.9
+    name: str = dataclasses.field(
+        default="sgd",
+        metadata=flag("sgd (momentum 0.9) or adam", name="optimizer", choices=OPTIMIZERS),
+    )
+    base_lr: float = dataclasses.field(
+        default=0.1,
+        metadata=flag(
+            "learning rate for a global batch of 256: the peak is base_lr x global_batch_size / 256"
+        ),
+    )
+    warmup_steps: int = dataclasses.field(
+        default=100, metadata=flag("steps of linear warm-up to the peak learning rate; 0: none")
+    )
+    schedule: str = dataclasses.field(
+        default="constant",
+        metadata=flag(
+            "after the warm-up, hold the peak (constant) or decay it to zero at the last step "
+            "(cosine)",
+            name="lr_schedule",
+            choices=LR_SCHEDULES,
+        ),
+    )
+    # SGD momentum, for callers of the Python API.
+    momentum: float = dataclasses.field(default=0.9, metadata=NO_FLAG)
 
     def __post_init__(self) -> None:
         _choice("optimizer", self.name, OPTIMIZERS)
@@ -157,28 +213,52 @@ class OptimConfig:
 class RuntimeConfig:
     """Devices and distribution.
 
-    Attributes:
-      strategy: one of ``STRATEGIES``; ``auto`` picks from the environment (TF_CONFIG, Slurm,
-        TPU, GPUs, ``cpu_replicas``).
-      cpu_replicas: split the host CPU into this many logical devices so that mirrored training
-        runs without a GPU.
-      mixed_precision: ``mixed_float16`` on GPU, ``mixed_bfloat16`` on TPU and CPU.
-      tpu: TPU name or address for the TPU cluster resolver ("" means the local TPU VM).
-      slurm_port_base: first port for workers when the cluster comes from Slurm.
-      keep_freed_memory: tune glibc's malloc to reuse freed memory (``trainer.host_memory``);
-        None applies it exactly when batches come from the tf.data service.
-      bulk_reads: have gRPC read large messages in few wakeups
-        (``tfrecord_io.service.client.enable_bulk_reads``); None applies it exactly when
-        batches come from the tf.data service.
+    Each field's help is its ``flag`` metadata (``python -m trainer.train --help`` prints it).
     """
 
-    strategy: str = "auto"
-    cpu_replicas: int = 1
-    mixed_precision: bool = False
-    tpu: str | None = None
-    slurm_port_base: int = 8888
-    keep_freed_memory: bool | None = None
-    bulk_reads: bool | None = None
+    strategy: str = dataclasses.field(
+        default="auto",
+        metadata=flag(
+            "tf.distribute strategy; auto picks from TF_CONFIG, Slurm, a TPU, GPUs and "
+            "--cpu_replicas",
+            choices=STRATEGIES,
+        ),
+    )
+    cpu_replicas: int = dataclasses.field(
+        default=1,
+        metadata=flag(
+            "split the CPU into N logical devices, so mirrored training runs without a GPU"
+        ),
+    )
+    mixed_precision: bool = dataclasses.field(
+        default=False, metadata=flag("mixed_float16 on GPU, mixed_bfloat16 on TPU and CPU")
+    )
+    tpu: str | None = dataclasses.field(
+        default=None,
+        metadata=flag(
+            "TPU name or address for the TPU cluster resolver ('' = the local TPU VM)",
+            default_text="none ($TPU_NAME, if set)",
+        ),
+    )
+    slurm_port_base: int = dataclasses.field(
+        default=8888, metadata=flag("first port of the workers when the cluster comes from Slurm")
+    )
+    keep_freed_memory: bool | None = dataclasses.field(
+        default=None,
+        metadata=flag(
+            "make glibc's malloc reuse freed memory rather than return it to the kernel "
+            "(received batches then stop faulting in fresh pages; trainer.host_memory)",
+            default_text="on with --data_service",
+        ),
+    )
+    bulk_reads: bool | None = dataclasses.field(
+        default=None,
+        metadata=flag(
+            "have gRPC read large messages in few wakeups (gRPC experiments tcp_rcv_lowat and "
+            "tcp_frame_size_tuning)",
+            default_text="on with --data_service",
+        ),
+    )
 
     def __post_init__(self) -> None:
         _choice("strategy", self.strategy, STRATEGIES)
@@ -197,33 +277,51 @@ class RuntimeConfig:
 class TrainConfig:
     """Everything one training run needs.
 
-    Attributes:
-      model_dir: checkpoints and TensorBoard logs; rerunning with the same ``model_dir``
-        resumes.
-      model: one of ``MODELS``.
-      global_batch_size: examples per step over all replicas of all workers.
-      steps: total steps to reach (a target, not an increment); exclusive with ``epochs``.
-      epochs: total epochs over the train split; needs a manifest to count examples.
-      seed: seeds weights, shuffling and augmentation.
-      log_every: steps between TensorBoard scalar writes.
-      checkpoint_every: steps between checkpoints (also saved at the end and on SIGTERM).
-      keep_checkpoints: checkpoints kept on disk.
-      eval_every: steps between evaluations; None evaluates once per epoch and at the end.
-      audit_keys: file to which every trained example's key is appended, in order.
+    Each field's help is its ``flag`` metadata (``python -m trainer.train --help`` prints
+    it); ``data``, ``optim`` and ``runtime`` are the configs above.
     """
 
-    model_dir: str
+    model_dir: str = dataclasses.field(
+        metadata=flag("checkpoints and TensorBoard logs; rerunning with the same one resumes")
+    )
     data: DataConfig
-    model: str = "small_cnn"
-    global_batch_size: int = 256
-    steps: int | None = None
-    epochs: int | None = None
-    seed: int = 0
-    log_every: int = 10
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 3
-    eval_every: int | None = None
-    audit_keys: str | None = None
+    model: str = dataclasses.field(
+        default="small_cnn", metadata=flag("the classifier to train", choices=MODELS)
+    )
+    global_batch_size: int = dataclasses.field(
+        default=256, metadata=flag("examples per step over all replicas of all workers")
+    )
+    steps: int | None = dataclasses.field(
+        default=None,
+        metadata=flag("total steps to reach (a target, not an increment)", one_of="length"),
+    )
+    epochs: int | None = dataclasses.field(
+        default=None,
+        metadata=flag("total epochs over the train split (needs dataset.json)", one_of="length"),
+    )
+    seed: int = dataclasses.field(
+        default=0, metadata=flag("seeds the weights, the file and record order and augmentation")
+    )
+    log_every: int = dataclasses.field(
+        default=10, metadata=flag("steps between scalar writes (TensorBoard and the log)")
+    )
+    checkpoint_every: int = dataclasses.field(
+        default=100,
+        metadata=flag("steps between checkpoints (one is also saved at the end and on SIGTERM)"),
+    )
+    keep_checkpoints: int = dataclasses.field(default=3, metadata=flag("checkpoints kept on disk"))
+    eval_every: int | None = dataclasses.field(
+        default=None,
+        metadata=flag("steps between evaluations", default_text="once per epoch, and at the end"),
+    )
+    audit_keys: str | None = dataclasses.field(
+        default=None,
+        metadata=flag(
+            "append the key of every trained example to this file, in order (PATH.worker-<k> "
+            "per worker)",
+            default_text="none",
+        ),
+    )
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
 

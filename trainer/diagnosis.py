@@ -333,10 +333,6 @@ def _grad_norm(train: dict[str, Series], t: Thresholds) -> Verdict:
     return Verdict(check, OK, "stable", evidence)
 
 
-def _running_median(values: list[float], half: int = 2) -> list[float]:
-    return [statistics.median(values[max(0, i - half) : i + half + 1]) for i in range(len(values))]
-
-
 def _loss(train: dict[str, Series], t: Thresholds) -> Verdict:
     check = "loss curve"
     if LOSS not in train:

@@ -34,7 +34,10 @@ _log = logging.getLogger(__name__)
 
 
 class Inputs(Protocol):
-    """The data a training run needs.
+    """The data a training run needs: every attribute and method the loop uses.
+
+    Inputs that only read (a test's arrays, a benchmark's pipeline) say ``exact_epochs`` False
+    and ``split_digest`` None, and are never passed ``exclude`` or ``service_job_name``.
 
     Attributes:
       num_classes: width of the classifier.
@@ -42,6 +45,11 @@ class Inputs(Protocol):
       has_eval: whether there is a split to evaluate on.
       checkpointable: whether the training iterator can be saved in a checkpoint (False when
         the pipeline runs on the tf.data service).
+      exact_epochs: whether ``train_dataset`` reads exact epochs: given ``exclude``, it reads
+        the rest of the epoch first and each element ends with the examples' positions, so a
+        run resumes at its data position on any topology (``trainer.resume``). Needs
+        ``train_examples`` and ``split_digest``.
+      split_digest: ``tfrecord_io.split_digest`` of the train split, or None when unknown.
     """
 
     @property
@@ -56,10 +64,23 @@ class Inputs(Protocol):
     @property
     def checkpointable(self) -> bool: ...
 
+    @property
+    def exact_epochs(self) -> bool: ...
+
+    @property
+    def split_digest(self) -> str | None: ...
+
     def train_dataset(
-        self, input_context: tf.distribute.InputContext, *, with_keys: bool
+        self,
+        input_context: tf.distribute.InputContext,
+        *,
+        with_keys: bool,
+        exclude: DeliveredSet | None = None,
+        service_job_name: str | None = None,
     ) -> tf.data.Dataset:
-        """Endless ``(images uint8, labels[, keys])`` batches at the per-worker size."""
+        """Endless ``(images uint8, labels[, keys][, positions])`` batches at the per-worker
+        size; positions (and ``exclude``) only with exact epochs, ``service_job_name`` only
+        when the batches come from the tf.data service."""
         ...
 
     def eval_dataset(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:

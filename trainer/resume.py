@@ -64,10 +64,6 @@ class ResumePlan:
     previous: dict[str, Any] | None
     reason: str | None = None
 
-    @property
-    def restores_iterators(self) -> bool:
-        return self.kind == "exact"
-
 
 def origin_path(checkpoint_dir: str, digest: str) -> str:
     return os.path.join(checkpoint_dir, "input", f"origin-{digest}.bin")

@@ -348,68 +348,89 @@ def create_distribution(
     )
     if resolved != "tpu":
         configure_devices(cpu_replicas)
-    device_kind = "GPU" if num_gpus else "CPU"
-
     if resolved == "one_device":
-        device = "/gpu:0" if num_gpus else "/cpu:0"
-        return Distribution(tf.distribute.OneDeviceStrategy(device), resolved, device_kind)
-
+        device, kind = ("/gpu:0", "GPU") if num_gpus else ("/cpu:0", "CPU")
+        return Distribution(tf.distribute.OneDeviceStrategy(device), resolved, kind)
     if resolved == "mirrored":
-        if num_gpus:
-            strategy = tf.distribute.MirroredStrategy()
-        else:
-            devices = [f"/cpu:{i}" for i in range(cpu_replicas)]
-            strategy = tf.distribute.MirroredStrategy(devices)
-        return Distribution(
-            strategy,
-            resolved,
-            device_kind,
-            local_replicas=int(strategy.num_replicas_in_sync),
-        )
-
+        return _mirrored(num_gpus, cpu_replicas)
     if resolved == "multi_worker":
-        if source == "slurm":
-            resolver = slurm_cluster_resolver(
-                port_base=slurm_port_base, num_gpus=num_gpus, environ=environ
-            )
-        else:
-            resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        cluster = resolver.cluster_spec().as_dict()
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver,
-            communication_options=tf.distribute.experimental.CommunicationOptions(
-                implementation=tf.distribute.experimental.CommunicationImplementation.AUTO
-            ),
+        return _multi_worker(
+            num_gpus, source=source, slurm_port_base=slurm_port_base, environ=environ
         )
-        if cluster:
-            num_workers, worker_index = worker_layout(
-                cluster, resolver.task_type, int(resolver.task_id)
-            )
-        else:
-            _log.warning("multi_worker without TF_CONFIG or Slurm: running as a single worker")
-            num_workers, worker_index = 1, 0
-        local = int(strategy.num_replicas_in_sync) // num_workers
-        return Distribution(
-            strategy,
-            resolved,
-            device_kind,
-            num_workers=num_workers,
-            worker_index=worker_index,
-            is_chief=worker_index == 0,
-            local_replicas=local,
-            cluster_source=source or "tf_config",
-        )
+    return _tpu(tpu if tpu is not None else environ.get("TPU_NAME", ""))
 
-    # TPU: one host feeds all its cores; the cluster comes from the TPU resolver.
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(
-        tpu=tpu if tpu is not None else environ.get("TPU_NAME", "")
+
+def _mirrored(num_gpus: int, cpu_replicas: int) -> Distribution:
+    """``MirroredStrategy`` over every GPU, or over ``cpu_replicas`` logical CPUs."""
+    import tensorflow as tf
+
+    if num_gpus:
+        strategy = tf.distribute.MirroredStrategy()
+    else:
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(cpu_replicas)])
+    return Distribution(
+        strategy,
+        "mirrored",
+        "GPU" if num_gpus else "CPU",
+        local_replicas=int(strategy.num_replicas_in_sync),
     )
+
+
+def _multi_worker(
+    num_gpus: int, *, source: str | None, slurm_port_base: int, environ: Mapping[str, str]
+) -> Distribution:
+    """``MultiWorkerMirroredStrategy`` over the cluster of ``TF_CONFIG`` or Slurm.
+
+    Raises:
+      ValueError: if this task is not a chief or worker of its cluster, or Slurm's variables
+        are malformed.
+    """
+    import tensorflow as tf
+
+    if source == "slurm":
+        resolver = slurm_cluster_resolver(
+            port_base=slurm_port_base, num_gpus=num_gpus, environ=environ
+        )
+    else:
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    cluster = resolver.cluster_spec().as_dict()
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        cluster_resolver=resolver,
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            implementation=tf.distribute.experimental.CommunicationImplementation.AUTO
+        ),
+    )
+    if cluster:
+        num_workers, worker_index = worker_layout(
+            cluster, resolver.task_type, int(resolver.task_id)
+        )
+    else:
+        _log.warning("multi_worker without TF_CONFIG or Slurm: running as a single worker")
+        num_workers, worker_index = 1, 0
+    local = int(strategy.num_replicas_in_sync) // num_workers
+    return Distribution(
+        strategy,
+        "multi_worker",
+        "GPU" if num_gpus else "CPU",
+        num_workers=num_workers,
+        worker_index=worker_index,
+        is_chief=worker_index == 0,
+        local_replicas=local,
+        cluster_source=source or "tf_config",
+    )
+
+
+def _tpu(tpu: str) -> Distribution:
+    """``TPUStrategy``: one host feeds all its cores; the cluster comes from the TPU resolver."""
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     strategy = tf.distribute.TPUStrategy(resolver)
     return Distribution(
         strategy,
-        resolved,
+        "tpu",
         "TPU",
         local_replicas=int(strategy.num_replicas_in_sync),
         cluster_source="tpu",

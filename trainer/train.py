@@ -20,22 +20,17 @@ import sys
 from collections.abc import Sequence
 
 from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from cliflags.dataclass_flags import add_dataclass_flags, flag_values
 from trainer.config import (
-    LR_SCHEDULES,
-    MODELS,
-    OPTIMIZERS,
-    STRATEGIES,
     DataConfig,
     OptimConfig,
     RuntimeConfig,
     TrainConfig,
 )
 
-__all__ = ["main", "parse_config"]
+__all__ = ["build_parser", "main", "parse_config"]
 
-
-# The image side for a source whose dataset.json cannot tell (foreign shards, a bad path).
-_FALLBACK_IMAGE_SIZE = 224
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING")
 
 
 def _stored_image_size(source: str) -> tuple[int, str] | None:
@@ -66,104 +61,23 @@ def _name_the_flag(message: str, parser: argparse.ArgumentParser) -> str:
     return message
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, generated from the config dataclasses, one help group each."""
     p = StrictArgumentParser(
         prog=command_name("trainer.train"),
         description="Train an image classifier on TFRecord shards, with exact resume.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    data = p.add_argument_group("data")
-    data.add_argument("--data", required=True, help="dataset directory or URI, or a TFRecord glob")
-    data.add_argument("--train_split", default="train")
-    data.add_argument("--eval_split", default="validation")
-    data.add_argument(
-        "--image_size",
-        type=int,
-        default=None,
-        help="training image side (default: the size the dataset stores, see dataset.json's "
-        f"image; {_FALLBACK_IMAGE_SIZE} for foreign or adopted shards)",
-    )
-    data.add_argument(
-        "--num_classes", type=int, default=None, help="only for sources without dataset.json"
-    )
-    data.add_argument(
-        "--data_service",
-        default=None,
-        help="tf.data service dispatcher (grpc://host:port); a resume reads the rest of the "
-        "epoch from the checkpoint's delivered set",
-    )
-    data.add_argument(
-        "--data_service_compression",
-        choices=("NONE", "AUTO", "SNAPPY"),
-        default="NONE",
-        help="transfer compression of decoded batches from the tf.data service (NONE costs the "
-        "trainer about a third of the CPU of AUTO)",
-    )
-    data.add_argument("--cache", default=None, help="reader cache: 'memory' or a file prefix")
-    data.add_argument(
-        "--skip_corrupt",
-        action="store_true",
-        help="train past damaged or missing shards (logged and skipped) instead of stopping; "
-        "python -m dataset_tools.verify shows the damage",
-    )
-
-    run = p.add_argument_group("run")
-    run.add_argument("--model_dir", required=True, help="checkpoints and TensorBoard logs")
-    run.add_argument("--model", choices=MODELS, default="small_cnn")
-    run.add_argument("--global_batch_size", type=int, default=256)
-    length = run.add_mutually_exclusive_group(required=True)
-    length.add_argument("--steps", type=int, help="total steps to reach")
-    length.add_argument("--epochs", type=int, help="total epochs (needs dataset.json)")
-    run.add_argument("--seed", type=int, default=0)
-    run.add_argument("--log_every", type=int, default=10, help="steps between scalar writes")
-    run.add_argument("--checkpoint_every", type=int, default=100)
-    run.add_argument("--keep_checkpoints", type=int, default=3)
-    run.add_argument(
-        "--eval_every", type=int, default=None, help="steps between evaluations (default: epoch)"
-    )
-    run.add_argument(
-        "--audit_keys",
-        default=None,
-        help="append the key of every trained example to this file (PATH.worker-<k> per worker)",
-    )
-
-    optim = p.add_argument_group("optimiser")
-    optim.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
-    optim.add_argument(
-        "--base_lr", type=float, default=0.1, help="LR = base_lr x global_batch_size / 256"
-    )
-    optim.add_argument("--warmup_steps", type=int, default=100)
-    optim.add_argument("--lr_schedule", choices=LR_SCHEDULES, default="constant")
-
+    add_dataclass_flags(p.add_argument_group("data"), DataConfig)
+    add_dataclass_flags(p.add_argument_group("run"), TrainConfig)
+    add_dataclass_flags(p.add_argument_group("optimiser"), OptimConfig)
     runtime = p.add_argument_group("runtime")
+    add_dataclass_flags(runtime, RuntimeConfig)
     runtime.add_argument(
-        "--strategy", choices=STRATEGIES, default="auto", help="auto: from TF_CONFIG/Slurm/TPU/GPUs"
+        "--log_level",
+        default="INFO",
+        choices=_LOG_LEVELS,
+        help="the least severe log messages shown (default: %(default)s)",
     )
-    runtime.add_argument(
-        "--cpu_replicas", type=int, default=1, help="split the CPU into N logical devices"
-    )
-    runtime.add_argument(
-        "--mixed_precision",
-        action="store_true",
-        help="mixed_float16 on GPU, mixed_bfloat16 on TPU/CPU",
-    )
-    runtime.add_argument("--tpu", default=None, help="TPU name or address ('' = local TPU VM)")
-    runtime.add_argument("--slurm_port_base", type=int, default=8888)
-    runtime.add_argument(
-        "--keep_freed_memory",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="make glibc's malloc reuse freed memory rather than return it to the kernel "
-        "(received batches then stop faulting in fresh pages); default: on with --data_service",
-    )
-    runtime.add_argument(
-        "--bulk_reads",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="have gRPC read large messages in few wakeups (gRPC experiments tcp_rcv_lowat "
-        "and tcp_frame_size_tuning); default: on with --data_service",
-    )
-    runtime.add_argument("--log_level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
     return p
 
 
@@ -172,56 +86,24 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
 
     Exits with status 2 and a message naming the bad value, as argparse does.
     """
-    parser = _parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        data = flag_values(DataConfig, args)
+        if "image_size" not in data:
+            # Not given: the side the dataset stores, else DataConfig's fallback.
+            stored = _stored_image_size(args.data)
+            if stored is not None:
+                data["image_size"] = stored[0]
         config = TrainConfig(
-            model_dir=args.model_dir,
-            data=DataConfig(
-                source=args.data,
-                train_split=args.train_split,
-                eval_split=args.eval_split,
-                image_size=args.image_size or _default_image_size(args.data),
-                num_classes=args.num_classes,
-                data_service=args.data_service,
-                data_service_compression=args.data_service_compression,
-                cache=args.cache,
-                skip_corrupt=args.skip_corrupt,
-            ),
-            model=args.model,
-            global_batch_size=args.global_batch_size,
-            steps=args.steps,
-            epochs=args.epochs,
-            seed=args.seed,
-            log_every=args.log_every,
-            checkpoint_every=args.checkpoint_every,
-            keep_checkpoints=args.keep_checkpoints,
-            eval_every=args.eval_every,
-            audit_keys=args.audit_keys,
-            optim=OptimConfig(
-                name=args.optimizer,
-                base_lr=args.base_lr,
-                warmup_steps=args.warmup_steps,
-                schedule=args.lr_schedule,
-            ),
-            runtime=RuntimeConfig(
-                strategy=args.strategy,
-                cpu_replicas=args.cpu_replicas,
-                mixed_precision=args.mixed_precision,
-                tpu=args.tpu,
-                slurm_port_base=args.slurm_port_base,
-                keep_freed_memory=args.keep_freed_memory,
-                bulk_reads=args.bulk_reads,
-            ),
+            data=DataConfig(**data),
+            optim=OptimConfig(**flag_values(OptimConfig, args)),
+            runtime=RuntimeConfig(**flag_values(RuntimeConfig, args)),
+            **flag_values(TrainConfig, args),
         )
     except (ValueError, TypeError) as e:
         parser.error(_name_the_flag(str(e), parser))
     return config, args.log_level
-
-
-def _default_image_size(source: str) -> int:
-    stored = _stored_image_size(source)
-    return stored[0] if stored else _FALLBACK_IMAGE_SIZE
 
 
 def _follows_service(setting: bool | None, data_service: str | None) -> bool:

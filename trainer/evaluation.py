@@ -1,0 +1,56 @@
+"""Evaluation: one lockstep pass of every worker over its shard of the eval split."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from trainer.steps import TrainSteps
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+__all__ = ["evaluate"]
+
+
+def evaluate(steps: TrainSteps, dataset: tf.data.Dataset) -> dict[str, float]:
+    """One pass over this worker's eval shard, in lockstep with the other workers.
+
+    Workers may hold different numbers of eval batches. A worker whose shard is done keeps
+    stepping with empty batches, and the pass ends when a step counts no example anywhere, so
+    every worker runs the same number of collective steps.
+
+    Args:
+      steps: the compiled steps of the model being trained.
+      dataset: this worker's ``(images, labels[, ...])`` eval batches, each example once.
+
+    Returns:
+      ``{"loss", "accuracy", "examples"}`` over the whole eval split; loss and accuracy are
+      NaN when the split is empty.
+    """
+    import numpy as np
+    import tensorflow as tf
+
+    spec = dataset.element_spec
+    empty_images = tf.zeros([0, *spec[0].shape[1:]], spec[0].dtype)
+    empty_labels = tf.zeros([0], spec[1].dtype)
+    iterator = iter(dataset)
+    totals = np.zeros(3)
+    while True:
+        optional = iterator.get_next_as_optional()
+        if optional.has_value():
+            element = optional.get_value()
+            images, labels = element[0], element[1]
+        else:
+            images, labels = empty_images, empty_labels
+        step_totals = steps.eval(images, labels).numpy()
+        if step_totals[2] == 0:
+            break
+        totals += step_totals
+    examples = float(totals[2])
+    if examples == 0:
+        return {"loss": float("nan"), "accuracy": float("nan"), "examples": 0.0}
+    return {
+        "loss": float(totals[0] / examples),
+        "accuracy": float(totals[1] / examples),
+        "examples": examples,
+    }
