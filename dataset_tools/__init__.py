@@ -1,7 +1,8 @@
 """Tools for a finished dataset: verify, inspect, diff and adopt.
 
 None of them imports TensorFlow at import time: ``diff`` and ``inspect`` never need it, and
-``verify`` imports it only inside the deep checks that parse examples. The commands are
+``verify`` imports it only to decode images (``--deep``); ``adopt`` and ``verify`` read
+foreign examples through ``dataset_tools.foreign``, without it. The commands are
 ``python -m dataset_tools.verify|inspect|diff|adopt`` (``tfrecord-verify``, ``tfrecord-inspect``,
 ...); the command modules are not imported here, so ``python -m`` runs each once.
 """

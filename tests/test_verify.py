@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from dataset_tools.verify.verification import VerifyReport, verify_dataset
+from dataset_tools.verify import VerifyReport, verify_dataset
 from schemas import MANIFEST_NAME, ImageRecord, serialize_record
 from tests.fixtures.shards import WrittenDataset, copy_dataset
 from tfrecord_io.verify import main

@@ -2,9 +2,9 @@
 installed as ``tfrecord-verify``.
 
 Checks every shard of a dataset against its ``dataset.json``, and its index files and catalogs
-against the shards; see ``dataset_tools.verify.verification``. A glob of shards without ``dataset.json``
-gets the checks that need none (CRCs, parsing, counts). ``--key K`` checks only the examples
-with those keys, reading each one's byte range (``tfrecord_io.random_access``).
+against the shards; see ``dataset_tools.verify.verification``. A glob of shards without
+``dataset.json`` gets the checks that need none (CRCs, parsing, counts). ``--key K`` checks only
+the examples with those keys, reading each one's byte range (``tfrecord_io.random_access``).
 Exit status: 0 if everything holds, 1 if any check failed (each failure names its shard), 2 if
 the dataset cannot be read at all.
 """
@@ -16,8 +16,8 @@ import sys
 from collections.abc import Sequence
 
 from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
-from dataset_tools.verify.checks import verify_keys
-from dataset_tools.verify.verification import VerifyReport, verify_dataset
+from dataset_tools.verify.report import VerifyReport
+from dataset_tools.verify.verification import verify_dataset, verify_keys
 
 __all__ = ["main"]
 
