@@ -68,6 +68,7 @@ __all__ = [
     "load_catalog",
     "diff_catalogs",
     "diff_datasets",
+    "full_join",
     "example_frame_lengths",
     "stored_image_bytes",
     "main",
@@ -257,7 +258,7 @@ def _plain(column: pa.ChunkedArray) -> pa.ChunkedArray:
 
 
 def _comparable(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    """What to compare: a dictionary column's indices (``_full_join`` gives both sides of a
+    """What to compare: a dictionary column's indices (``full_join`` gives both sides of a
     column one dictionary), or the column itself."""
     if pa.types.is_dictionary(column.type):
         return pa.chunked_array([chunk.indices for chunk in column.chunks], column.type.index_type)
@@ -427,7 +428,7 @@ def _match(old: pa.Table, new: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(pairs.column("i_old")), np.asarray(pairs.column("i_new"))
 
 
-def _full_join(old: pa.Table, new: pa.Table) -> pa.Table:
+def full_join(old: pa.Table, new: pa.Table) -> pa.Table:
     """One row per key of either table: matched rows first, then OLD's only, then NEW's only.
 
     Columns are ``row_old`` and ``row_new`` (the row on each side) and every column but ``key``
@@ -482,10 +483,57 @@ def diff_catalogs(old: DatasetCatalog, new: DatasetCatalog, *, limit: int = 10) 
     """
     if limit < 0:
         raise ValueError(f"--limit must be >= 0, got {limit!r}")
-    joined = _full_join(old.rows, new.rows)
+    joined = full_join(old.rows, new.rows)
     in_old = np.asarray(pc.is_valid(joined.column("split_old")))
     in_new = np.asarray(pc.is_valid(joined.column("split_new")))
     both = in_old & in_new
+    flags = _flags(joined, both)
+    changed = np.logical_or.reduce(list(flags.values())) if len(joined) else both
+    kinds = {
+        "added": in_new & ~in_old,
+        "removed": in_old & ~in_new,
+        "unchanged": both & ~changed,
+        "changed": changed,
+    }
+    totals = {name: int(mask.sum()) for name, mask in {**kinds, **flags}.items()}
+    totals["old"] = int(in_old.sum())
+    totals["new"] = int(in_new.sum())
+    splits, classes = _split_and_class_counts(joined, in_old, in_new, kinds, flags)
+    old_opts = image_options(old.manifest.options, tool_version=old.manifest.tool_version)
+    new_opts = image_options(new.manifest.options, tool_version=new.manifest.tool_version)
+    old_names, new_names = old.manifest.label_names, new.manifest.label_names
+    return DiffReport(
+        old=_describe(old),
+        new=_describe(new),
+        image_options_differ=old_opts != new_opts,
+        image_option_changes=describe_option_changes(old_opts, new_opts),
+        label_names={
+            "added": sorted(set(new_names) - set(old_names)),
+            "removed": sorted(set(old_names) - set(new_names)),
+            "renumbered": any(
+                old_names.index(n) != new_names.index(n) for n in set(old_names) & set(new_names)
+            ),
+        },
+        totals=totals,
+        splits=splits,
+        classes=classes,
+        moves=_pairs(joined.column("split_old"), joined.column("split_new"), flags["moved"]),
+        relabels=_pairs(joined.column("text_old"), joined.column("text_new"), flags["relabelled"]),
+        examples={
+            name: _samples(joined, mask, limit, (old.rows.column("key"), new.rows.column("key")))
+            for name, mask in {**kinds, **flags}.items()
+            if name != "unchanged"
+        },
+    )
+
+
+def _flags(joined: pa.Table, both: np.ndarray) -> dict[str, np.ndarray]:
+    """Per flag (``FLAGS``, in that order), which rows of ``full_join`` have that difference.
+
+    Args:
+      joined: the two versions' rows, from ``full_join``.
+      both: the rows whose key is in both versions.
+    """
 
     def differs(name: str) -> np.ndarray:
         return both & _not_equal(joined.column(f"{name}_old"), joined.column(f"{name}_new"))
@@ -514,18 +562,17 @@ def diff_catalogs(old: DatasetCatalog, new: DatasetCatalog, *, limit: int = 10) 
         unknown, differs("length") & ~other_fields, both & (old_image != new_image)
     )
     flags["reencoded"] = differs("format") | differs("height") | differs("width") | size_differs
-    flags = {name: flags[name] for name in FLAGS}
-    changed = np.logical_or.reduce(list(flags.values())) if len(joined) else both
-    kinds = {
-        "added": in_new & ~in_old,
-        "removed": in_old & ~in_new,
-        "unchanged": both & ~changed,
-        "changed": changed,
-    }
-    totals = {name: int(mask.sum()) for name, mask in {**kinds, **flags}.items()}
-    totals["old"] = int(in_old.sum())
-    totals["new"] = int(in_new.sum())
+    return {name: flags[name] for name in FLAGS}
 
+
+def _split_and_class_counts(
+    joined: pa.Table,
+    in_old: np.ndarray,
+    in_new: np.ndarray,
+    kinds: Mapping[str, np.ndarray],
+    flags: Mapping[str, np.ndarray],
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    """The counts per split and per class name (see the module docstring for which side)."""
     on_new = {"new": in_new, "added": kinds["added"]}
     on_new.update({n: flags[n] for n in ("renumbered", "renamed", "reencoded")})
     on_new.update(changed=kinds["changed"], unchanged=kinds["unchanged"])
@@ -542,32 +589,7 @@ def diff_catalogs(old: DatasetCatalog, new: DatasetCatalog, *, limit: int = 10) 
         (joined.column("text_old"), {**on_old, "relabelled_out": flags["relabelled"]}),
         (joined.column("text_new"), {"moved": flags["moved"]}),
     )
-    old_opts = image_options(old.manifest.options, tool_version=old.manifest.tool_version)
-    new_opts = image_options(new.manifest.options, tool_version=new.manifest.tool_version)
-    old_names, new_names = old.manifest.label_names, new.manifest.label_names
-    return DiffReport(
-        old=_describe(old),
-        new=_describe(new),
-        image_options_differ=old_opts != new_opts,
-        image_option_changes=describe_option_changes(old_opts, new_opts),
-        label_names={
-            "added": sorted(set(new_names) - set(old_names)),
-            "removed": sorted(set(old_names) - set(new_names)),
-            "renumbered": any(
-                old_names.index(n) != new_names.index(n) for n in set(old_names) & set(new_names)
-            ),
-        },
-        totals=totals,
-        splits=splits,
-        classes=classes,
-        moves=_pairs(joined.column("split_old"), joined.column("split_new"), flags["moved"]),
-        relabels=_pairs(joined.column("text_old"), joined.column("text_new"), flags["relabelled"]),
-        examples={
-            name: _samples(joined, mask, limit, (old.rows.column("key"), new.rows.column("key")))
-            for name, mask in {**kinds, **flags}.items()
-            if name != "unchanged"
-        },
-    )
+    return splits, classes
 
 
 _SPLIT_COLUMNS = (

@@ -39,6 +39,12 @@ class KeyCollector:
     def __len__(self) -> int:
         return len(self._high)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the collected keys and places hold (``BYTES_PER_EXAMPLE`` each)."""
+        arrays = (self._high, self._low, self._shard, self._record)
+        return sum(a.itemsize * len(a) for a in arrays)
+
     def add_shard(self, name: str) -> int:
         """Registers a shard by name; returns its number for ``add``."""
         self._shards.append(name)

@@ -342,7 +342,7 @@ def test_keys_that_are_not_hex_digests_or_share_a_prefix_still_match() -> None:
     """The sort-based match falls back to a hash join; both give the same pairs."""
     import pyarrow as pa
 
-    from dataset_tools.diff import _full_join
+    from dataset_tools.diff import full_join
 
     twin = "0" * 16
     cases = [
@@ -352,7 +352,7 @@ def test_keys_that_are_not_hex_digests_or_share_a_prefix_still_match() -> None:
     for old_keys, new_keys in cases:
         old = pa.table({"key": old_keys, "split": ["train"] * len(old_keys)})
         new = pa.table({"key": new_keys, "split": ["train"] * len(new_keys)})
-        joined = _full_join(old, new)
+        joined = full_join(old, new)
         keys = [
             old_keys[o] if o is not None else new_keys[n]
             for o, n in zip(

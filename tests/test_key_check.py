@@ -18,8 +18,7 @@ def test_no_duplicates_and_the_memory_per_example() -> None:
     for i in range(n):
         keys.add(shard, i, _key(i))
     assert keys.duplicates() == []
-    held = sum(a.itemsize * len(a) for a in (keys._high, keys._low, keys._shard, keys._record))
-    assert held == BYTES_PER_EXAMPLE * n
+    assert keys.nbytes == BYTES_PER_EXAMPLE * n
 
 
 def test_duplicates_within_and_across_shards_name_every_place() -> None:

@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from PIL import Image, ImageDraw, ImageFile
 
 from catalog.near_duplicates import DEFAULT_THRESHOLD, classify, find_pairs
-from schemas import example_proto
+from schemas import Manifest, example_proto
 from schemas.framing import parse_frame
 from schemas.image_example import KEY_ENCODED, KEY_FORMAT, KEY_HEIGHT, KEY_WIDTH
 from tfrecord_io import source as _source
@@ -267,7 +267,9 @@ def _read_samples(files: DatasetFiles, rows: list[dict[str, Any]]) -> list[Sampl
         return list(pool.map(one, rows))
 
 
-def _sample_rows(table: pa.Table, labels: Sequence[str], per_class: int, seed: int):
+def _sample_rows(
+    table: pa.Table, labels: Sequence[str], per_class: int, seed: int
+) -> dict[str, list[dict[str, Any]]]:
     """``{class name: rows}``: ``per_class`` seeded picks per class, in split then index order."""
     label_column = table.column("label").to_numpy(zero_copy_only=False)
     order = np.argsort(label_column, kind="stable")
@@ -462,42 +464,16 @@ def gather(dataset: str, *, per_class: int = 16, seed: int = 0) -> Report:
     to_read += [located[k] for k in sorted(located) if k not in sampled]
     read = {s.key: s for s in _read_samples(files, to_read)}
     samples = {name: [read[r["key"]] for r in rows] for name, rows in sample_rows.items()}
-    pairs = [
-        PairView(
-            read.get(p["a"]["key"]),
-            read.get(p["b"]["key"]),
-            p["a"]["uri"],
-            p["b"]["uri"],
-            int(p["distance"]),
-            bool(p.get("flipped", False)),
-            bool(p["leakage"]),
-            bool(p["cross_class"]),
-        )
-        for p in shown_pairs
-    ]
+    pairs = [_pair_view(p, read) for p in shown_pairs]
     rejected_counts, rejected = _rejected(files)
     duplicate_counts, duplicates = _duplicates(files)
-    splits = {}
-    for name, split in sorted(manifest.splits.items()):
-        class_counts = dict(split.class_counts) if split.class_counts is not None else None
-        if class_counts is None and table.num_rows:
-            mine = table.filter(pc.equal(table.column("split"), name)).column("label")
-            found = collections.Counter(mine.to_pylist())
-            class_counts = {n: found.get(i, 0) for i, n in enumerate(labels)}
-        splits[name] = {
-            "examples": split.num_examples,
-            "shards": len(split.shards),
-            "bytes": sum(s.num_bytes for s in split.shards),
-            "class_counts": class_counts,
-            "imbalance": imbalance(class_counts or {}),
-        }
     stats = {
         "dataset": str(dataset),
         "seed": seed,
         "per_class": per_class,
         "label_names": labels,
         "counts": dataclasses.asdict(manifest.counts),
-        "splits": splits,
+        "splits": _split_stats(manifest, table),
         "num_shards": len(manifest.all_shards()),
         "total_bytes": sum(s.num_bytes for s in manifest.all_shards()),
         "image": dataclasses.asdict(manifest.image),
@@ -506,19 +482,7 @@ def gather(dataset: str, *, per_class: int = 16, seed: int = 0) -> Report:
         "distributions": _distributions(table, files),
         "rejected": {"count": manifest.counts.rejected, "by_reason": rejected_counts},
         "duplicates": duplicate_counts,
-        "near_duplicates": {
-            "source": pair_source,
-            "threshold": threshold,
-            "pairs": len(pair_rows),
-            "leakage": sum(bool(p["leakage"]) for p in pair_rows),
-            "cross_class": sum(bool(p["cross_class"]) for p in pair_rows),
-            "shown": len(shown_pairs),
-            "leakage_pairs": [
-                {"a": p["a"]["uri"], "b": p["b"]["uri"], "distance": p["distance"]}
-                for p in pair_rows
-                if p["leakage"]
-            ][:MAX_PAIRS_SHOWN],
-        },
+        "near_duplicates": _near_duplicate_stats(pair_rows, pair_source, threshold),
         "samples": {
             name: [
                 {
@@ -536,3 +500,57 @@ def gather(dataset: str, *, per_class: int = 16, seed: int = 0) -> Report:
         "bytes_read": int(sum(r["length"] for r in to_read)),
     }
     return Report(stats, samples, pairs, rejected, duplicates)
+
+
+def _split_stats(manifest: Manifest, table: pa.Table) -> dict[str, dict[str, Any]]:
+    """Per split: its size, and how many examples each class has (from the catalogs when
+    ``dataset.json`` does not say)."""
+    labels = list(manifest.label_names)
+    splits = {}
+    for name, split in sorted(manifest.splits.items()):
+        class_counts = dict(split.class_counts) if split.class_counts is not None else None
+        if class_counts is None and table.num_rows:
+            mine = table.filter(pc.equal(table.column("split"), name)).column("label")
+            found = collections.Counter(mine.to_pylist())
+            class_counts = {n: found.get(i, 0) for i, n in enumerate(labels)}
+        splits[name] = {
+            "examples": split.num_examples,
+            "shards": len(split.shards),
+            "bytes": sum(s.num_bytes for s in split.shards),
+            "class_counts": class_counts,
+            "imbalance": imbalance(class_counts or {}),
+        }
+    return splits
+
+
+def _near_duplicate_stats(
+    pair_rows: list[dict[str, Any]], source: str, threshold: int
+) -> dict[str, Any]:
+    """The near-duplicate pairs' numbers, and the leakage pairs (up to ``MAX_PAIRS_SHOWN``)."""
+    return {
+        "source": source,
+        "threshold": threshold,
+        "pairs": len(pair_rows),
+        "leakage": sum(bool(p["leakage"]) for p in pair_rows),
+        "cross_class": sum(bool(p["cross_class"]) for p in pair_rows),
+        "shown": min(len(pair_rows), MAX_PAIRS_SHOWN),
+        "leakage_pairs": [
+            {"a": p["a"]["uri"], "b": p["b"]["uri"], "distance": p["distance"]}
+            for p in pair_rows
+            if p["leakage"]
+        ][:MAX_PAIRS_SHOWN],
+    }
+
+
+def _pair_view(pair: dict[str, Any], read: dict[str, Sample]) -> PairView:
+    """A listed pair as the report shows it, with the samples read for it (None if unread)."""
+    return PairView(
+        read.get(pair["a"]["key"]),
+        read.get(pair["b"]["key"]),
+        pair["a"]["uri"],
+        pair["b"]["uri"],
+        int(pair["distance"]),
+        bool(pair.get("flipped", False)),
+        bool(pair["leakage"]),
+        bool(pair["cross_class"]),
+    )
