@@ -67,6 +67,8 @@ __all__ = [
     "DaskPipelineResult",
     "DEFAULT_PARTITIONS_PER_THREAD",
     "DEFAULT_RESHUFFLE_PARTITION_SIZE",
+    "even_partitions",
+    "reshuffle_partition_count",
 ]
 
 _LOGGER = logging.getLogger(__name__)

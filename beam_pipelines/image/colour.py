@@ -60,7 +60,7 @@ _PROFILE_MODES = {
 }
 
 
-class ProfileUnusable(Exception):  # a verdict on the input
+class _ProfileUnusable(Exception):  # a verdict on the input
     """The embedded profile cannot be read, or describes another colour space than the pixels."""
 
 
@@ -247,14 +247,14 @@ def _apply(pixels: Image.Image, transform) -> Image.Image:
 
 
 def _transform_for(icc: bytes, mode: str):
-    """The transform from ``icc`` in ``mode`` to sRGB, ``_IDENTITY``, or ProfileUnusable."""
+    """The transform from ``icc`` in ``mode`` to sRGB, ``_IDENTITY``, or _ProfileUnusable."""
     key = (icc, mode)
     cache = _TRANSFORMS.cache
     if key in cache:
         cache.move_to_end(key)
         found = cache[key]
         if isinstance(found, str):
-            raise ProfileUnusable(found)
+            raise _ProfileUnusable(found)
         return found
     try:
         profile = ImageCms.ImageCmsProfile(io.BytesIO(icc))
@@ -272,7 +272,7 @@ def _transform_for(icc: bytes, mode: str):
     if len(cache) > _CACHE_SIZE:
         cache.popitem(last=False)
     if isinstance(found, str):
-        raise ProfileUnusable(found)
+        raise _ProfileUnusable(found)
     return found
 
 
@@ -291,14 +291,14 @@ def _through_profile(image: Image.Image, icc: bytes) -> Image.Image:
     """Applies the embedded profile; returns ``RGB`` or ``RGBA`` sRGB pixels.
 
     Raises:
-      ProfileUnusable: for an unreadable profile or one for another colour space.
+      _ProfileUnusable: for an unreadable profile or one for another colour space.
     """
     try:
         space = _profile_space(ImageCms.ImageCmsProfile(io.BytesIO(icc)))
     except (ImageCms.PyCMSError, OSError, ValueError, TypeError) as e:
-        raise ProfileUnusable(f"{type(e).__name__}: {e}") from e
+        raise _ProfileUnusable(f"{type(e).__name__}: {e}") from e
     if space not in _PROFILE_MODES or image.mode not in _PROFILE_MODES[space][1]:
-        raise ProfileUnusable(f"a {space} profile on a {image.mode} image")
+        raise _ProfileUnusable(f"a {space} profile on a {image.mode} image")
     base_mode = _PROFILE_MODES[space][0]
     alpha = image.convert("RGBA").getchannel("A") if _has_alpha(image) else None
     if base_mode == "RGB" and alpha is not None:
@@ -342,7 +342,7 @@ def to_srgb(
     if icc:
         try:
             converted = _through_profile(image, icc)
-        except ProfileUnusable:
+        except _ProfileUnusable:
             events = ("icc_profile_ignored",)
             image.info.pop("icc_profile", None)  # taken as sRGB, and stored without it
             if image.mode == "RGB":
