@@ -82,7 +82,7 @@ def bytes_only_dataset(dataset_dir: Path, batch_size: int):  # -> tf.data.Datase
     import tensorflow as tf
 
     from tfrecord_io import resolve_source
-    from tfrecord_io.reader import DEFAULT_READ_BUFFER_BYTES
+    from tfrecord_io.read_config import DEFAULT_READ_BUFFER_BYTES
 
     paths = resolve_source(str(dataset_dir)).paths
     files = tf.data.Dataset.from_tensor_slices(paths).repeat()

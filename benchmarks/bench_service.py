@@ -235,13 +235,13 @@ def _child_main(args: argparse.Namespace) -> int:
         if compression == "split":
             import tensorflow as tf
 
-            from tfrecord_io.reader import _split_message
+            from tfrecord_io.service.client import split_message
 
             one = next(iter(make_dataset(root / "jpeg256", global_batch_size=b, seed=0)))
             k = -(-per_message // b)
             message = tuple(tf.concat([part] * k, axis=0) for part in one)
             messages = tf.data.Dataset.from_tensors(message).repeat()
-            split = messages.flat_map(lambda *parts: _split_message(parts, b))
+            split = messages.flat_map(lambda *parts: split_message(parts, b))
             return split.prefetch(tf.data.AUTOTUNE)
         if compression == "client":
             return _client_floor(
@@ -280,8 +280,7 @@ def _client_floor(root: Path, batch_size: int, per_message: int, service: str, j
     import tensorflow as tf
 
     from tfrecord_io import ServiceConfig, make_dataset
-    from tfrecord_io.reader import _split_message
-    from tfrecord_io.service.client import distribute_dataset
+    from tfrecord_io.service.client import distribute_dataset, split_message
 
     one = next(iter(make_dataset(root / "jpeg256", global_batch_size=batch_size, seed=0)))
     config = ServiceConfig(service, examples_per_message=per_message)
@@ -295,7 +294,7 @@ def _client_floor(root: Path, batch_size: int, per_message: int, service: str, j
     received = distribute_dataset(
         messages, service=service, training=True, job_name=job, compression=None
     )
-    split = received.flat_map(lambda *parts: _split_message(parts, batch_size))
+    split = received.flat_map(lambda *parts: split_message(parts, batch_size))
     return split.prefetch(tf.data.AUTOTUNE)
 
 

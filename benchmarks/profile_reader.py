@@ -105,7 +105,7 @@ def _patched_reader(data: Path, batch_size: int, stage: int, jpeg: bool) -> Any:
 
     def cropped(encoded: tf.Tensor, seed: tf.Tensor, config: Any) -> tf.Tensor:
         shape = tf.io.extract_jpeg_shape(encoded)
-        window = decode_module._random_window(shape, seed, config)
+        window = decode_module.random_window(shape, seed, config)
         return tf.io.decode_and_crop_jpeg(encoded, window, channels=3, dct_method="INTEGER_FAST")
 
     def decode_batch(features: dict, seeds: tf.Tensor, config: Any) -> tuple:
@@ -122,7 +122,7 @@ def _patched_reader(data: Path, batch_size: int, stage: int, jpeg: bool) -> Any:
         if stage == 6:
             return small(lambda e, s: cropped(e, s, config), encoded, seeds), seeds
         images = tf.map_fn(
-            lambda args: decode_module._decode_jpeg(args[0], args[1], config),
+            lambda args: decode_module.decode_one_jpeg(args[0], args[1], config),
             (encoded, seeds),
             fn_output_signature=tf.TensorSpec([224, 224, 3], tf.uint8),
         )

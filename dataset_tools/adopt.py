@@ -173,7 +173,7 @@ def _label_names(records: dict[int, tuple[str | None, str | None]], num_labels: 
 
 def _write(path: str, data: bytes) -> None:
     """Writes a file under a temporary name, then renames it (a single PUT on object stores)."""
-    store = _source._object_store(path)
+    store = _source.object_store_for(path)
     if store is not None:
         store.write_bytes(path, data)
         return
@@ -186,7 +186,7 @@ def _write(path: str, data: bytes) -> None:
             handle.write(data)
         tf.io.gfile.rename(temporary, path, overwrite=True)
         return
-    local = _source._local(path)
+    local = _source.local_path(path)
     os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
     fd, temporary = tempfile.mkstemp(dir=os.path.dirname(local) or ".", prefix=".adopt-")
     with os.fdopen(fd, "wb") as handle:
@@ -362,7 +362,7 @@ def adopt(
 def _same_place(a: str, b: str) -> bool:
     if _source.is_remote(a) or _source.is_remote(b):
         return a.rstrip("/") == b.rstrip("/")
-    return os.path.realpath(_source._local(a)) == os.path.realpath(_source._local(b))
+    return os.path.realpath(_source.local_path(a)) == os.path.realpath(_source.local_path(b))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

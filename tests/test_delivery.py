@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from tests.fixtures.shards import WrittenDataset, copy_dataset, write_dataset
 from tfrecord_io.delivery import DeliveredSet, DeliveryTracker, decode_positions, split_digest
-from tfrecord_io.epochs import _share_ranges, plan_partial_epochs, service_message_cap
+from tfrecord_io.epochs import plan_partial_epochs, service_message_cap, share_ranges
 from tfrecord_io.read_config import ReadConfig
 from tfrecord_io.reader import make_dataset
 
@@ -172,7 +172,7 @@ def test_only_records_before_the_last_delivered_one_go_through_the_lookup(pipeli
             delivered, counts, seed=2, num_pipelines=pipelines, pipeline_id=p
         )[0][0]
         for shard, start, cut, stop in zip(
-            share.shards, *_share_ranges(share, bases, counts), strict=True
+            share.shards, *share_ranges(share, bases, counts), strict=True
         ):
             assert start <= cut <= stop
             base = int(bases[shard])

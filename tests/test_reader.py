@@ -537,7 +537,7 @@ def test_raw_training_flips_about_half_and_otherwise_returns_the_stored_pixels(
 
 @pytest.mark.parametrize("batch", [1, 5, 16])
 def test_flip_follows_its_mask_and_flips_each_position_half_the_time(batch: int) -> None:
-    from tfrecord_io.decode import _flip, _flip_mask
+    from tfrecord_io.decode import flip_images, flip_mask
 
     images = tf.reshape(tf.range(batch * 3 * 4 * 3) % 251, [batch, 3, 4, 3])
     images = tf.cast(images, tf.uint8)
@@ -545,9 +545,9 @@ def test_flip_follows_its_mask_and_flips_each_position_half_the_time(batch: int)
     together = 0
     draws = 600
     for seeds in tf.data.Dataset.random(seed=7).batch(batch).take(draws):
-        mask = _flip_mask(seeds).numpy()
+        mask = flip_mask(seeds).numpy()
         expected = np.where(mask[:, None, None, None], images.numpy()[:, :, ::-1], images.numpy())
-        np.testing.assert_array_equal(_flip(images, mask).numpy(), expected)
+        np.testing.assert_array_equal(flip_images(images, mask).numpy(), expected)
         counts += mask
         together += int(batch > 1 and mask[0] == mask[-1])
     # Every position is flipped with probability 1/2, independently of the others.

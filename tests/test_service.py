@@ -165,7 +165,7 @@ def test_cli_rejects_bad_flags(
 def test_cli_flags_are_the_settings_fields(role: str, settings: type) -> None:
     import dataclasses
 
-    parser = service_cli._parser()
+    parser = service_cli.command_line_parser()
     roles = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     sub = roles.choices[role]
     flags = {a.dest: a for a in sub._actions if a.dest != "help"}
@@ -514,13 +514,13 @@ def test_split_message_gives_the_batches_of_the_stream_without_copies() -> None:
     short last message keeps its whole batches only."""
     import tensorflow as tf
 
-    from tfrecord_io.reader import _split_message
+    from tfrecord_io.service.client import split_message
 
     n, batch = 3 * 4 * 2 + 7, 3  # two whole messages and a short one of 2 batches + 1 example
     images = np.arange(n * 2 * 2 * 3, dtype=np.uint8).reshape(n, 2, 2, 3)
     labels = np.arange(n, dtype=np.int32)
     stream = tf.data.Dataset.from_tensor_slices((images, labels))
-    split = stream.batch(batch * 4).flat_map(lambda *parts: _split_message(parts, batch))
+    split = stream.batch(batch * 4).flat_map(lambda *parts: split_message(parts, batch))
     assert split.element_spec[0].shape.as_list() == [batch, 2, 2, 3]
     got = list(split.as_numpy_iterator())
     expected = list(stream.batch(batch, drop_remainder=True).as_numpy_iterator())

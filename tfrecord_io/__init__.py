@@ -16,11 +16,12 @@ from typing import Any
 # Public name -> the module that defines it: the one list of this package's API.
 _MODULE_OF = {
     # tfrecord_io.reader
-    "CorruptionCounter": "tfrecord_io.reader",
-    "ReaderConfig": "tfrecord_io.reader",
     "make_dataset": "tfrecord_io.reader",
     # tfrecord_io.read_config
     "ReadConfig": "tfrecord_io.read_config",
+    "ReaderConfig": "tfrecord_io.read_config",
+    # tfrecord_io.shard_reading
+    "CorruptionCounter": "tfrecord_io.shard_reading",
     # tfrecord_io.decode
     "MEAN_RGB": "tfrecord_io.decode",
     "STDDEV_RGB": "tfrecord_io.decode",

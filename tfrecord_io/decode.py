@@ -26,8 +26,12 @@ __all__ = [
     "STDDEV_RGB",
     "DecodeConfig",
     "decode_batch",
+    "decode_one_jpeg",
+    "flip_images",
+    "flip_mask",
     "normalize",
     "parse_batch",
+    "random_window",
     "shard_damage_record",
 ]
 
@@ -220,7 +224,7 @@ def _resize_to(image: tf.Tensor, size: int) -> tf.Tensor:
     return tf.ensure_shape(out, [size, size, 3])
 
 
-def _random_window(shape: tf.Tensor, seed: tf.Tensor, config: DecodeConfig) -> tf.Tensor:
+def random_window(shape: tf.Tensor, seed: tf.Tensor, config: DecodeConfig) -> tf.Tensor:
     """An Inception-style random crop window ``[y, x, h, w]`` for an image of ``shape``."""
     begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
         shape,
@@ -244,10 +248,12 @@ def _center_window(shape: tf.Tensor, image_size: int) -> tf.Tensor:
     return tf.stack([(height - side + 1) // 2, (width - side + 1) // 2, side, side])
 
 
-def _decode_jpeg(encoded: tf.Tensor, seed: tf.Tensor | None, config: DecodeConfig) -> tf.Tensor:
+def decode_one_jpeg(encoded: tf.Tensor, seed: tf.Tensor | None, config: DecodeConfig) -> tf.Tensor:
+    """One JPEG decoded straight into its crop (random in training with ``seed``, centred
+    otherwise) and resized to ``config.image_size``: ``[size, size, 3]`` uint8."""
     shape = tf.io.extract_jpeg_shape(encoded)
     if config.training:
-        window = _random_window(shape, seed, config)
+        window = random_window(shape, seed, config)
     else:
         window = _center_window(shape, config.image_size)
     image = tf.io.decode_and_crop_jpeg(
@@ -260,7 +266,7 @@ def _decode_any(encoded: tf.Tensor, seed: tf.Tensor | None, config: DecodeConfig
     image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
     shape = tf.shape(image)
     if config.training:
-        window = _random_window(shape, seed, config)
+        window = random_window(shape, seed, config)
     else:
         window = _center_window(shape, config.image_size)
     image = tf.slice(image, [window[0], window[1], 0], [window[2], window[3], 3])
@@ -269,12 +275,12 @@ def _decode_any(encoded: tf.Tensor, seed: tf.Tensor | None, config: DecodeConfig
 
 def _decode_one(encoded: tf.Tensor, seed: tf.Tensor | None, config: DecodeConfig) -> tf.Tensor:
     if config.encoding == "jpeg":
-        return _decode_jpeg(encoded, seed, config)
+        return decode_one_jpeg(encoded, seed, config)
     if config.encoding == "png":
         return _decode_any(encoded, seed, config)
     return tf.cond(
         tf.io.is_jpeg(encoded),
-        lambda: _decode_jpeg(encoded, seed, config),
+        lambda: decode_one_jpeg(encoded, seed, config),
         lambda: _decode_any(encoded, seed, config),
     )
 
@@ -298,10 +304,10 @@ def _decode_raw(encoded: tf.Tensor, seeds: tf.Tensor | None, config: DecodeConfi
             (images, seeds),
             fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8),
         )
-    return _flip(images, _flip_mask(seeds)) if config.training else images
+    return flip_images(images, flip_mask(seeds)) if config.training else images
 
 
-def _flip_mask(seeds: tf.Tensor) -> tf.Tensor:
+def flip_mask(seeds: tf.Tensor) -> tf.Tensor:
     """Which examples of a batch are flipped left-right: ``[B]`` bool, one bit of each seed.
 
     The bit is independent of the bits the example's crop hashes, so each example is flipped
@@ -311,7 +317,7 @@ def _flip_mask(seeds: tf.Tensor) -> tf.Tensor:
 
 
 @tf.function(jit_compile=True)
-def _flip(images: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
+def flip_images(images: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
     """Flips left-right the images of an NHWC batch where ``mask`` is True.
 
     Compiled with XLA, the reversal and the select are one vectorised pass over the batch. On
@@ -375,7 +381,7 @@ def decode_batch(
                 (encoded, seeds),
                 fn_output_signature=tf.TensorSpec([size, size, 3], tf.uint8),
             )
-            images = _flip(images, _flip_mask(seeds))
+            images = flip_images(images, flip_mask(seeds))
         else:
             images = tf.map_fn(
                 lambda e: _decode_one(e, None, config),

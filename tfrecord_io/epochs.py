@@ -40,21 +40,37 @@ from typing import TYPE_CHECKING
 import numpy as np
 import tensorflow as tf
 
-from tfrecord_io.decode import decode_batch, parse_batch, shard_damage_record
+from tfrecord_io.batching import (
+    batch_and_decode,
+    batch_decoder,
+    make_decode_config,
+    pipeline_options,
+)
 from tfrecord_io.delivery import DeliveredSet, split_digest
-from tfrecord_io.source import ResolvedSource, ShardFile
+from tfrecord_io.shard_reading import (
+    DEFAULT_CYCLE_LENGTH,
+    CorruptionCounter,
+    ShardReader,
+    damage_records,
+    derive_seeds,
+    present_shards,
+    record_shuffle_buffer,
+)
+from tfrecord_io.source import ResolvedSource
 
 if TYPE_CHECKING:
-    from tfrecord_io.reader import CorruptionCounter, ReaderConfig
+    from tfrecord_io.read_config import ReaderConfig
     from tfrecord_io.service.client import ServiceConfig
 
 __all__ = [
     "EpochShare",
+    "EpochStreamOptions",
     "exact_epoch_dataset",
     "exact_epoch_records",
     "plan_partial_epochs",
     "service_message_cap",
     "shard_order",
+    "share_ranges",
 ]
 
 _ENDLESS = int(np.iinfo(np.int64).max)
@@ -183,7 +199,7 @@ def _pack_bits(mask: np.ndarray) -> np.ndarray:
     return np.packbits(mask.astype(bool), bitorder="little")
 
 
-def _share_ranges(
+def share_ranges(
     share: EpochShare, bases: np.ndarray, counts: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per shard of ``share``, the records to read: ``start <= cut <= stop`` (shard positions).
@@ -193,6 +209,11 @@ def _share_ranges(
     before ``cut``, so only ``start..cut-1`` needs the bitmap lookup; ``cut..stop-1`` is read
     whole. After an interruption that range is the few hundred records a shuffle buffer held
     in each shard then open, not the shard.
+
+    Args:
+      share: one pipeline's share of a begun epoch (``plan_partial_epochs``).
+      bases: per shard (manifest order), the global index of its first example.
+      counts: per shard, its records.
     """
     start = np.empty(len(share.shards), np.int64)
     cut, stop = np.empty_like(start), np.empty_like(start)
@@ -207,32 +228,11 @@ def _share_ranges(
     return start, cut, stop
 
 
-def exact_epoch_records(
-    resolved: ResolvedSource,
-    exclude: DeliveredSet,
-    *,
-    present: Sequence[bool],
-    damage_records: Sequence[bytes],
-    read_shard: ReadShard,
-    seed: int,
-    pipeline_id: int,
-    num_pipelines: int,
-    num_epochs: int | None,
-    on_service: bool,
-    shuffle_buffer: int,
-    cycle_length: int,
-    deterministic: bool,
-) -> tf.data.Dataset:
-    """The shuffled ``(position, serialized example)`` stream of one input pipeline.
+@dataclasses.dataclass(frozen=True)
+class EpochStreamOptions:
+    """How one input pipeline reads its exact-epoch stream (``exact_epoch_records``).
 
-    Args:
-      resolved: the split (its shards in manifest order give the example indices).
-      exclude: what was already delivered; the stream starts with the rest of its epoch.
-      present: per shard, whether it can be read (False for a missing shard skipped under
-        ``skip_corrupt``: its examples never come).
-      damage_records: per shard, the reader's end-of-shard marker record.
-      read_shard: the reader's checked reader of records ``start..stop-1`` of one shard
-        ``(path, num_bytes, num_examples, damage_record, start, stop) -> records``.
+    Attributes:
       seed: orders shards and shuffles records.
       pipeline_id, num_pipelines: this pipeline's place (0 of 1 on the tf.data service).
       num_epochs: the stream ends after epoch ``num_epochs - 1``; None: endless.
@@ -241,46 +241,196 @@ def exact_epoch_records(
       cycle_length: shards read at once.
       deterministic: keep the interleave's order.
 
-    Returns:
-      A dataset of ``(int64 position, string record)``.
-
     Raises:
-      ValueError: if nothing is left to read (``num_epochs`` already reached).
+      ValueError: if ``pipeline_id`` is not one of ``num_pipelines`` pipelines.
     """
-    shards: tuple[ShardFile, ...] = resolved.shards
-    n, num_shards = exclude.num_examples, len(shards)
-    true_counts = np.array([s.num_examples for s in shards], dtype=np.int64)
-    counts = true_counts * np.asarray(present, dtype=np.int64)
-    bases = np.cumsum(true_counts) - true_counts
-    paths = tf.constant([s.path for s in shards], tf.string)
-    sizes = tf.constant([s.num_bytes for s in shards], tf.int64)
-    records_in = tf.constant([s.num_examples for s in shards], tf.int64)
-    damage = tf.constant(list(damage_records), tf.string)
-    bases_t = tf.constant(bases, tf.int64)
-    counts_t = tf.constant(counts, tf.int64)
 
-    partial, offset = plan_partial_epochs(
-        exclude,
-        true_counts,
-        seed=seed,
-        num_pipelines=num_pipelines,
-        pipeline_id=pipeline_id,
-        present=present,
-    )
-    first_full = partial[-1].epoch + 1
-    end = _ENDLESS if num_epochs is None else num_epochs
-    partial = [share for share in partial if share.epoch < end]
-    if not partial and first_full >= end:
-        raise ValueError(
-            f"num_epochs={num_epochs} is already reached: the delivered set is at epoch "
-            f"{exclude.epoch}"
+    seed: int
+    pipeline_id: int
+    num_pipelines: int
+    num_epochs: int | None
+    on_service: bool
+    shuffle_buffer: int
+    cycle_length: int
+    deterministic: bool
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.pipeline_id < self.num_pipelines:
+            raise ValueError(
+                f"pipeline_id must be in [0, num_pipelines={self.num_pipelines}), got "
+                f"{self.pipeline_id!r}"
+            )
+
+
+class _EpochReader:
+    """Builds the streams of one pipeline's epochs from units ``(shard, start, cut, stop,
+    epoch)``: the records ``start..stop-1`` of one shard in one epoch, each paired with its
+    position ``epoch * N + index``. Records ``start..cut-1`` are looked up in the epoch's
+    delivered bitmap (when one is given) and only the undelivered ones kept."""
+
+    def __init__(
+        self,
+        resolved: ResolvedSource,
+        counts: np.ndarray,
+        options: EpochStreamOptions,
+        *,
+        num_examples: int,
+        damage_records: Sequence[bytes],
+        read_shard: ReadShard,
+    ) -> None:
+        shards = resolved.shards
+        true_counts = np.array([s.num_examples for s in shards], dtype=np.int64)
+        self.resolved = resolved
+        self.options = options
+        self.read_shard = read_shard
+        self.num_examples = num_examples
+        self.num_shards = len(shards)
+        # Examples of a full epoch over all pipelines: the shards that can be read.
+        self.total = int(counts.sum())
+        self.shuffle_word = _seed_word(options.seed, _SHUFFLE_SALT)
+        cycle = max(1, min(options.cycle_length, self.num_shards))
+        if options.on_service:
+            cycle = max(1, min(cycle, self.num_shards // _SERVICE_SHARE_OF_SHARDS))
+        self.cycle = cycle
+        self.paths = tf.constant([s.path for s in shards], tf.string)
+        self.sizes = tf.constant([s.num_bytes for s in shards], tf.int64)
+        self.records_in = tf.constant([s.num_examples for s in shards], tf.int64)
+        self.damage = tf.constant(list(damage_records), tf.string)
+        self.bases = tf.constant(np.cumsum(true_counts) - true_counts, tf.int64)
+        # Records of each shard in a full epoch: 0 for a shard that cannot be read.
+        self.counts = tf.constant(counts, tf.int64)
+
+    def begun_epoch(
+        self, share: EpochShare, bases: np.ndarray, counts: np.ndarray
+    ) -> tf.data.Dataset:
+        """This pipeline's ``(position, record)`` pairs of a begun epoch, shuffled within it
+        in-process (``bases`` and ``counts`` as for ``share_ranges``)."""
+        start, cut, stop = share_ranges(share, bases, counts)
+        units = tf.data.Dataset.from_tensor_slices(
+            (
+                tf.constant(share.shards, tf.int32),
+                tf.constant(start, tf.int64),
+                tf.constant(cut, tf.int64),
+                tf.constant(stop, tf.int64),
+                tf.fill([len(share.shards)], tf.constant(share.epoch, tf.int64)),
+            )
         )
-    shuffle_word = _seed_word(seed, _SHUFFLE_SALT)
-    cycle = max(1, min(cycle_length, num_shards))
-    if on_service:
-        cycle = max(1, min(cycle, num_shards // _SERVICE_SHARE_OF_SHARDS))
+        # Nothing delivered yet (a fresh start): no filter, so fresh epochs cost nothing extra.
+        bits = tf.constant(_pack_bits(share.mask), tf.uint8) if share.mask.any() else None
+        pairs = self._read_units(units, bits)
+        if self.options.on_service:
+            return pairs
+        size = min(self.options.shuffle_buffer, share.examples)
+        return self._shuffled(pairs, size, share.epoch)
 
-    def read_unit(
+    def full_epochs(self, first: int, end: int, offset: int) -> tf.data.Dataset:
+        """The pairs of the full epochs ``first..end-1`` (``end`` may be ``_ENDLESS``);
+        ``offset`` is the rotation of the first (``plan_partial_epochs``)."""
+        if self.options.on_service:
+            return self._service_epochs(first, end)
+        share_size = min(self.options.shuffle_buffer, -(-self.total // self.options.num_pipelines))
+
+        def epoch_records(epoch: tf.Tensor) -> tf.data.Dataset:
+            pairs = self._read_units(self._full_epoch_units(epoch, first, offset), None)
+            return self._shuffled(pairs, share_size, epoch)
+
+        return tf.data.Dataset.range(first, end).flat_map(epoch_records)
+
+    def joined(self, streams: list[tf.data.Dataset]) -> tf.data.Dataset:
+        """The epochs' streams one after the other (shuffled across epochs on the service),
+        with the options their iterators need to be saved."""
+        records = streams[0]
+        for stream in streams[1:]:
+            records = records.concatenate(stream)
+        if self.options.on_service:
+            # Neighbouring epochs overlap by what the service's workers hold in flight; kept
+            # well under an epoch so one is complete before the one after next begins.
+            buffer = max(1, min(self.options.shuffle_buffer, self.num_examples // _SERVICE_SHARE))
+            records = records.shuffle(buffer, seed=self.shuffle_word % (2**31 - 1))
+        options = tf.data.Options()
+        # Seeded shuffles built inside flat_map carry a (stateless) dummy seed generator, which
+        # iterator checkpoints would otherwise refuse as external state; their seeds are fixed
+        # and their buffers and counters are saved, so a restore continues exactly.
+        options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+        return records.with_options(options)
+
+    def _shuffled(
+        self, pairs: tf.data.Dataset, size: int, epoch: int | tf.Tensor
+    ) -> tf.data.Dataset:
+        salt = (
+            tf.cast(epoch, tf.int64) * 1_000_003
+            + self.options.pipeline_id * 7_919
+            + self.shuffle_word
+        )
+        return pairs.shuffle(max(1, size), seed=tf.math.floormod(salt, 2**31 - 1))
+
+    def _service_epochs(self, first: int, end: int) -> tf.data.Dataset:
+        """On the tf.data service: one unit per (epoch, shard slot), so the dispatcher hands
+        shards out one by one."""
+        seed, num_shards = self.options.seed, self.num_shards
+
+        def unit(u: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            epoch = u // num_shards
+            order = shard_order(seed, epoch, num_shards)
+            shard = order[u % num_shards]
+            zero = tf.constant(0, tf.int64)
+            return shard, zero, zero, self.counts[shard], epoch
+
+        last = _ENDLESS if end == _ENDLESS else end * num_shards
+        units = tf.data.Dataset.range(first * num_shards, last).map(unit)
+        units = units.filter(lambda shard, start, cut, stop, epoch: stop > 0)
+        return self._read_units(units, None)
+
+    def _full_epoch_units(self, epoch: tf.Tensor, first: int, offset: int) -> tf.data.Dataset:
+        """This pipeline's units of full epoch ``epoch``: its run of the epoch's ranks."""
+        num_pipelines, pipeline_id = self.options.num_pipelines, self.options.pipeline_id
+        order = shard_order(self.options.seed, epoch, self.num_shards)
+        in_order = tf.gather(self.counts, order)
+        if num_pipelines == 1:
+            skip, take = tf.zeros_like(in_order), in_order
+        else:
+            q, r = divmod(self.total, num_pipelines)
+            rank_end = tf.cumsum(in_order)
+            rank_start = rank_end - in_order
+            rotation = tf.math.floormod(offset + (epoch - first) * r, num_pipelines)
+            ids = tf.range(num_pipelines, dtype=tf.int64)
+            extra = tf.cast(tf.math.floormod(ids - rotation, num_pipelines) < r, tf.int64)
+            bounds = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(q + extra)], axis=0)
+            lo, hi = bounds[pipeline_id], bounds[pipeline_id + 1]
+            skip = tf.clip_by_value(lo - rank_start, 0, in_order)
+            take = tf.maximum(tf.minimum(hi, rank_end) - tf.maximum(lo, rank_start), 0)
+        return tf.data.Dataset.from_tensor_slices(
+            (order, skip, skip, skip + take, tf.fill(tf.shape(order), epoch))
+        ).filter(lambda shard, start, cut, stop, epoch: stop > start)
+
+    def _read_units(self, units: tf.data.Dataset, bits: tf.Tensor | None) -> tf.data.Dataset:
+        """The ``(position, record)`` pairs of ``units``, interleaved; ``bits`` is the
+        delivered bitmap of the units' epoch, or None when nothing of it was delivered."""
+        # (shard, start, cut, stop, epoch) -> (path, ...): the shard cache's download-ahead
+        # needs the path in the element.
+        units = units.map(
+            lambda shard, start, cut, stop, epoch: (
+                self.paths[shard],
+                shard,
+                start,
+                cut,
+                stop,
+                epoch,
+            )
+        )
+        units = self.resolved.prepare_files(units, path_index=0)
+        return units.interleave(
+            lambda path, shard, start, cut, stop, epoch: self._read_unit(
+                shard, start, cut, stop, epoch, bits
+            ),
+            cycle_length=self.cycle,
+            block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=self.options.deterministic,
+        )
+
+    def _read_unit(
+        self,
         shard: tf.Tensor,
         start: tf.Tensor,
         cut: tf.Tensor,
@@ -288,19 +438,14 @@ def exact_epoch_records(
         epoch: tf.Tensor,
         bits: tf.Tensor | None,
     ) -> tf.data.Dataset:
-        marker = damage[shard]
-        first = epoch * n + bases_t[shard]
-
-        def region(lo: tf.Tensor, hi: tf.Tensor) -> tf.data.Dataset:
-            records = read_shard(paths[shard], sizes[shard], records_in[shard], marker, lo, hi)
-            return tf.data.Dataset.zip((tf.data.Dataset.range(first + lo, first + hi), records))
-
+        marker = self.damage[shard]
+        first = epoch * self.num_examples + self.bases[shard]
         # Records cut..stop-1 are all still needed: read plainly, the ones before skipped in
         # the file reader.
-        plain = region(cut, stop)
+        plain = self._region(shard, marker, first, cut, stop)
         if bits is None:
             return plain
-        epoch_start = epoch * n
+        epoch_start = epoch * self.num_examples
 
         def select(positions: tf.Tensor, records: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
             index = positions - epoch_start
@@ -315,108 +460,78 @@ def exact_epoch_records(
         # Records start..cut-1 mix delivered and needed ones: a bitmap lookup on blocks of
         # records (a tf.data function call per record cost about as much CPU as reading it).
         # An empty range (a shard the epoch has not taken from) opens nothing.
-        masked = region(start, cut).batch(_FILTER_BLOCK).map(select).unbatch()
+        masked = self._region(shard, marker, first, start, cut)
+        masked = masked.batch(_FILTER_BLOCK).map(select).unbatch()
         return masked.concatenate(plain)
 
-    def read_units(units: tf.data.Dataset, bits: tf.Tensor | None) -> tf.data.Dataset:
-        # (shard, start, cut, stop, epoch) -> (path, ...): the shard cache's download-ahead
-        # needs the path in the element.
-        units = units.map(
-            lambda shard, start, cut, stop, epoch: (paths[shard], shard, start, cut, stop, epoch)
+    def _region(
+        self, shard: tf.Tensor, marker: tf.Tensor, first: tf.Tensor, lo: tf.Tensor, hi: tf.Tensor
+    ) -> tf.data.Dataset:
+        """Records ``lo..hi-1`` of ``shard`` with their positions (``first`` is record 0's)."""
+        records = self.read_shard(
+            self.paths[shard], self.sizes[shard], self.records_in[shard], marker, lo, hi
         )
-        units = resolved.prepare_files(units, path_index=0)
-        return units.interleave(
-            lambda path, shard, start, cut, stop, epoch: read_unit(
-                shard, start, cut, stop, epoch, bits
-            ),
-            cycle_length=cycle,
-            block_length=1,
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=deterministic,
+        return tf.data.Dataset.zip((tf.data.Dataset.range(first + lo, first + hi), records))
+
+
+def exact_epoch_records(
+    resolved: ResolvedSource,
+    exclude: DeliveredSet,
+    *,
+    present: Sequence[bool],
+    damage_records: Sequence[bytes],
+    read_shard: ReadShard,
+    options: EpochStreamOptions,
+) -> tf.data.Dataset:
+    """The shuffled ``(position, serialized example)`` stream of one input pipeline.
+
+    Args:
+      resolved: the split (its shards in manifest order give the example indices).
+      exclude: what was already delivered; the stream starts with the rest of its epoch.
+      present: per shard, whether it can be read (False for a missing shard skipped under
+        ``skip_corrupt``: its examples never come).
+      damage_records: per shard, the reader's end-of-shard marker record.
+      read_shard: the reader's checked reader of records ``start..stop-1`` of one shard
+        ``(path, num_bytes, num_examples, damage_record, start, stop) -> records``.
+      options: the pipeline's place, epochs, shuffle and interleave.
+
+    Returns:
+      A dataset of ``(int64 position, string record)``.
+
+    Raises:
+      ValueError: if nothing is left to read (``num_epochs`` already reached).
+    """
+    true_counts = np.array([s.num_examples for s in resolved.shards], dtype=np.int64)
+    counts = true_counts * np.asarray(present, dtype=np.int64)
+    partial, offset = plan_partial_epochs(
+        exclude,
+        true_counts,
+        seed=options.seed,
+        num_pipelines=options.num_pipelines,
+        pipeline_id=options.pipeline_id,
+        present=present,
+    )
+    first_full = partial[-1].epoch + 1
+    end = _ENDLESS if options.num_epochs is None else options.num_epochs
+    partial = [share for share in partial if share.epoch < end]
+    if not partial and first_full >= end:
+        raise ValueError(
+            f"num_epochs={options.num_epochs} is already reached: the delivered set is at epoch "
+            f"{exclude.epoch}"
         )
-
-    def shuffled(pairs: tf.data.Dataset, size: int, epoch: int | tf.Tensor) -> tf.data.Dataset:
-        salt = tf.cast(epoch, tf.int64) * 1_000_003 + pipeline_id * 7_919 + shuffle_word
-        return pairs.shuffle(max(1, size), seed=tf.math.floormod(salt, 2**31 - 1))
-
-    streams = []
-    for share in partial:
-        start, cut, stop = _share_ranges(share, bases, true_counts)
-        units = tf.data.Dataset.from_tensor_slices(
-            (
-                tf.constant(share.shards, tf.int32),
-                tf.constant(start, tf.int64),
-                tf.constant(cut, tf.int64),
-                tf.constant(stop, tf.int64),
-                tf.fill([len(share.shards)], tf.constant(share.epoch, tf.int64)),
-            )
-        )
-        # Nothing delivered yet (a fresh start): no filter, so fresh epochs cost nothing extra.
-        bits = tf.constant(_pack_bits(share.mask), tf.uint8) if share.mask.any() else None
-        pairs = read_units(units, bits)
-        if not on_service:
-            pairs = shuffled(pairs, min(shuffle_buffer, share.examples), share.epoch)
-        streams.append(pairs)
-
-    total = int(counts.sum())
-    q, r = divmod(total, num_pipelines)
-
-    def full_units(epoch: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        order = shard_order(seed, epoch, num_shards)
-        in_order = tf.gather(counts_t, order)
-        if num_pipelines == 1:
-            return order, tf.zeros_like(in_order), in_order
-        rank_end = tf.cumsum(in_order)
-        rank_start = rank_end - in_order
-        rotation = tf.math.floormod(offset + (epoch - first_full) * r, num_pipelines)
-        ids = tf.range(num_pipelines, dtype=tf.int64)
-        extra = tf.cast(tf.math.floormod(ids - rotation, num_pipelines) < r, tf.int64)
-        bounds = tf.concat([tf.zeros([1], tf.int64), tf.cumsum(q + extra)], axis=0)
-        lo, hi = bounds[pipeline_id], bounds[pipeline_id + 1]
-        skip = tf.clip_by_value(lo - rank_start, 0, in_order)
-        take = tf.maximum(tf.minimum(hi, rank_end) - tf.maximum(lo, rank_start), 0)
-        return order, skip, take
-
+    reader = _EpochReader(
+        resolved,
+        counts,
+        options,
+        num_examples=exclude.num_examples,
+        damage_records=damage_records,
+        read_shard=read_shard,
+    )
+    bases = np.cumsum(true_counts) - true_counts
+    streams = [reader.begun_epoch(share, bases, true_counts) for share in partial]
     if first_full < end:
-        if on_service:
-            # One unit per (epoch, shard slot), so the dispatcher hands shards out one by one.
-            def unit(u: tf.Tensor) -> tuple[tf.Tensor, ...]:
-                epoch = u // num_shards
-                order = shard_order(seed, epoch, num_shards)
-                shard = order[u % num_shards]
-                zero = tf.constant(0, tf.int64)
-                return shard, zero, zero, counts_t[shard], epoch
-
-            last = _ENDLESS if end == _ENDLESS else end * num_shards
-            units = tf.data.Dataset.range(first_full * num_shards, last).map(unit)
-            units = units.filter(lambda shard, start, cut, stop, epoch: stop > 0)
-            streams.append(read_units(units, None))
-        else:
-            share_size = -(-total // num_pipelines)
-
-            def epoch_records(epoch: tf.Tensor) -> tf.data.Dataset:
-                order, skip, take = full_units(epoch)
-                units = tf.data.Dataset.from_tensor_slices(
-                    (order, skip, skip, skip + take, tf.fill(tf.shape(order), epoch))
-                ).filter(lambda shard, start, cut, stop, epoch: stop > start)
-                return shuffled(read_units(units, None), min(shuffle_buffer, share_size), epoch)
-
-            streams.append(tf.data.Dataset.range(first_full, end).flat_map(epoch_records))
-
-    records = streams[0]
-    for stream in streams[1:]:
-        records = records.concatenate(stream)
-    if on_service:
-        # Neighbouring epochs overlap by what the service's workers hold in flight; kept well
-        # under an epoch so one is complete before the one after next begins.
-        buffer = max(1, min(shuffle_buffer, n // _SERVICE_SHARE))
-        records = records.shuffle(buffer, seed=shuffle_word % (2**31 - 1))
-    options = tf.data.Options()
-    # Seeded shuffles built inside flat_map carry a (stateless) dummy seed generator, which
-    # iterator checkpoints would otherwise refuse as external state; their seeds are fixed
-    # and their buffers and counters are saved, so a restore continues exactly.
-    options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
-    return records.with_options(options)
+        streams.append(reader.full_epochs(first_full, end, offset))
+    return reader.joined(streams)
 
 
 def exact_epoch_dataset(
@@ -433,10 +548,69 @@ def exact_epoch_dataset(
     Raises:
       ValueError: if the source has no manifest, or ``exclude`` was taken on another split.
     """
-    from tfrecord_io import reader
-
     exclude = config.exclude
     assert exclude is not None
+    _check_exclude(exclude, resolved)
+    if service is not None or input_context is None:
+        pipeline_id, num_pipelines = 0, 1
+    else:
+        pipeline_id = input_context.input_pipeline_id
+        num_pipelines = input_context.num_input_pipelines
+    kept, guard_missing = present_shards(resolved.shards, config.skip_corrupt, corruption_counter)
+    kept_paths = {s.path for s in kept}
+    reader = ShardReader.for_shards(
+        config, resolved, kept, guard_missing=guard_missing, counter=corruption_counter
+    )
+    seed = config.seed if config.seed is not None else exclude.seed
+    _, _, aug_seed = derive_seeds(seed, pipeline_id)
+    # In-process the order is a function of seed and history; the service never keeps order.
+    deterministic = True if service is None else config.is_deterministic
+    records = exact_epoch_records(
+        resolved,
+        exclude,
+        present=[s.path in kept_paths for s in resolved.shards],
+        damage_records=damage_records(resolved.shards),
+        read_shard=reader.read_range,
+        options=EpochStreamOptions(
+            seed=seed,
+            pipeline_id=pipeline_id,
+            num_pipelines=num_pipelines,
+            num_epochs=config.num_epochs,
+            on_service=service is not None,
+            shuffle_buffer=record_shuffle_buffer(config, resolved, kept, batch_size),
+            cycle_length=config.cycle_length or DEFAULT_CYCLE_LENGTH,
+            deterministic=deterministic,
+        ),
+    )
+    records = tf.data.Dataset.zip((records, tf.data.Dataset.random(seed=aug_seed)))
+    decode_records = batch_decoder(make_decode_config(config, resolved))
+
+    def decode(pair: tuple[tf.Tensor, tf.Tensor], seeds: tf.Tensor) -> tuple[tf.Tensor, ...]:
+        positions, serialized = pair
+        return (*decode_records(serialized, seeds), positions)
+
+    return batch_and_decode(
+        records,
+        decode,
+        batch_size=batch_size,
+        training=True,
+        deterministic=deterministic,
+        options=pipeline_options(config, deterministic, True, service),
+        service=service,
+        # A message is what a service worker holds and sends at once: bounded like its shuffle
+        # (1/64 of an epoch), so neighbouring epochs overlap by little. Whole messages of 128
+        # examples over a small split would hand the trainer a next epoch's examples first.
+        max_examples_per_message=service_message_cap(exclude.num_examples, batch_size),
+    )
+
+
+def _check_exclude(exclude: DeliveredSet, resolved: ResolvedSource) -> None:
+    """Checks ``exclude`` was taken on this very split.
+
+    Raises:
+      ValueError: if the source has no manifest, or ``exclude`` was taken on another split or
+        another layout of it.
+    """
     if resolved.manifest is None:
         raise ValueError(
             f"exclude= needs a dataset with dataset.json (example indices come from its record "
@@ -455,77 +629,3 @@ def exact_epoch_dataset(
             f"{resolved.source} (split digest {exclude.split}, this one {digest}): its indices "
             "would name other examples"
         )
-    if service is not None or input_context is None:
-        pipeline_id, num_pipelines = 0, 1
-    else:
-        pipeline_id = input_context.input_pipeline_id
-        num_pipelines = input_context.num_input_pipelines
-    kept, guard_missing = reader._present_shards(
-        resolved.shards, config.skip_corrupt, corruption_counter
-    )
-    kept_paths = {s.path for s in kept}
-    readahead = reader._file_readahead(kept)
-    seed = config.seed if config.seed is not None else exclude.seed
-    _, _, aug_seed = reader._derive_seeds(seed, pipeline_id)
-    # In-process the order is a function of seed and history; the service never keeps order.
-    deterministic = True if service is None else config.is_deterministic
-
-    def read_shard(
-        path: tf.Tensor,
-        num_bytes: tf.Tensor,
-        num_examples: tf.Tensor,
-        damage: tf.Tensor,
-        start: tf.Tensor,
-        stop: tf.Tensor,
-    ) -> tf.data.Dataset:
-        return reader._read_shard(
-            path,
-            num_bytes,
-            num_examples,
-            damage,
-            read_buffer_bytes=config.read_buffer_bytes,
-            skip_corrupt=config.skip_corrupt,
-            counter=corruption_counter,
-            guard_missing=guard_missing,
-            counts_known=True,
-            readahead=readahead,
-            resolved=resolved,
-            records_range=(start, stop),
-        )
-
-    records = exact_epoch_records(
-        resolved,
-        exclude,
-        present=[s.path in kept_paths for s in resolved.shards],
-        damage_records=[shard_damage_record(reader._damage_message(s)) for s in resolved.shards],
-        read_shard=read_shard,
-        seed=seed,
-        pipeline_id=pipeline_id,
-        num_pipelines=num_pipelines,
-        num_epochs=config.num_epochs,
-        on_service=service is not None,
-        shuffle_buffer=reader._shuffle_buffer(config, resolved, kept, batch_size),
-        cycle_length=config.cycle_length or reader._DEFAULT_CYCLE_LENGTH,
-        deterministic=deterministic,
-    )
-    records = tf.data.Dataset.zip((records, tf.data.Dataset.random(seed=aug_seed)))
-    decode_config = reader._decode_config(config, resolved)
-
-    def decode(pair: tuple[tf.Tensor, tf.Tensor], seeds: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        positions, serialized = pair
-        decoded = decode_batch(parse_batch(serialized, decode_config), seeds, decode_config)
-        return (*decoded, positions)
-
-    return reader._batch_and_decode(
-        records,
-        decode,
-        batch_size=batch_size,
-        training=True,
-        deterministic=deterministic,
-        options=reader._options(config, deterministic, True, service),
-        service=service,
-        # A message is what a service worker holds and sends at once: bounded like its shuffle
-        # (1/64 of an epoch), so neighbouring epochs overlap by little. Whole messages of 128
-        # examples over a small split would hand the trainer a next epoch's examples first.
-        max_examples_per_message=service_message_cap(exclude.num_examples, batch_size),
-    )

@@ -106,7 +106,7 @@ def read_range(path: str, start: int, end: int) -> bytes:
       ValueError: if the file ends before ``end``, naming it.
       OSError: from storage (object-store errors name the URI).
     """
-    store = _source._object_store(path)
+    store = _source.object_store_for(path)
     if store is not None:
         return store.read_range(path, start, end)
     if _source.is_remote(path):
@@ -116,7 +116,7 @@ def read_range(path: str, start: int, end: int) -> bytes:
             handle.seek(start)
             data = handle.read(end - start)
     else:
-        with open(_source._local(path), "rb") as handle:
+        with open(_source.local_path(path), "rb") as handle:
             handle.seek(start)
             data = handle.read(end - start)
     if len(data) != end - start:

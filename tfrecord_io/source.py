@@ -37,10 +37,12 @@ __all__ = [
     "is_remote",
     "join",
     "local_copy",
+    "local_path",
     "load_manifest",
     "manifest_path",
     "label_names",
     "num_classes",
+    "object_store_for",
     "open_binary",
     "read_bytes",
     "reads_natively",
@@ -166,14 +168,18 @@ def reads_natively(path: str) -> bool:
     return True
 
 
-def _object_store(path: str) -> ObjectStore | None:
-    """The store for URIs TensorFlow cannot open itself, else None."""
+def object_store_for(path: str) -> ObjectStore | None:
+    """The object store that serves ``path``, for the URIs TensorFlow cannot open itself
+    (``s3://``, and ``gs://`` under ``STORAGE_EMULATOR_HOST``); None for anything else (local
+    paths and the URIs TensorFlow reads through ``tf.io.gfile``).
+    """
     if is_object_store_uri(path) and not reads_natively(path):
         return get_store(path)
     return None
 
 
-def _local(path: str) -> str:
+def local_path(path: str) -> str:
+    """The plain filesystem path of a local path or ``file://`` URI (given as is otherwise)."""
     return path[len("file://") :] if path.startswith("file://") else path
 
 
@@ -181,12 +187,12 @@ def join(root: str, relative: str) -> str:
     """Joins a dataset root and a manifest-relative path (``/``-separated) for local or URI roots."""
     if is_remote(root):
         return posixpath.join(root.rstrip("/") + "/", relative)
-    return os.path.join(_local(root), *relative.split("/"))
+    return os.path.join(local_path(root), *relative.split("/"))
 
 
 def read_bytes(path: str) -> bytes:
     """Reads a whole (small) file such as ``dataset.json``."""
-    store = _object_store(path)
+    store = object_store_for(path)
     if store is not None:
         return store.read_bytes(path)
     if is_remote(path):
@@ -194,20 +200,20 @@ def read_bytes(path: str) -> bytes:
 
         with tf.io.gfile.GFile(path, "rb") as f:
             return f.read()
-    with open(_local(path), "rb") as f:
+    with open(local_path(path), "rb") as f:
         return f.read()
 
 
 def exists(path: str) -> bool:
     """True if a file or directory exists at a local path or URI."""
-    store = _object_store(path)
+    store = object_store_for(path)
     if store is not None:
         return store.exists(path) or store.isdir(path)
     if is_remote(path):
         import tensorflow as tf
 
         return tf.io.gfile.exists(path)
-    return os.path.exists(_local(path))
+    return os.path.exists(local_path(path))
 
 
 def open_binary(path: str) -> BinaryIO:
@@ -215,7 +221,7 @@ def open_binary(path: str) -> BinaryIO:
 
     An object-store URI is first downloaded to an anonymous temporary file.
     """
-    store = _object_store(path)
+    store = object_store_for(path)
     if store is not None:
         local = tempfile.NamedTemporaryFile(prefix="tfrecord_io-")  # returned
         try:
@@ -229,14 +235,14 @@ def open_binary(path: str) -> BinaryIO:
         import tensorflow as tf
 
         return tf.io.gfile.GFile(path, "rb")
-    return open(_local(path), "rb")
+    return open(local_path(path), "rb")
 
 
 @contextlib.contextmanager
 def local_copy(path: str) -> Iterator[str]:
     """A path TensorFlow can open for ``path``: itself, or a temporary download of an
     object-store URI that is deleted afterwards (for one-pass reads such as verification)."""
-    store = _object_store(path)
+    store = object_store_for(path)
     if store is None:
         yield path
         return
@@ -247,42 +253,44 @@ def local_copy(path: str) -> Iterator[str]:
 
 
 def _isdir(path: str) -> bool:
-    store = _object_store(path)
+    store = object_store_for(path)
     if store is not None:
         return store.isdir(path)
     if is_remote(path):
         import tensorflow as tf
 
         return tf.io.gfile.isdir(path)
-    return os.path.isdir(_local(path))
+    return os.path.isdir(local_path(path))
 
 
 def file_size(path: str) -> int:
     """Size in bytes of the file at a local path or URI."""
-    store = _object_store(path)
+    store = object_store_for(path)
     if store is not None:
         return store.size(path)
     if is_remote(path):
         import tensorflow as tf
 
         return tf.io.gfile.stat(path).length
-    return os.path.getsize(_local(path))
+    return os.path.getsize(local_path(path))
 
 
 def _glob(pattern: str) -> list[str]:
-    store = _object_store(pattern)
+    store = object_store_for(pattern)
     if store is not None:
         return store.glob(pattern)
     if is_remote(pattern):
         import tensorflow as tf
 
         return sorted(tf.io.gfile.glob(pattern))
-    return sorted(p for p in glob.glob(_local(pattern)) if os.path.isfile(p))
+    return sorted(p for p in glob.glob(local_path(pattern)) if os.path.isfile(p))
 
 
 def _follow_latest(pointer: str) -> str:
     """The version directory a ``latest`` pointer file names (a sibling of the pointer)."""
-    parent = posixpath.dirname(pointer) if is_remote(pointer) else os.path.dirname(_local(pointer))
+    parent = (
+        posixpath.dirname(pointer) if is_remote(pointer) else os.path.dirname(local_path(pointer))
+    )
     version = parse_latest_pointer(read_bytes(pointer), name=pointer)
     target = join(parent, version)
     if not exists(join(target, MANIFEST_NAME)):
@@ -418,7 +426,7 @@ def resolve_source(
             manifest,
             shards,
             manifest.label_names,
-            streamed=_object_store(root) is not None,
+            streamed=object_store_for(root) is not None,
             cache_config=cache,
         )
 
@@ -446,6 +454,6 @@ def resolve_source(
         None,
         shards,
         None,
-        streamed=_object_store(text) is not None,
+        streamed=object_store_for(text) is not None,
         cache_config=cache,
     )

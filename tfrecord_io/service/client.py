@@ -56,6 +56,7 @@ __all__ = [
     "DistributeOptions",
     "distribute_dataset",
     "enable_bulk_reads",
+    "split_message",
     "training_job_name",
 ]
 
@@ -169,7 +170,7 @@ class ServiceConfig:
         memory (message bytes times this number). None lets tf.data choose.
       examples_per_message: in training, the workers send at least this many examples per
         message, as whole per-replica batches that the trainer splits apart without copying
-        (``reader._batch_and_decode``). Each message costs the trainer a fixed amount of CPU
+        (``split_message``). Each message costs the trainer a fixed amount of CPU
         whatever its size, which dominated at small per-replica batches: at a batch of 32,
         one batch per message cost the trainer about three times the CPU per example of 128.
         1 sends each batch by itself. Eval passes always send one batch per message.
@@ -369,4 +370,22 @@ def distribute_dataset(
             # tf.data spells "no compression" as None.
             compression=None if options.compression == "NONE" else options.compression,
         )
+    )
+
+
+def split_message(parts: tuple[tf.Tensor, ...], batch_size: int) -> tf.data.Dataset:
+    """The whole batches of ``batch_size`` in one message of several batches (see
+    ``ServiceConfig.examples_per_message``): use it as ``messages.flat_map(lambda *parts:
+    split_message(parts, batch_size))``. The examples of a short last message beyond its whole
+    batches are dropped.
+
+    Nothing is copied: a full message's slice is the identity, the reshape a view, and
+    ``from_tensor_slices`` hands out aligned slices of its tensors as they are (TensorFlow
+    copies a slice only when it is not aligned: a few label bytes at most).
+    """
+    import tensorflow as tf
+
+    whole = tf.shape(parts[0])[0] // batch_size * batch_size
+    return tf.data.Dataset.from_tensor_slices(
+        tuple(tf.reshape(part[:whole], [-1, batch_size, *part.shape[1:]]) for part in parts)
     )

@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_STOP_TIMEOUT_S",
     "DispatcherSettings",
     "WorkerSettings",
+    "command_line_parser",
     "serve_dispatcher",
     "serve_worker",
     "main",
@@ -357,7 +358,9 @@ def _settings(cls: Any, args: argparse.Namespace) -> Any:
     return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
 
 
-def _parser() -> argparse.ArgumentParser:
+def command_line_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m tfrecord_io.service``: one subcommand per role, whose flags
+    are the fields of its settings dataclass."""
     parser = StrictArgumentParser(
         prog=command_name("tfrecord_io.service"),
         description="Run a tf.data service dispatcher or worker.",
@@ -375,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
       The process exit status.
     """
     quiet_tensorflow()
-    parser = _parser()
+    parser = command_line_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO,
