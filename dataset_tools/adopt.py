@@ -35,15 +35,9 @@ from typing import Any
 from catalog.index_files import format_index, index_filename
 from catalog.table import build_table, catalog_filename, table_bytes
 from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from dataset_tools.foreign import ADOPTED_OPTION, ForeignRecord, parse_foreign
 from schemas import (
-    KEY_ENCODED,
-    KEY_FILENAME,
-    KEY_FORMAT,
-    KEY_HEIGHT,
     KEY_LABEL,
-    KEY_SHA256,
-    KEY_TEXT,
-    KEY_WIDTH,
     MANIFEST_NAME,
     Counts,
     FileInfo,
@@ -51,98 +45,15 @@ from schemas import (
     Manifest,
     ShardInfo,
     SplitInfo,
-    example_proto,
 )
 from schemas.framing import FrameError, iter_frames
 from schemas.tfds_metadata import OUR_KEYS, tfds_metadata_files
 from tfrecord_io import source as _source
 
-__all__ = ["ADOPTED_OPTION", "ForeignRecord", "parse_foreign", "adopt", "main"]
+__all__ = ["adopt", "main"]
 
-ADOPTED_OPTION = "adopted"
-_KEY_SYNSET = "image/class/synset"
 _SPLIT_RE = re.compile(r"^(?P<split>[a-z][a-z0-9_]*)-\d+-of-\d+(\.[A-Za-z0-9]+)?$")
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 _NOT_SHARDS = (".idx", ".json", ".jsonl", ".parquet", ".txt")
-_MAGIC = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"))
-
-
-@dataclasses.dataclass(frozen=True)
-class ForeignRecord:
-    """What adoption (and verification of an adopted dataset) reads from one example.
-
-    ``label`` is already shifted by the label offset; None fields were absent.
-    """
-
-    key: str
-    label: int | None
-    text: str | None
-    synset: str | None
-    uri: str | None
-    height: int | None
-    width: int | None
-    format: str | None
-    keys: frozenset[str]
-
-
-def _one(feature: Any, key: str, kind: str) -> Any:
-    if key not in feature or feature[key].WhichOneof("kind") != kind:
-        return None
-    values = getattr(feature[key], kind).value
-    return values[0] if len(values) == 1 else None
-
-
-def _text(feature: Any, key: str) -> str | None:
-    value = _one(feature, key, "bytes_list")
-    if value is None:
-        return None
-    try:
-        return value.decode("utf-8") or None
-    except UnicodeDecodeError:
-        return None
-
-
-def parse_foreign(payload: bytes, *, label_offset: int = 0, where: str = "record") -> ForeignRecord:
-    """Reads a foreign example's fields (TensorFlow's ImageNet keys), without TensorFlow.
-
-    Raises:
-      ValueError: naming ``where`` if the payload is not an Example with ``image/encoded``, or
-        its label minus ``label_offset`` is negative.
-    """
-    try:
-        example = example_proto.Example.FromString(payload)
-    except Exception as e:  # protobuf's DecodeError is not a ValueError
-        raise ValueError(f"{where}: not a serialised tf.train.Example ({e})") from e
-    feature = example.features.feature
-    encoded = _one(feature, KEY_ENCODED, "bytes_list")
-    if not encoded:
-        raise ValueError(f"{where}: has no {KEY_ENCODED!r} bytes (keys: {sorted(feature)})")
-    stored_key = _text(feature, KEY_SHA256)
-    key = stored_key if stored_key and _SHA256_RE.match(stored_key) else None
-    label = _one(feature, KEY_LABEL, "int64_list")
-    if label is not None:
-        label = int(label) - label_offset
-        if label < 0:
-            raise ValueError(
-                f"{where}: label {label + label_offset} minus --label_offset {label_offset} is "
-                "negative; pass the offset the shards' labels start at"
-            )
-    fmt = _text(feature, KEY_FORMAT)
-    if fmt is None:
-        fmt = next((name for magic, name in _MAGIC if encoded.startswith(magic)), None)
-    height = _one(feature, KEY_HEIGHT, "int64_list")
-    width = _one(feature, KEY_WIDTH, "int64_list")
-    return ForeignRecord(
-        key=key or hashlib.sha256(encoded).hexdigest(),
-        label=label,
-        text=_text(feature, KEY_TEXT),
-        synset=_text(feature, _KEY_SYNSET),
-        uri=_text(feature, KEY_FILENAME),
-        height=int(height) if height is not None else None,
-        width=int(width) if width is not None else None,
-        format=fmt.upper() if fmt else None,
-        keys=frozenset(feature),
-    )
 
 
 @dataclasses.dataclass
@@ -198,6 +109,150 @@ def _parent(path: str) -> str:
     return posixpath.dirname(path) if _source.is_remote(path) else os.path.dirname(path)
 
 
+@dataclasses.dataclass
+class _Scan:
+    """What one pass over the shards found: per split its shards and catalog columns, each
+    shard's index file, and what the manifest says of the whole (classes, image sizes and
+    formats, the feature keys every example has)."""
+
+    label_offset: int
+    default_split: str
+    splits: dict[str, _Split] = dataclasses.field(default_factory=dict)
+    index_files: dict[str, bytes] = dataclasses.field(default_factory=dict)
+    names: dict[int, tuple[str | None, str | None]] = dataclasses.field(default_factory=dict)
+    common_keys: frozenset[str] | None = None
+    shorter_sides: list[int] = dataclasses.field(default_factory=list)
+    formats: dict[str, int] = dataclasses.field(default_factory=dict)
+    max_label: int = -1
+
+    def add_shard(self, path: str) -> None:
+        """Reads one shard: every record's catalog row, the index file and the shard's entry.
+
+        Raises:
+          FrameError: for a damaged record (naming the shard and the byte offset).
+          ValueError: for a record that is not an Example with an image, or a bad label.
+        """
+        name = posixpath.basename(path) if _source.is_remote(path) else os.path.basename(path)
+        split_name = _split_of(name, self.default_split)
+        target = self.splits.setdefault(split_name, _Split())
+        entries = []
+        digest: list[tuple[int, str]] = []
+        with _source.open_binary(path) as stream:
+            for number, frame in enumerate(iter_frames(stream, name=path, digest=digest)):
+                record = parse_foreign(
+                    frame.payload, label_offset=self.label_offset, where=f"{path} record {number}"
+                )
+                entries.append((frame.offset, frame.length))
+                self._note(record)
+                for column, value in (
+                    ("key", record.key),
+                    ("uri", record.uri),
+                    ("label", record.label),
+                    ("text", record.text),
+                    ("split", split_name),
+                    ("shard", name),
+                    ("record", number),
+                    ("offset", frame.offset),
+                    ("length", frame.length),
+                    ("height", record.height),
+                    ("width", record.width),
+                    ("format", record.format),
+                ):
+                    target.add(column, value)
+        num_bytes, sha256 = digest[0]
+        index_name = index_filename(name)
+        index = self.index_files[index_name] = format_index(entries)
+        target.shards.append(
+            ShardInfo(
+                file=name,
+                num_examples=len(entries),
+                num_bytes=num_bytes,
+                sha256=sha256,
+                index=FileInfo(index_name, len(index), hashlib.sha256(index).hexdigest()),
+            )
+        )
+
+    def _note(self, record: ForeignRecord) -> None:
+        """Adds what the manifest needs of one record."""
+        keys = self.common_keys
+        self.common_keys = record.keys if keys is None else keys & record.keys
+        if record.label is not None:
+            self.max_label = max(self.max_label, record.label)
+            self.names.setdefault(record.label, (record.synset, record.text))
+        if record.height and record.width:
+            self.shorter_sides.append(min(record.height, record.width))
+        if record.format:
+            self.formats[record.format] = self.formats.get(record.format, 0) + 1
+
+    def split_infos(self) -> tuple[dict[str, SplitInfo], dict[str, bytes]]:
+        """Each split's entry in ``dataset.json``, and its catalog's bytes by file name."""
+        split_infos = {}
+        catalogs: dict[str, bytes] = {}
+        for split_name, target in sorted(self.splits.items()):
+            count = sum(s.num_examples for s in target.shards)
+            target.columns.setdefault("key", [])
+            columns = {k: v for k, v in target.columns.items()}
+            columns["index"] = list(range(count))
+            for column in ("split", "shard", "record", "offset", "length"):
+                columns.setdefault(column, [])
+            data = catalogs[catalog_filename(split_name)] = table_bytes(build_table(columns))
+            split_infos[split_name] = SplitInfo(
+                num_examples=count,
+                shards=tuple(target.shards),
+                catalog=FileInfo(
+                    catalog_filename(split_name), len(data), hashlib.sha256(data).hexdigest()
+                ),
+            )
+        return split_infos, catalogs
+
+    def manifest(
+        self, split_infos: dict[str, SplitInfo], *, pattern: str, shard_root: str | None
+    ) -> Manifest:
+        """The ``dataset.json`` that describes the shards scanned."""
+        total = sum(s.num_examples for s in split_infos.values())
+        formats = self.formats
+        encoding = "png" if formats and max(formats, key=lambda f: formats[f]) == "PNG" else "jpeg"
+        return Manifest(
+            label_names=tuple(_label_names(self.names, self.max_label + 1)),
+            splits=split_infos,
+            counts=Counts(input=total, written=total, rejected=0, duplicates=0),
+            image=ImageSpec(
+                encoding=encoding, image_size=max(self.shorter_sides, default=1), crop="none"
+            ),
+            options={
+                ADOPTED_OPTION: {
+                    "pattern": pattern,
+                    "label_offset": self.label_offset,
+                    "key": "image/key/sha256, else the SHA-256 of image/encoded",
+                }
+            },
+            shard_root=shard_root,
+        )
+
+
+def _shard_paths(pattern: str, split: str) -> tuple[list[str], str]:
+    """The shards ``pattern`` matches, and the one directory that holds them.
+
+    Raises:
+      FileNotFoundError: if nothing matches ``pattern``.
+      ValueError: if ``pattern`` is a dataset already, or matches shards in several directories.
+    """
+    resolved = _source.resolve_source(pattern, split)
+    if resolved.manifest is not None:
+        raise ValueError(f"{pattern} is already a dataset (it has {MANIFEST_NAME})")
+    # A glob like 'DIR/train-*' also matches what an earlier adoption wrote next to the shards.
+    paths = [p for p in resolved.paths if not p.endswith(_NOT_SHARDS)]
+    if not paths:
+        raise FileNotFoundError(f"{pattern} matches no TFRecord shards")
+    directories = {_parent(p) for p in paths}
+    if len(directories) != 1:
+        raise ValueError(
+            f"{pattern} matches shards in {len(directories)} directories; adopt one directory "
+            "at a time (a glob like 'DIR/train-*')"
+        )
+    return paths, directories.pop() or "."
+
+
 def adopt(
     pattern: str,
     *,
@@ -226,20 +281,7 @@ def adopt(
     """
     if label_offset < 0:
         raise ValueError(f"--label_offset must be >= 0, got {label_offset}")
-    resolved = _source.resolve_source(pattern, split)
-    if resolved.manifest is not None:
-        raise ValueError(f"{pattern} is already a dataset (it has {MANIFEST_NAME})")
-    # A glob like 'DIR/train-*' also matches what an earlier adoption wrote next to the shards.
-    paths = [p for p in resolved.paths if not p.endswith(_NOT_SHARDS)]
-    if not paths:
-        raise FileNotFoundError(f"{pattern} matches no TFRecord shards")
-    directories = {_parent(p) for p in paths}
-    if len(directories) != 1:
-        raise ValueError(
-            f"{pattern} matches shards in {len(directories)} directories; adopt one directory "
-            "at a time (a glob like 'DIR/train-*')"
-        )
-    shard_dir = directories.pop() or "."
+    paths, shard_dir = _shard_paths(pattern, split)
     root = output.rstrip("/") if output else shard_dir
     manifest_path = _source.join(root, MANIFEST_NAME)
     if _source.exists(manifest_path) and not overwrite:
@@ -247,116 +289,39 @@ def adopt(
             f"{manifest_path} already exists; pass --overwrite to replace it, or choose another "
             "--output"
         )
-    splits: dict[str, _Split] = {}
-    names: dict[int, tuple[str | None, str | None]] = {}
-    common_keys: frozenset[str] | None = None
-    shorter_sides: list[int] = []
-    formats: dict[str, int] = {}
-    max_label = -1
-    index_files: dict[str, bytes] = {}
+    scan = _Scan(label_offset=label_offset, default_split=split)
     for path in paths:
-        name = posixpath.basename(path) if _source.is_remote(path) else os.path.basename(path)
-        split_name = _split_of(name, split)
-        target = splits.setdefault(split_name, _Split())
-        entries = []
-        digest: list[tuple[int, str]] = []
-        with _source.open_binary(path) as stream:
-            for number, frame in enumerate(iter_frames(stream, name=path, digest=digest)):
-                record = parse_foreign(
-                    frame.payload, label_offset=label_offset, where=f"{path} record {number}"
-                )
-                entries.append((frame.offset, frame.length))
-                common_keys = record.keys if common_keys is None else common_keys & record.keys
-                if record.label is not None:
-                    max_label = max(max_label, record.label)
-                    names.setdefault(record.label, (record.synset, record.text))
-                if record.height and record.width:
-                    shorter_sides.append(min(record.height, record.width))
-                if record.format:
-                    formats[record.format] = formats.get(record.format, 0) + 1
-                for column, value in (
-                    ("key", record.key),
-                    ("uri", record.uri),
-                    ("label", record.label),
-                    ("text", record.text),
-                    ("split", split_name),
-                    ("shard", name),
-                    ("record", number),
-                    ("offset", frame.offset),
-                    ("length", frame.length),
-                    ("height", record.height),
-                    ("width", record.width),
-                    ("format", record.format),
-                ):
-                    target.add(column, value)
-        num_bytes, sha256 = digest[0]
-        index_name = index_filename(name)
-        index_files[index_name] = format_index(entries)
-        target.shards.append(
-            ShardInfo(
-                file=name,
-                num_examples=len(entries),
-                num_bytes=num_bytes,
-                sha256=sha256,
-                index=FileInfo(
-                    index_name,
-                    len(index_files[index_name]),
-                    hashlib.sha256(index_files[index_name]).hexdigest(),
-                ),
-            )
-        )
-
-    label_names = _label_names(names, max_label + 1)
-    split_infos = {}
-    catalogs: dict[str, bytes] = {}
-    for split_name, target in sorted(splits.items()):
-        count = sum(s.num_examples for s in target.shards)
-        target.columns.setdefault("key", [])
-        columns = {k: v for k, v in target.columns.items()}
-        columns["index"] = list(range(count))
-        for column in ("split", "shard", "record", "offset", "length"):
-            columns.setdefault(column, [])
-        catalogs[catalog_filename(split_name)] = table_bytes(build_table(columns))
-        data = catalogs[catalog_filename(split_name)]
-        split_infos[split_name] = SplitInfo(
-            num_examples=count,
-            shards=tuple(target.shards),
-            catalog=FileInfo(
-                catalog_filename(split_name), len(data), hashlib.sha256(data).hexdigest()
-            ),
-        )
-    total = sum(s.num_examples for s in split_infos.values())
-    encoding = "png" if formats and max(formats, key=lambda f: formats[f]) == "PNG" else "jpeg"
-    manifest = Manifest(
-        label_names=tuple(label_names),
-        splits=split_infos,
-        counts=Counts(input=total, written=total, rejected=0, duplicates=0),
-        image=ImageSpec(encoding=encoding, image_size=max(shorter_sides, default=1), crop="none"),
-        options={
-            ADOPTED_OPTION: {
-                "pattern": pattern,
-                "label_offset": label_offset,
-                "key": "image/key/sha256, else the SHA-256 of image/encoded",
-            }
-        },
+        scan.add_shard(path)
+    split_infos, catalogs = scan.split_infos()
+    manifest = scan.manifest(
+        split_infos,
+        pattern=pattern,
         shard_root=None if _same_place(root, shard_dir) else shard_dir,
     )
-    for name, data in sorted(index_files.items()):
+    for name, data in sorted(scan.index_files.items()):
         _write(_source.join(root, name), data)
     for name, data in sorted(catalogs.items()):
         _write(_source.join(root, name), data)
     if manifest.shard_root is None:
-        keys = [k for k in OUR_KEYS if common_keys and k in common_keys]
-        try:
-            tfds_files = tfds_metadata_files(
-                manifest, keys=keys, class_label=label_offset == 0 and KEY_LABEL in keys
-            )
-        except ValueError:
-            tfds_files = {}  # names tfds has no template for: the other tools still work
-        for name, text in sorted(tfds_files.items()):
-            _write(_source.join(root, name), text.encode("utf-8"))
+        _write_tfds_metadata(root, manifest, scan.common_keys, label_offset=label_offset)
+    # dataset.json last: a dataset is only there once everything it lists is.
     _write(manifest_path, manifest.to_json().encode("utf-8"))
     return manifest
+
+
+def _write_tfds_metadata(
+    root: str, manifest: Manifest, common_keys: frozenset[str] | None, *, label_offset: int
+) -> None:
+    """Writes tfds' metadata files next to the shards, so tfds can read them where they are."""
+    keys = [k for k in OUR_KEYS if common_keys and k in common_keys]
+    try:
+        tfds_files = tfds_metadata_files(
+            manifest, keys=keys, class_label=label_offset == 0 and KEY_LABEL in keys
+        )
+    except ValueError:
+        tfds_files = {}  # names tfds has no template for: the other tools still work
+    for name, text in sorted(tfds_files.items()):
+        _write(_source.join(root, name), text.encode("utf-8"))
 
 
 def _same_place(a: str, b: str) -> bool:
