@@ -50,7 +50,7 @@ DCT_METHODS = ("", "INTEGER_FAST", "INTEGER_ACCURATE")
 _FULL_IMAGE_BOX = (((0.0, 0.0, 1.0, 1.0),),)  # [1, 1, 4]: the whole image
 
 # The reader places a record with this key after each shard's last committed record, where
-# only a shard that read short reaches it (see ``reader._read_shard``). Its value names the
+# only a shard that read short reaches it (see ``shard_reading.ShardReader``). Its value names the
 # shard; examples never carry the key, and parse it as "".
 SHARD_DAMAGE_KEY = "tfrecord_io/damaged_shard"
 
