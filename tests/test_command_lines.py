@@ -96,13 +96,13 @@ MISSPELLED = [
     ("beam_pipelines.images_to_tfrecord", ["--input", "IN", "--output", "OUT", "--num-shards", "3"], "--num_shards"),
     ("beam_pipelines.images_to_tfrecord", ["--input", "IN", "--output", "OUT", "--direct_num_worker", "2"], "--direct_num_workers"),
     ("beam_pipelines.samples", ["--output", "OUT", "--per-class", "3"], "--per_class"),
-    ("tfrecord_io.verify", ["IN", "--jsn"], "--json"),
+    ("dataset_tools.verify", ["IN", "--jsn"], "--json"),
     ("tfrecord_io.service", ["dispatcher", "--port", "0", "--work-dir", "OUT"], "--work_dir"),
     ("trainer.train", ["--data", "IN", "--model_dir", "OUT", "--stpes", "5"], "--steps"),
     ("trainer.diagnose", ["OUT", "--treshold", "input_wait=0.1"], "--threshold"),
     ("dataset_tools.diff", ["IN", "OUT", "--limt", "3"], "--limit"),
     ("dataset_tools.adopt", ["IN/*.tfrecord", "--output", "OUT", "--label-offset", "1"], "--label_offset"),
-    ("tfrecord_io.inspect", ["IN", "--out", "OUT", "--fail-on-leakage"], "--fail_on_leakage"),
+    ("dataset_tools.inspect", ["IN", "--out", "OUT", "--fail-on-leakage"], "--fail_on_leakage"),
     ("beam_pipelines.versions", ["OUT", "--set-latest", "v0001"], "--set_latest"),
 ]  # fmt: skip
 

@@ -14,7 +14,7 @@ import tensorflow as tf
 from dataset_tools.verify import VerifyReport, verify_dataset
 from schemas import MANIFEST_NAME, ImageRecord, serialize_record
 from tests.fixtures.shards import WrittenDataset, copy_dataset
-from tfrecord_io.verify import main
+from dataset_tools.verify.__main__ import main
 
 
 def _only_failure(report: VerifyReport, shard_file: str) -> list[str]:
@@ -148,7 +148,7 @@ def test_main_exit_codes_and_json(
 @pytest.mark.slow
 def test_cli_runs_as_a_module(jpeg_dataset: WrittenDataset) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "tfrecord_io.verify", str(jpeg_dataset.root), "--json"],
+        [sys.executable, "-m", "dataset_tools.verify", str(jpeg_dataset.root), "--json"],
         capture_output=True,
         text=True,
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},

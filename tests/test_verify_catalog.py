@@ -13,7 +13,7 @@ from dataset_tools.adopt import adopt
 from dataset_tools.verify.verification import verify_dataset
 from tests.fixtures.pipeline_datasets import build_pipeline_dataset
 from tests.fixtures.shards import write_foreign_shards
-from tfrecord_io.verify import main
+from dataset_tools.verify.__main__ import main
 
 pytestmark = pytest.mark.slow
 

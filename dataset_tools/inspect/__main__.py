@@ -35,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit status."""
     quiet_tensorflow()
     parser = StrictArgumentParser(
-        prog=command_name("tfrecord_io.inspect"),
+        prog=command_name("dataset_tools.inspect"),
         description="Write an HTML report of a dataset: samples, classes, rejects, leakage.",
     )
     parser.add_argument("dataset", help="dataset directory or URI holding dataset.json")

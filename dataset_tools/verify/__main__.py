@@ -84,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # TensorFlow's C++ start-up banner would bury the report; the caller may still override.
     quiet_tensorflow()
     parser = StrictArgumentParser(
-        prog=command_name("tfrecord_io.verify"),
+        prog=command_name("dataset_tools.verify"),
         description="Verify a dataset's shards against its dataset.json.",
     )
     parser.add_argument(
