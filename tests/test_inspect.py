@@ -8,7 +8,6 @@ import shutil
 import pytest
 from PIL import Image
 
-from beam_pipelines import images_to_tfrecord, samples
 from dataset_tools.inspect import __main__ as inspect_cli
 from dataset_tools.inspect.inspection import gather, histogram, imbalance
 from tests.fixtures.object_store import upload_tree
@@ -17,32 +16,10 @@ from tfrecord_io import random_access
 PER_CLASS = 4
 
 
-def build_sample_dataset(root, *extra):
-    """The bundled sample set (small), through the real pipeline: it holds a planted leakage
-    pair, a cross-class near-duplicate, an exact duplicate and three rejected files."""
-    images = root / "images"
-    samples.write_sample_set(images, per_class=10, size=(160, 120))
-    output = root / "dataset"
-    summary = images_to_tfrecord.run(
-        [
-            "--input",
-            str(images),
-            "--output",
-            str(output),
-            "--validation_fraction",
-            "0.2",
-            "--max_bad_fraction",
-            "0.2",
-            *extra,
-        ]
-    )
-    assert summary.published
-    return images, output
-
-
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    return build_sample_dataset(tmp_path_factory.mktemp("inspect"))
+@pytest.fixture
+def built(sample_datasets):
+    """The sample set's images and its dataset (``--leakage report``)."""
+    return sample_datasets.images, sample_datasets.report.path
 
 
 @pytest.mark.slow
@@ -98,12 +75,14 @@ def test_same_seed_same_samples_other_seed_others(built, tmp_path):
 
 
 @pytest.mark.slow
-def test_fail_on_leakage_fails_on_the_planted_pair_and_passes_once_moved(built, tmp_path, capsys):
+def test_fail_on_leakage_fails_on_the_planted_pair_and_passes_once_moved(
+    built, sample_datasets, tmp_path, capsys
+):
     _, dataset = built
     argv = [str(dataset), "--out", str(tmp_path / "r"), "--fail_on_leakage"]
     assert inspect_cli.main(argv) == 1
     assert "1 validation example(s) have a near-duplicate in train" in capsys.readouterr().err
-    _, moved = build_sample_dataset(tmp_path / "moved", "--leakage", "move_to_train")
+    moved = sample_datasets.moved.path
     assert inspect_cli.main([str(moved), "--out", str(tmp_path / "r2"), "--fail_on_leakage"]) == 0
 
 

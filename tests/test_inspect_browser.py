@@ -15,7 +15,6 @@ import shutil
 import pytest
 
 from dataset_tools.inspect import __main__ as inspect_cli
-from tests.test_inspect import build_sample_dataset
 
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 CHROMEDRIVER = os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")
@@ -59,8 +58,8 @@ def browser(tmp_path):
 
 
 @pytest.mark.slow
-def test_report_in_chromium(tmp_path, browser, record_property):
-    images, dataset = build_sample_dataset(tmp_path)
+def test_report_in_chromium(tmp_path, browser, record_property, sample_datasets):
+    images, dataset = sample_datasets.images, sample_datasets.report.path
     report_dir = tmp_path / "report"
     assert inspect_cli.main([str(dataset), "--out", str(report_dir), "--per_class", "5"]) == 0
     manifest = json.loads((dataset / "dataset.json").read_text(encoding="utf-8"))

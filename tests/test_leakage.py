@@ -9,33 +9,9 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from beam_pipelines import images_to_tfrecord, samples
 from beam_pipelines.config import PipelineConfig
 from beam_pipelines.graph.leakage import key_number, search_columns
 from beam_pipelines.image.prepare import ImageOptions, prepare_image
-
-
-@pytest.fixture(scope="module")
-def sample_images(tmp_path_factory):
-    root = tmp_path_factory.mktemp("samples")
-    samples.write_sample_set(root, per_class=10, size=(160, 120))
-    return root
-
-
-def _build(images, output, *extra):
-    return images_to_tfrecord.run(
-        [
-            "--input",
-            str(images),
-            "--output",
-            str(output),
-            "--validation_fraction",
-            "0.2",
-            "--max_bad_fraction",
-            "0.2",
-            *extra,
-        ]
-    )
 
 
 def _report(output):
@@ -50,26 +26,25 @@ def _uris(output, split):
 
 
 @pytest.mark.slow
-def test_report_lists_the_planted_leakage_first_then_the_cross_class_pair(sample_images, tmp_path):
-    summary = _build(sample_images, tmp_path / "ds")
-    assert summary.published
-    counts = summary.near_duplicates
+def test_report_lists_the_planted_leakage_first_then_the_cross_class_pair(sample_datasets):
+    built = sample_datasets.report
+    counts = built.near_duplicates
     assert (counts["pairs"], counts["leakage"], counts["cross_class"]) == (2, 1, 1)
     assert counts["moved_to_train"] == 0 and counts["complete"]
-    leak, cross = _report(tmp_path / "ds")
+    leak, cross = _report(built.path)
     members = {leak["a"]["split"]: leak["a"], leak["b"]["split"]: leak["b"]}
     assert leak["leakage"] and not leak["cross_class"]
     assert members["train"]["uri"].endswith("_reencoded.JPEG")
     assert members["validation"]["uri"] == members["train"]["uri"].replace("_reencoded", "")
-    assert members["validation"]["uri"] in _uris(tmp_path / "ds", "validation")
+    assert members["validation"]["uri"] in _uris(built.path, "validation")
     assert cross["cross_class"] and not cross["leakage"]
     assert {cross["a"]["text"], cross["b"]["text"]} == {"desert", "forêt"}
     assert "near_copy_of_" in cross["a"]["uri"] + cross["b"]["uri"]
-    assert "1 train-validation leakage" in summary.describe()
-    manifest = json.loads((tmp_path / "ds" / "dataset.json").read_text(encoding="utf-8"))
+    assert "1 train-validation leakage" in built.described
+    manifest = json.loads((built.path / "dataset.json").read_text(encoding="utf-8"))
     assert manifest["options"]["leakage"] == "report"
     # Every example's hash is in the catalog (hashed per staging file), as prepare_image's.
-    rows = pq.read_table(tmp_path / "ds" / "catalog-train.parquet", columns=["uri", "phash"])
+    rows = pq.read_table(built.path / "catalog-train.parquet", columns=["uri", "phash"])
     assert rows["phash"].null_count == 0
     for row in rows.to_pylist()[:5]:
         with open(row["uri"], "rb") as source:
@@ -77,18 +52,17 @@ def test_report_lists_the_planted_leakage_first_then_the_cross_class_pair(sample
 
 
 @pytest.mark.slow
-def test_move_to_train_leaves_no_leakage_in_the_published_splits(sample_images, tmp_path):
-    summary = _build(sample_images, tmp_path / "ds", "--leakage", "move_to_train")
-    assert summary.published
-    assert summary.near_duplicates["leakage"] == 0
-    assert summary.near_duplicates["moved_to_train"] == 1
-    (moved,) = [m for p in _report(tmp_path / "ds") for m in (p["a"], p["b"]) if m["moved"]]
+def test_move_to_train_leaves_no_leakage_in_the_published_splits(sample_datasets):
+    built = sample_datasets.moved
+    assert built.near_duplicates["leakage"] == 0
+    assert built.near_duplicates["moved_to_train"] == 1
+    (moved,) = [m for p in _report(built.path) for m in (p["a"], p["b"]) if m["moved"]]
     assert moved["split"] == "train"
-    assert moved["uri"] in _uris(tmp_path / "ds", "train")
-    assert moved["uri"] not in _uris(tmp_path / "ds", "validation")
-    manifest = json.loads((tmp_path / "ds" / "dataset.json").read_text(encoding="utf-8"))
+    assert moved["uri"] in _uris(built.path, "train")
+    assert moved["uri"] not in _uris(built.path, "validation")
+    manifest = json.loads((built.path / "dataset.json").read_text(encoding="utf-8"))
     assert manifest["options"]["leakage"] == "move_to_train"
-    assert "1 validation example moved to train" in summary.describe()
+    assert "1 validation example moved to train" in built.described
 
 
 def _columns(rows):

@@ -10,17 +10,16 @@ import pytest
 
 from catalog.table import COLUMNS, SCHEMA, read_table, write_table
 from dataset_tools.adopt import adopt
-from dataset_tools.verify.verification import verify_dataset
-from tests.fixtures.pipeline_datasets import build_pipeline_dataset
-from tests.fixtures.shards import write_foreign_shards
 from dataset_tools.verify.__main__ import main
+from dataset_tools.verify.verification import verify_dataset
+from tests.fixtures.shards import write_foreign_shards
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory):
-    return build_pipeline_dataset(tmp_path_factory.mktemp("verify-catalog"))
+@pytest.fixture
+def dataset(pipeline_dataset):
+    return pipeline_dataset
 
 
 @pytest.fixture()
