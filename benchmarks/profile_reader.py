@@ -86,9 +86,9 @@ def _patched_reader(data: Path, batch_size: int, stage: int, jpeg: bool) -> Any:
     import tensorflow as tf
 
     from schemas import KEY_ENCODED
+    from tfrecord_io import batching as batching_module
     from tfrecord_io import decode as decode_module
     from tfrecord_io import make_dataset
-    from tfrecord_io import reader as reader_module
 
     def pixel(image: tf.Tensor) -> tf.Tensor:
         return image[:1, :1, :]
@@ -129,8 +129,8 @@ def _patched_reader(data: Path, batch_size: int, stage: int, jpeg: bool) -> Any:
         return images, seeds
 
     if stage == 3:
-        reader_module.parse_batch = lambda serialized, config: serialized
-    reader_module.decode_batch = decode_batch
+        batching_module.parse_batch = lambda serialized, config: serialized
+    batching_module.decode_batch = decode_batch
     return make_dataset(data, global_batch_size=batch_size, image_size=224, seed=0)
 
 

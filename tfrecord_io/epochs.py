@@ -79,7 +79,7 @@ _ORDER_SALT = 0x19E0
 _SHUFFLE_SALT = 0x19E1
 
 # On the tf.data service a worker's record shuffle holds at most 1/64 of an epoch, and its
-# interleave at most 1/8 of the shards at once (see ``exact_epoch_records``).
+# interleave at most 1/8 of the shards at once (see ``_EpochReader``).
 _SERVICE_SHARE = 64
 _SERVICE_SHARE_OF_SHARDS = 8
 # Records per bitmap lookup in a begun epoch.
