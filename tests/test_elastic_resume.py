@@ -14,21 +14,20 @@ Small on purpose: 320 examples of 16 px JPEG in 8 shards, global batch 8 (40 ste
 from __future__ import annotations
 
 import collections
-import json
-import os
-import queue
-import re
 import signal
-import socket
-import subprocess
-import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.fixtures.data_service import running_cluster
+from tests.fixtures.processes import (
+    LoggedProcess,
+    finish_all,
+    latest_checkpoint_step,
+    run_trainer,
+    start_trainer,
+    start_trainer_workers,
+)
 from tests.fixtures.shards import WrittenDataset, write_dataset
 
 EXAMPLES, BATCH = 320, 8
@@ -40,7 +39,6 @@ COMMON = [
     "--log_every=1",
     "--seed=5",
 ]
-_REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -53,87 +51,12 @@ def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> WrittenDataset:
     )
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
-    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **extra})
-    return env
+def _start(args: list[str]) -> LoggedProcess:
+    return start_trainer([*COMMON, *args])
 
 
-class Trainer:
-    """One ``python -m trainer.train`` process whose log is collected as it runs."""
-
-    def __init__(self, args: list[str], **env: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainer.train", *COMMON, *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=_env(**env),
-            cwd=_REPO,
-        )
-        self._lines: queue.Queue[str] = queue.Queue()
-        self.log = ""
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._lines.put(line)
-
-    def _drain(self) -> None:
-        while not self._lines.empty():
-            self.log += self._lines.get()
-
-    def wait_for(self, pattern: str, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while not re.search(pattern, self.log):
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                time.sleep(0.5)
-                self._drain()
-                self.proc.kill()
-                pytest.fail(f"trainer never logged {pattern!r}:\n{self.log}")
-            try:
-                self.log += self._lines.get(timeout=0.5)
-            except queue.Empty:
-                pass
-
-    def finish(self, timeout: float = 300) -> int:
-        try:
-            code = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            code = -9
-        time.sleep(0.3)  # let the pump read the last lines
-        self._drain()
-        return code
-
-
-def _run(args: list[str], **env: str) -> Trainer:
-    trainer = Trainer(args, **env)
-    code = trainer.finish()
-    assert code == 0, trainer.log
-    return trainer
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
-def _two_workers(args: list[str]) -> list[Trainer]:
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
-    return [
-        Trainer(
-            args, TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}})
-        )
-        for i in range(2)
-    ]
+def _run(args: list[str]) -> LoggedProcess:
+    return run_trainer([*COMMON, *args])
 
 
 def _audited(run: Path) -> list[str]:
@@ -149,11 +72,6 @@ def _assert_epoch_exactly_once(run: Path, dataset: WrittenDataset) -> None:
     assert sorted(counts) == sorted(dataset.keys("train"))
 
 
-def _latest_step(run: Path) -> int:
-    names = [p.name for p in (run / "checkpoints").glob("ckpt-*.index")]
-    return max(int(n[len("ckpt-") : -len(".index")]) for n in names)
-
-
 @pytest.mark.slow
 def test_sigkill_then_other_replicas_then_two_workers_sigterm_then_one_to_the_end(
     small_dataset, tmp_path
@@ -161,13 +79,15 @@ def test_sigkill_then_other_replicas_then_two_workers_sigterm_then_one_to_the_en
     run = tmp_path / "run"
     args = [f"--data={small_dataset.root}", f"--model_dir={run}", f"--audit_keys={run}/keys"]
 
-    # 1 worker (2 CPU replicas), killed between the checkpoints of steps 4 and 8.
-    killed = Trainer([*args, "--steps=100000", "--cpu_replicas=2", "--checkpoint_every=4"])
+    # 1 worker (2 CPU replicas), killed between the checkpoints of steps 4 and 8: once it has
+    # saved step 4 and logged step 6.
+    killed = _start([*args, "--steps=100000", "--cpu_replicas=2", "--checkpoint_every=4"])
+    killed.wait_for_path(run / "checkpoints" / "ckpt-4.index")
     killed.wait_for(r"step 6/100000 ")
-    killed.proc.kill()
-    killed.finish()
+    killed.send_signal(signal.SIGKILL)
+    assert killed.finish() == -signal.SIGKILL, killed.log
     assert "resume: fresh start; epoch 0: 320 examples" in killed.log, killed.log
-    saved = _latest_step(run)
+    saved = latest_checkpoint_step(run)
     trained_before = (run / "keys").read_text().split()  # what the killed run trained on
     uncommitted = trained_before[saved * BATCH :]
     assert saved == 4 and uncommitted, f"killed at step {len(trained_before) // BATCH}"
@@ -183,15 +103,16 @@ def test_sigkill_then_other_replicas_then_two_workers_sigterm_then_one_to_the_en
     assert {k for k, n in everything.items() if n > 1} == set(uncommitted)
 
     # Two workers from step 10; SIGTERM to worker 0 once they have trained 20 steps.
-    workers = _two_workers([*args, "--steps=100000", "--checkpoint_every=7"])
+    workers = start_trainer_workers([*COMMON, *args, "--steps=100000", "--checkpoint_every=7"])
     workers[0].wait_for(r"step 30/100000 ")
-    workers[0].proc.send_signal(signal.SIGTERM)
-    codes = [w.finish() for w in workers]
+    workers[0].send_signal(signal.SIGTERM)
+    codes = finish_all(workers)
     assert codes == [128 + signal.SIGTERM] * 2, workers[0].log + workers[1].log
     log = workers[0].log
+    assert "received SIGTERM: saving a checkpoint" in log, log
     assert "resume: elastic at step 10 (the input layout changed: num_workers 1 -> 2)" in log, log
     assert "epoch 0: 240 of 320 examples remain, 120 of them in this worker's pipeline" in log
-    stopped = _latest_step(run)
+    stopped = latest_checkpoint_step(run)
     assert stopped >= 30
 
     # One worker to the end of the epoch.

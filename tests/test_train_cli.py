@@ -8,20 +8,22 @@
 
 from __future__ import annotations
 
-import json
-import os
-import queue
 import signal
-import socket
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.fixtures.processes import (
+    LoggedProcess,
+    finish_all,
+    latest_checkpoint_step,
+    process_env,
+    start_trainer,
+    start_trainer_workers,
+)
 from trainer.train import main
 
 COMMON = [
@@ -35,44 +37,8 @@ COMMON = [
 ]
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
-    env.update({"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1", **extra})
-    return env
-
-
-def _train(args: list[str], **env: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "trainer.train", *COMMON, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=_env(**env),
-    )
-
-
-def _finish(procs: list[subprocess.Popen], timeout: float = 300) -> list[str]:
-    """Waits for all; on timeout kills them all (a lost worker hangs the others)."""
-    deadline = time.monotonic() + timeout
-    outputs = []
-    try:
-        for proc in procs:
-            out, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            outputs.append(out)
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            proc.kill()
-        logs = [proc.communicate()[0] for proc in procs]
-        pytest.fail("training processes timed out:\n" + "\n-----\n".join(logs))
-    return outputs
-
-
-def _latest_step(model_dir: Path) -> int:
-    import tensorflow as tf
-
-    latest = tf.train.latest_checkpoint(str(model_dir / "checkpoints"))
-    assert latest, f"no checkpoint in {model_dir}"
-    return int(latest.rsplit("-", 1)[1])
+def _train(args: list[str], name: str = "trainer") -> LoggedProcess:
+    return start_trainer([*COMMON, *args], name=name)
 
 
 def _assert_same_weights(a: Path, b: Path) -> None:
@@ -104,38 +70,25 @@ def test_mirrored_sigterm_then_rerun_matches_an_uninterrupted_run(jpeg_dataset, 
 
     # Run A until it has logged step 3, then preempt it.
     proc = _train([data, *mirrored, f"--model_dir={a}", "--steps=100000", f"--audit_keys={a}/keys"])
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout], daemon=True).start()
-    seen: list[str] = []
-    deadline = time.monotonic() + 240
-    while not any(" step 3/100000 " in line for line in seen):
-        if time.monotonic() > deadline or proc.poll() is not None:
-            proc.kill()
-            pytest.fail("run A never reached step 3:\n" + "".join(seen))
-        try:
-            seen.append(lines.get(timeout=1))
-        except queue.Empty:
-            pass
+    proc.wait_for(r" step 3/100000 ", timeout=240)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
-    time.sleep(0.2)
-    while not lines.empty():
-        seen.append(lines.get())
-    log_a = "".join(seen)
+    assert proc.finish(timeout=120) == 128 + signal.SIGTERM
+    log_a = proc.log
     assert "received SIGTERM: saving a checkpoint" in log_a, log_a
     assert "global batch 8 = 8 per worker = 4 per replica" in log_a, log_a
-    stopped = _latest_step(a)
+    stopped = latest_checkpoint_step(a)
     assert stopped >= 3
     assert len((a / "keys").read_text().split()) == 8 * stopped
 
     # Rerun A (resumes) and run B uninterrupted to the same target, side by side.
     target = f"--steps={stopped + 5}"
-    resumed, straight = _finish(
-        [
-            _train([data, *mirrored, f"--model_dir={a}", target, f"--audit_keys={a}/keys"]),
-            _train([data, *mirrored, f"--model_dir={b}", target, f"--audit_keys={b}/keys"]),
-        ]
-    )
+    runs = [
+        _train([data, *mirrored, f"--model_dir={a}", target, f"--audit_keys={a}/keys"], "rerun A"),
+        _train([data, *mirrored, f"--model_dir={b}", target, f"--audit_keys={b}/keys"], "run B"),
+    ]
+    codes = finish_all(runs)
+    resumed, straight = (run.log for run in runs)
+    assert codes == [0, 0], resumed + "\n-----\n" + straight
     assert f"input position {a}/checkpoints/input/worker-00000/ckpt-{stopped}" in resumed, resumed
     assert "done at step" in straight, straight
     keys_a, keys_b = (a / "keys").read_text().split(), (b / "keys").read_text().split()
@@ -153,33 +106,18 @@ def test_mirrored_sigterm_then_rerun_matches_an_uninterrupted_run(jpeg_dataset, 
         [sys.executable, "-m", "trainer.diagnose", str(b)],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=process_env(),
         timeout=120,
     )
     assert diagnosis.returncode == 0, diagnosis.stderr
     assert "gradient norm" in diagnosis.stdout and "input pipeline" in diagnosis.stdout
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def _two_workers(args: list[str]) -> list[str]:
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
-    procs = [
-        _train(
-            args,
-            TF_CONFIG=json.dumps({"cluster": cluster, "task": {"type": "worker", "index": i}}),
-        )
-        for i in range(2)
-    ]
-    return _finish(procs)
+    """Runs two trainers as the workers of one cluster to the end; returns their logs."""
+    workers = start_trainer_workers([*COMMON, *args])
+    finish_all(workers)
+    return [worker.log for worker in workers]
 
 
 @pytest.mark.slow
