@@ -12,7 +12,7 @@ _stamp="$_venv/.installed-$_profile-$(cat requirements.txt requirements-dev.txt 
 if [ ! -f "$_stamp" ]; then
   echo "Installing $_req into $_venv (first run takes a few minutes)..."
   # pip itself is pinned like everything else, so a new pip release cannot change an install.
-  "$_venv/bin/python" -m pip install --quiet "pip==26.3"
+  "$_venv/bin/python" -m pip install --quiet "pip==26.3" "setuptools==80.9.0"
   "$_venv/bin/python" -m pip install --quiet -r "$_req" -c constraints.txt
   "$_venv/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
   touch "$_stamp"

@@ -384,7 +384,16 @@ def test_setup_file_that_does_not_exist_is_refused_naming_it(tmp_path):
 
 def test_reader_without_tensorflow_says_which_extra_to_install():
     # A pipeline-only install has no TensorFlow; None in sys.modules makes its import fail.
-    code = "import sys; sys.modules['tensorflow'] = None; import tfrecord_io"
+    # What needs no TensorFlow imports (the source and the cache, which the tools use); the
+    # reader's names say which extra to install.
+    code = (
+        "import sys; sys.modules['tensorflow'] = None\n"
+        "import tfrecord_io, tfrecord_io.source, tfrecord_io.cache\n"
+        "print('imported')\n"
+        "from tfrecord_io import make_dataset\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    assert done.stdout.strip() == "imported", done.stderr[-2000:]
     assert done.returncode == 1
+    assert "tfrecord_io.make_dataset needs TensorFlow" in done.stderr, done.stderr[-2000:]
     assert "pip install 'tfrecord-service[tensorflow]'" in done.stderr, done.stderr[-2000:]
