@@ -3,9 +3,10 @@
 Our flags are parsed first; whatever is left must be a Beam pipeline option (``--runner``,
 ``--direct_num_workers``, ``--temp_location``...), checked against every option Beam knows.
 Anything neither knows ends the command with status 2 and the closest flag, before any work.
-Our flags are declared once, on ``PipelineConfig``'s fields (``config_flags``): Beam's
-``ImagesToTFRecordOptions`` and this parser both define them from there, the parser in the
-``--help`` group each field names (``OPTION_GROUPS``).
+Our flags are declared once, on ``PipelineConfig``'s fields (``cliflags.flag``): Beam's
+``ImagesToTFRecordOptions`` and this parser both generate them from there
+(``cliflags.add_dataclass_flags``), the parser in the ``--help`` group each field names
+(``OPTION_GROUPS``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from typing import Any
 from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
 
 from beam_pipelines.config import HELP_GROUPS, ImagesToTFRecordOptions, PipelineConfig
-from beam_pipelines.config_flags import add_flags, flag_groups
-from cliflags import StrictArgumentParser, command_name
+from cliflags import StrictArgumentParser, add_dataclass_flags, command_name, flag_groups
 
 __all__ = [
     "OPTION_GROUPS",
@@ -79,7 +79,8 @@ def build_parser(prog: str | None = None, argv: Sequence[str] = ()) -> StrictArg
         epilog=_EPILOG,
     )
     groups = {title: parser.add_argument_group(title) for title in HELP_GROUPS}
-    add_flags(parser, PipelineConfig, groups)
+    # Not required here either: --help_beam needs no --input (config_from_options checks).
+    add_dataclass_flags(parser, PipelineConfig, groups=groups, enforce_required=False)
     for flag, options in _COMMAND_FLAG_OPTIONS.items():
         groups["output"].add_argument(flag, **options)
     parser.extra_known_flags = set(beam_option_parser(argv)._option_string_actions)

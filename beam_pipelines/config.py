@@ -2,7 +2,7 @@
 
 ``PipelineConfig`` (with ``ImageOptions`` for its ``image`` field) is also where each flag of the
 command line is declared: the field's metadata gives its help and ``--help`` group
-(``config_flags``), and Beam's ``ImagesToTFRecordOptions`` defines the flags from it.
+(``cliflags.flag``), and Beam's ``ImagesToTFRecordOptions`` defines the flags from it.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from typing import Any
 import PIL
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_pipelines.config_flags import add_flags, flag, from_flags
 from beam_pipelines.graph.leakage import LEAKAGE_ACTIONS
 from beam_pipelines.image.options import ImageOptions
 from beam_pipelines.output.shards import LABEL_CONFLICT_POLICIES
 from catalog.near_duplicates import DEFAULT_THRESHOLD, MAX_THRESHOLD
+from cliflags import NESTED_FLAGS, add_dataclass_flags, flag, flag_values
 from schemas.constants import MAX_SHARDS
 
 __all__ = ["HELP_GROUPS", "PipelineConfig", "ImagesToTFRecordOptions", "config_from_options"]
@@ -87,7 +87,7 @@ class PipelineConfig:
     output: str = dataclasses.field(
         metadata=flag(help="dataset directory/prefix to write", group="output", parse=_absolute)
     )
-    image: ImageOptions = dataclasses.field(default_factory=ImageOptions)
+    image: ImageOptions = dataclasses.field(default_factory=ImageOptions, metadata=NESTED_FLAGS)
     validation_fraction: float = dataclasses.field(
         default=0.0,
         metadata=flag(
@@ -101,6 +101,7 @@ class PipelineConfig:
             help="give every class its share of the validation split (still chosen by content "
             "hash); records then wait until every class is counted",
             group="sharding",
+            show_default=False,
         ),
     )
     num_shards: int | None = dataclasses.field(
@@ -109,6 +110,7 @@ class PipelineConfig:
             help="train shard count, fixed up front (validation gets a proportional count); "
             "the fastest way to shard. Default: planned from --target_shard_mb",
             group="sharding",
+            show_default=False,
         ),
     )
     target_shard_mb: float = dataclasses.field(
@@ -125,7 +127,11 @@ class PipelineConfig:
     )
     overwrite: bool = dataclasses.field(
         default=False,
-        metadata=flag(help="replace a dataset already published at --output", group="output"),
+        metadata=flag(
+            help="replace a dataset already published at --output",
+            group="output",
+            show_default=False,
+        ),
     )
     resume: bool = dataclasses.field(
         default=False,
@@ -133,6 +139,7 @@ class PipelineConfig:
             help="continue an interrupted build of this command at --output: complete shards are "
             "kept, prepared images are not decoded again, the result is byte-identical",
             group="output",
+            show_default=False,
         ),
     )
     staging_file_mb: float = dataclasses.field(
@@ -177,6 +184,7 @@ class PipelineConfig:
             "unchanged when the image options match; the result equals a clean build",
             group="output",
             parse=_absolute_or_none,
+            show_default=False,
         ),
     )
 
@@ -268,7 +276,9 @@ class ImagesToTFRecordOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        add_flags(parser, PipelineConfig)
+        # Beam parses every registered options class for every pipeline: no flag may be
+        # required there (config_from_options says what is missing).
+        add_dataclass_flags(parser, PipelineConfig, enforce_required=False)
 
 
 def config_from_options(options: PipelineOptions) -> PipelineConfig:
@@ -280,5 +290,4 @@ def config_from_options(options: PipelineOptions) -> PipelineConfig:
     own = options.view_as(ImagesToTFRecordOptions)
     if not own.input or not own.output:
         raise ValueError("both --input and --output are required")
-    config: PipelineConfig = from_flags(PipelineConfig, own)
-    return config
+    return PipelineConfig(**flag_values(PipelineConfig, own))

@@ -1,9 +1,22 @@
-"""Strict command lines for every entry point: unknown or misspelled flags fail at once.
+"""Command lines for every entry point: strict parsers, and flags generated from config dataclasses.
 
-Imports nothing of the project (a bottom-floor package, like ``schemas``), so the pipeline, the
-reader's tools and the trainer share it.
+Unknown or misspelled flags fail at once (``StrictArgumentParser``); each flag is written once,
+on its config dataclass's field, from which ``add_dataclass_flags`` generates it
+(``dataclass_flags``). Imports nothing of the project (a bottom-floor package, like
+``schemas``), so the pipeline, the reader's tools, the tf.data service and the trainer share it.
 """
 
+from cliflags.dataclass_flags import (
+    NESTED_FLAGS,
+    NO_FLAG,
+    Flag,
+    FlagContainer,
+    add_dataclass_flags,
+    field_docs,
+    flag,
+    flag_groups,
+    flag_values,
+)
 from cliflags.strict import (
     StrictArgumentParser,
     command_name,
@@ -13,8 +26,17 @@ from cliflags.strict import (
 )
 
 __all__ = [
+    "NESTED_FLAGS",
+    "NO_FLAG",
+    "Flag",
+    "FlagContainer",
     "StrictArgumentParser",
+    "add_dataclass_flags",
     "command_name",
+    "field_docs",
+    "flag",
+    "flag_groups",
+    "flag_values",
     "quiet_tensorflow",
     "suggest_flag",
     "unknown_flags",

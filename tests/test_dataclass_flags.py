@@ -7,12 +7,14 @@ import dataclasses
 
 import pytest
 
-from cliflags.dataclass_flags import (
+from cliflags import (
+    NESTED_FLAGS,
     NO_FLAG,
     Flag,
     add_dataclass_flags,
     field_docs,
     flag,
+    flag_groups,
     flag_values,
 )
 
@@ -98,3 +100,96 @@ def test_bad_declarations_are_refused():
 
     with pytest.raises(ValueError, match="'value' of Ambiguous has type"):
         add_dataclass_flags(argparse.ArgumentParser(), Ambiguous)
+
+
+# --- help groups, text parsed into values, nested configs (the pipeline's flags) ----------------
+
+
+def _rgb(text: str) -> tuple[int, int, int]:
+    if not text.startswith("#") or len(text) != 7:
+        raise ValueError(f"colour must look like '#ffffff', got {text!r}")
+    return (int(text[1:3], 16), int(text[3:5], 16), int(text[5:7], 16))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Inner:
+    size: int = dataclasses.field(default=4, metadata=flag("side (%(default)s)", group="image"))
+    colour: tuple[int, int, int] = dataclasses.field(
+        default=(255, 255, 255),
+        metadata=flag(
+            "background (%(default)s)", group="image", parse=_rgb, text_default="#ffffff"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError(f"size must be >= 1, got {self.size!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _Outer:
+    source: str = dataclasses.field(metadata=flag("input", group="input", parse=str.upper))
+    inner: _Inner = dataclasses.field(default_factory=_Inner, metadata=NESTED_FLAGS)
+    base: str | None = dataclasses.field(
+        default=None, metadata=flag("a base", group="input", show_default=False)
+    )
+    fast: bool = dataclasses.field(default=False, metadata=flag("hurry", group="input"))
+
+
+def _grouped_parser(**kwargs) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tool")
+    groups = {title: parser.add_argument_group(title) for title in ("input", "image")}
+    add_dataclass_flags(parser, _Outer, groups=groups, **kwargs)
+    return parser
+
+
+def test_flags_go_to_their_help_groups_with_the_default_where_the_help_places_it():
+    assert flag_groups(_Outer, ("input", "image")) == {
+        "input": ("--source", "--base", "--fast"),
+        "image": ("--size", "--colour"),
+    }
+    text = " ".join(_grouped_parser().format_help().split())
+    assert "input: --source SOURCE input --base BASE a base --fast hurry (default: False)" in text
+    assert "image: --size SIZE side (4) --colour COLOUR background (#ffffff)" in text
+    with pytest.raises(
+        ValueError, match=r"--source is in help group 'input', not one of \['image'\]"
+    ):
+        flag_groups(_Outer, ("image",))
+    with pytest.raises(ValueError, match="--data is in help group None"):
+        add_dataclass_flags(argparse.ArgumentParser(), _Config, groups={})
+
+
+def test_parse_turns_the_text_into_the_value_and_a_nested_config_is_built_from_its_flags():
+    args = _grouped_parser().parse_args(["--source", "s", "--colour", "#102030", "--size", "2"])
+    config = _Outer(**flag_values(_Outer, args))
+    assert config == _Outer(source="S", inner=_Inner(size=2, colour=(16, 32, 48)))
+    defaults = _Outer(**flag_values(_Outer, _grouped_parser().parse_args(["--source", "s"])))
+    assert defaults.inner == _Inner() and defaults.base is None  # the text default, parsed
+    with pytest.raises(ValueError, match="colour must look like '#ffffff', got 'red'"):
+        flag_values(_Outer, _grouped_parser().parse_args(["--source=s", "--colour=red"]))
+    with pytest.raises(ValueError, match="size must be >= 1, got 0"):
+        flag_values(_Outer, _grouped_parser().parse_args(["--source=s", "--size=0"]))
+
+
+def test_a_field_without_default_is_required_unless_the_parser_must_do_without(capsys):
+    with pytest.raises(SystemExit):
+        _grouped_parser().parse_args([])
+    assert "the following arguments are required: --source" in capsys.readouterr().err
+    unset = _grouped_parser(enforce_required=False).parse_args([])
+    assert (
+        flag_values(_Outer, unset)["source"] is None
+    )  # not parsed: the caller says what's missing
+
+
+def test_contradicting_flag_settings_are_refused():
+    with pytest.raises(ValueError, match="text_default '#fff' needs a parse function"):
+        flag("x", text_default="#fff")
+    with pytest.raises(ValueError, match="show_default=False shows no default"):
+        flag("x", show_default=False, default_text="none")
+
+    @dataclasses.dataclass
+    class NotNested:
+        value: int = dataclasses.field(default=0, metadata=NESTED_FLAGS)
+
+    with pytest.raises(TypeError, match="'value' is marked NESTED_FLAGS"):
+        add_dataclass_flags(argparse.ArgumentParser(), NotNested)

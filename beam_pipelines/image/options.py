@@ -1,6 +1,6 @@
 """How every image is prepared (``ImageOptions``), with the command-line flag of each option.
 
-The flags' help, group and parsing sit on the fields (``config_flags``), so that the pipeline's
+The flags' help, group and parsing sit on the fields (``cliflags.flag``), so that the pipeline's
 command line is generated from this one declaration.
 """
 
@@ -9,13 +9,13 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from beam_pipelines.config_flags import flag
 from beam_pipelines.image.colour import HIGH_BIT_DEPTH_POLICIES
 from beam_pipelines.image.formats import (
     DEFAULT_ACCEPTED_FORMATS,
     parse_accepted_formats,
     pillow_formats,
 )
+from cliflags import flag
 from schemas.constants import CROPS, ENCODINGS
 
 __all__ = ["ImageOptions", "OUT_OF_BOUNDS_POLICIES", "parse_background"]
@@ -57,6 +57,10 @@ class ImageOptions:
       accepted_formats: Pillow format names accepted, in the order they are tried.
       high_bit_depth: ``"shift"`` (``v >> 8``) or ``"stretch"`` (scale by the real bit depth).
       background: RGB colour that transparent pixels are composited over.
+      decode_memory_mb: the address space of the worker process that prepares images
+        (``bounds.BoundedPreparer``); an image needing more is rejected as ``over_budget``.
+      decode_time_s: the wall time one image may take there before it is stopped and rejected
+        as ``over_budget``.
 
     Raises:
       ValueError: naming the bad field and value.
@@ -141,6 +145,22 @@ class ImageOptions:
             text_default="#ffffff",
         ),
     )
+    decode_memory_mb: int = dataclasses.field(
+        default=1536,
+        metadata=flag(
+            help="address space of the process that decodes an image (one per image step "
+            "thread); an image needing more is rejected as over_budget (%(default)s)",
+            group=_IMAGE,
+        ),
+    )
+    decode_time_s: float = dataclasses.field(
+        default=60.0,
+        metadata=flag(
+            help="wall time one image may take to prepare; a slower one is stopped and "
+            "rejected as over_budget (%(default)s)",
+            group=_IMAGE,
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.image_size, int) or not 1 <= self.image_size <= 16384:
@@ -196,4 +216,14 @@ class ImageOptions:
         ):
             raise ValueError(
                 f"background must be an (r, g, b) tuple of ints in [0, 255], got {self.background!r}"
+            )
+        if not isinstance(self.decode_memory_mb, int) or self.decode_memory_mb < 256:
+            raise ValueError(
+                f"decode_memory_mb must be an int >= 256 (the decoder's own code needs about "
+                f"200 MB), got {self.decode_memory_mb!r}: set --decode_memory_mb"
+            )
+        if not isinstance(self.decode_time_s, (int, float)) or not self.decode_time_s > 0:
+            raise ValueError(
+                f"decode_time_s must be a number > 0, got {self.decode_time_s!r}: set "
+                "--decode_time_s"
             )
