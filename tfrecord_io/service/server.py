@@ -27,15 +27,19 @@ import dataclasses
 import faulthandler
 import logging
 import os
-import re
 import signal
 import sys
 import threading
-import typing
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from cliflags import (
+    StrictArgumentParser,
+    add_dataclass_flags,
+    command_name,
+    flag_values,
+    quiet_tensorflow,
+)
 from tfrecord_io.service.client import ServiceAddress
 
 __all__ = [
@@ -312,52 +316,6 @@ def _host_name() -> str:
     return socket.gethostname() or "localhost"
 
 
-def _field_docs(cls: type) -> dict[str, str]:
-    """Field name -> its description in ``cls``'s ``Attributes:`` docstring section."""
-    docs: dict[str, list[str]] = {}
-    current = None
-    section = (cls.__doc__ or "").partition("Attributes:")[2].partition("Raises:")[0]
-    for line in section.splitlines():
-        match = re.match(r"^      (\w+): (.*)$", line)
-        if match:
-            current = match.group(1)
-            docs[current] = [match.group(2)]
-        elif current is not None and line.strip():
-            docs[current].append(line.strip())
-    return {name: " ".join(words) for name, words in docs.items()}
-
-
-def _add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One ``--<field>`` flag per field of the settings dataclass ``cls``.
-
-    The flags take their types, defaults and help from the dataclass itself; the values are
-    checked once, by the dataclass (``_settings``), not by argparse.
-    """
-    hints = typing.get_type_hints(cls)
-    docs = _field_docs(cls)
-    for field in dataclasses.fields(cls):
-        kind = hints[field.name]
-        required = field.default is dataclasses.MISSING
-        options: dict[str, Any] = {
-            "help": docs.get(field.name, "").replace("``", "").replace("%", "%%"),
-            "required": required,
-        }
-        if not required:
-            options["default"] = field.default
-        if kind is bool:
-            options["action"] = argparse.BooleanOptionalAction
-        else:
-            base = next(t for t in typing.get_args(kind) or (kind,) if t is not type(None))
-            options["type"] = base
-            options["metavar"] = field.name.upper()
-        parser.add_argument(f"--{field.name}", **options)
-
-
-def _settings(cls: Any, args: argparse.Namespace) -> Any:
-    """The settings dataclass from parsed flags (it validates them)."""
-    return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
-
-
 def command_line_parser() -> argparse.ArgumentParser:
     """The parser of ``python -m tfrecord_io.service``: one subcommand per role, whose flags
     are the fields of its settings dataclass."""
@@ -366,8 +324,12 @@ def command_line_parser() -> argparse.ArgumentParser:
         description="Run a tf.data service dispatcher or worker.",
     )
     roles = parser.add_subparsers(dest="role", required=True, metavar="{dispatcher,worker}")
-    _add_flags(roles.add_parser("dispatcher", help="run the dispatcher"), DispatcherSettings)
-    _add_flags(roles.add_parser("worker", help="run a worker"), WorkerSettings)
+    # Each flag's help is its field's line in the settings' Attributes section; the values are
+    # checked once, by the dataclass (main), not by argparse.
+    add_dataclass_flags(
+        roles.add_parser("dispatcher", help="run the dispatcher"), DispatcherSettings
+    )
+    add_dataclass_flags(roles.add_parser("worker", help="run a worker"), WorkerSettings)
     return parser
 
 
@@ -386,9 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     try:
-        settings: DispatcherSettings | WorkerSettings = _settings(
-            DispatcherSettings if args.role == "dispatcher" else WorkerSettings, args
-        )
+        role = DispatcherSettings if args.role == "dispatcher" else WorkerSettings
+        settings: DispatcherSettings | WorkerSettings = role(**flag_values(role, args))
     except ValueError as e:
         parser.error(str(e))
     # Handlers go in before the server starts, so a SIGTERM during start-up is a clean stop.
