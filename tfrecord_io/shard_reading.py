@@ -370,7 +370,7 @@ class ShardReader:
             ]
             if self.skip_corrupt:
                 done = self._report_skipped(
-                    damaged, details, num_bytes - read_bytes, num_examples - read_records
+                    damaged, details, (num_bytes, read_bytes), (num_examples, read_records)
                 )
             else:
                 done = tf.debugging.Assert(
@@ -392,10 +392,14 @@ class ShardReader:
         self,
         damaged: tf.Tensor,
         details: list[Any],
-        bytes_left: tf.Tensor,
-        records_left: tf.Tensor,
+        bytes_read: tuple[tf.Tensor, tf.Tensor],
+        records_read: tuple[tf.Tensor, tf.Tensor],
     ) -> tf.Tensor:
-        """Logs a damaged shard and counts it in ``counter`` (when damaged): an op to wait on."""
+        """Logs a damaged shard and counts it in ``counter`` (when damaged): an op to wait on.
+
+        ``bytes_read`` and ``records_read`` are ``(expected, read)`` pairs; what is left of them
+        is computed only for a damaged shard.
+        """
 
         def report() -> tf.Tensor:
             ops = [
@@ -407,8 +411,12 @@ class ShardReader:
             ]
             if self.counter is not None:
                 ops.append(self.counter.damaged_shards.assign_add(1))
-                ops.append(self.counter.bytes_skipped.assign_add(bytes_left))
-                ops.append(self.counter.records_skipped.assign_add(tf.maximum(records_left, 0)))
+                ops.append(self.counter.bytes_skipped.assign_add(bytes_read[0] - bytes_read[1]))
+                ops.append(
+                    self.counter.records_skipped.assign_add(
+                        tf.maximum(records_read[0] - records_read[1], 0)
+                    )
+                )
             with tf.control_dependencies(ops):
                 return tf.constant(True)
 
