@@ -6,11 +6,9 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 import subprocess
 import sys
 import textwrap
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +28,7 @@ from tests.fixtures.odd_images import (
     png_with_text_bomb,
     tiff_with_ifd_past_end,
     with_icc,
+    zero_png,
 )
 
 pytestmark = pytest.mark.slow
@@ -140,32 +139,6 @@ def test_out_of_bounds_crop_writes_the_extreme_files(tree, tmp_path):
     assert rejected["texture.tga"]["reason"] == "unsupported_format"
 
 
-def _solid_png(width: int, height: int) -> bytes:
-    """An RGB PNG of zeros (filter bytes included), never held whole in memory.
-
-    After a full flush the compressor starts afresh, so 8 MiB of zeros compress to the same
-    bytes every time: the stream repeats that block, compresses the rest, and ends with the
-    Adler-32 of n zero bytes, ``(n mod 65521) << 16 | 1``.
-    """
-    total = height * (1 + 3 * width)
-    block_size = 8 << 20
-    repeats, rest = divmod(total, block_size)
-    compressor = zlib.compressobj(1)
-    head = compressor.compress(b"\0" * block_size) + compressor.flush(zlib.Z_FULL_FLUSH)
-    block = compressor.compress(b"\0" * block_size) + compressor.flush(zlib.Z_FULL_FLUSH)
-    tail = (compressor.compress(b"\0" * rest) + compressor.flush())[:-4]
-    body = head[:2] + block * repeats + tail + struct.pack(">I", (total % 65521) << 16 | 1)
-
-    def chunk(kind: bytes, payload: bytes) -> bytes:
-        crc = zlib.crc32(kind + payload)
-        return struct.pack(">I", len(payload)) + kind + payload + struct.pack(">I", crc)
-
-    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", body) + chunk(b"IEND", b"")
-    )
-
-
 _LIMITED_RUN = textwrap.dedent(
     """
     import resource, sys
@@ -205,13 +178,14 @@ def test_memory_error_in_the_image_step_is_a_rejection_and_the_job_publishes(tmp
     peak = int(first.stdout.split("VMPEAK")[-1])
     # ...then 600 MB more: far less than the 3.6 GB that 30000x30000 RGB(X) pixels need (the
     # image step runs before the job's own peak, so its headroom is larger than 600 MB).
-    (images / "b" / "huge.png").write_bytes(_solid_png(30_000, 30_000))
+    (images / "b" / "huge.png").write_bytes(zero_png(30_000, 30_000))
     output = tmp_path / "dataset"
     run = _limited_run(peak + 600 * 2**20, *flags, "--output", str(output))
     assert run.returncode == 0, run.stderr[-3000:]
     rejected = _rejected(output)
     assert list(rejected) == ["huge.png"]
-    assert rejected["huge.png"]["reason"] == "internal_error"
+    # The decode worker (--decode_memory_mb) ran out of room, not the job.
+    assert rejected["huge.png"]["reason"] == "over_budget"
     assert rejected["huge.png"]["detail"].startswith("MemoryError")
     manifest = Manifest.from_json((output / "dataset.json").read_text(encoding="utf-8"))
     assert (manifest.counts.written, manifest.counts.rejected, manifest.counts.input) == (6, 1, 7)

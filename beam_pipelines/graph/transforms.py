@@ -44,8 +44,9 @@ from beam_pipelines.graph.leakage import (
 )
 from beam_pipelines.graph.plan import PlanShards
 from beam_pipelines.graph.splits import AssignSplits
+from beam_pipelines.image.bounds import BoundedPreparer
 from beam_pipelines.image.phash import perceptual_hashes
-from beam_pipelines.image.prepare import ImageOptions, RejectedImage, internal_error, prepare_image
+from beam_pipelines.image.prepare import ImageOptions, RejectedImage, internal_error
 from beam_pipelines.inputs.sources import SKIPPED_TAG, LabelNames, ListSources, unpack_sources
 from beam_pipelines.output.catalog_io import MergeCatalogs
 from beam_pipelines.output.shards import (
@@ -126,6 +127,8 @@ class PrepareImageFn(beam.DoFn):
         # (sha256, uri) -> luma sample of an example whose location is not out yet: hashed with
         # the rest of its staging file when the stager hands the locations on (image_hash).
         self._samples: dict[tuple[str, str], bytes] = {}
+        # Decodes run in a worker process held within --decode_memory_mb and --decode_time_s.
+        self._preparer: BoundedPreparer | None = None
 
     def _with_hashes(self, records):
         """Fills in ``meta.phash`` of the records whose luma samples wait, all at once."""
@@ -169,6 +172,8 @@ class PrepareImageFn(beam.DoFn):
     def teardown(self) -> None:
         if self._stager is not None:
             self._stager.close()
+        if self._preparer is not None:
+            self._preparer.close()
 
     def process(self, element: SourceFile | bytes, label_names: tuple[str, ...]):
         # A packed batch of inputs (sources.ListSources' "batches") or one input.
@@ -228,7 +233,8 @@ class PrepareImageFn(beam.DoFn):
             if reused is not None:  # the base's stored example, relabelled if need be: no decode
                 self._reused.inc()
                 return PreparedRecord(sha256, source.uri, reused.serialized, reused.meta)
-        prepared = prepare_image(data, self._options)
+        self._preparer = self._preparer or BoundedPreparer(self._options)
+        prepared = self._preparer.prepare(data)
         Metrics.counter(METRICS_NAMESPACE, f"source_format_{prepared.source_format}").inc()
         for event in prepared.events:  # icc_converted, high_bit_depth_*, cropped_out_of_bounds
             Metrics.counter(METRICS_NAMESPACE, event).inc()

@@ -83,6 +83,8 @@ REASONS = (
     "decode_error",
     "no_label",
     "invalid_record",
+    "over_budget",
+    "decoder_crashed",
     "internal_error",
 )
 
@@ -100,10 +102,9 @@ _JPEG_MAX_SIDE = 65_500  # libjpeg's limit on either side
 _SHRINK_ABOVE_PIXELS = 16_000_000  # decoded images larger than this are reduced first
 _SHRINKABLE_MODES = ("L", "LA", "RGB", "RGBA", "RGBX", "CMYK", "I", "F")
 
-# Pillow refuses headers above 2 x its MAX_IMAGE_PIXELS (about 179 MP), which would silently
-# cap --max_pixels. open_image checks --max_pixels from the header before any decode, so
-# Pillow's own global limit is turned off in processes that prepare images.
-Image.MAX_IMAGE_PIXELS = None
+# Pillow's own decompression-bomb checks (Image.MAX_IMAGE_PIXELS, some inside plugins' load())
+# are left on and untouched here: importing this module must not change them for the rest of a
+# program. The decode worker (bounds.py), a process of its own, sets them from --max_pixels.
 # Exceptions Pillow's plugins raise for bad files (anything else is internal_error). The AVIF
 # plugin raises RuntimeError for what libavif refuses.
 _PILLOW_ERRORS = (
@@ -308,7 +309,7 @@ def open_image(
     sniffed = sniff_format(data)
     formats = _open_order(accepted_formats, sniffed)
     try:
-        # No DecompressionBombWarning either: Pillow's limit is off, --max_pixels is checked below.
+        # Pillow's limit is the process's (the decode worker's: --max_pixels); ours is below.
         image = Image.open(io.BytesIO(data), formats=formats)
     except Image.DecompressionBombError as e:
         # Pillow refuses headers above twice its MAX_IMAGE_PIXELS before we see the size.

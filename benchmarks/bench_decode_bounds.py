@@ -1,0 +1,76 @@
+"""Benchmark: what the decode worker's budgets cost on ordinary photos.
+
+``prepare_image`` in process against ``BoundedPreparer.prepare`` (the same work in a decode
+worker held within ``--decode_memory_mb`` and ``--decode_time_s``), on ImageNet-like JPEGs
+(500x375, about 100 KB, q90), the two taking turns photo by photo so that load from other jobs
+falls on both alike. Cost is CPU time from ``/proc/<pid>/schedstat`` (nanoseconds): for the
+worker, the parent's and the child's together. Target: at most 3 % more than in process.
+
+Usage::
+
+  python -m benchmarks.bench_decode_bounds [--n 200] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+from pathlib import Path
+
+from beam_pipelines.image.bounds import BoundedPreparer
+from beam_pipelines.image.options import ImageOptions
+from beam_pipelines.image.prepare import prepare_image
+from beam_pipelines.samples import write_imagenet_like_jpegs
+
+__all__ = ["cpu_ns", "measure", "main"]
+
+
+def cpu_ns(pid: int | str = "self") -> int:
+    """CPU time a process (or this one) has run, in nanoseconds."""
+    with open(f"/proc/{pid}/schedstat", encoding="ascii") as stat:
+        return int(stat.read().split()[0])
+
+
+def measure(photos: list[bytes], rounds: int) -> list[tuple[float, float]]:
+    """Per round, ``(in-process ms, bounded ms)`` of CPU per photo."""
+    options = ImageOptions()
+    preparer = BoundedPreparer(options)
+    preparer.prepare(photos[0])  # starts the worker
+    child = preparer.worker_pid()
+    results = []
+    try:
+        for _ in range(rounds):
+            inside = bounded = 0
+            for data in photos:
+                start = cpu_ns()
+                prepare_image(data, options)
+                middle, worker = cpu_ns(), cpu_ns(child)
+                preparer.prepare(data)
+                inside += middle - start
+                bounded += cpu_ns() - middle + cpu_ns(child) - worker
+            results.append((inside / len(photos) / 1e6, bounded / len(photos) / 1e6))
+    finally:
+        preparer.close()
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--n", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as root:
+        paths = write_imagenet_like_jpegs(Path(root), args.n, seed=5)
+        photos = [p.read_bytes() for p in paths]
+    rows = measure(photos, args.rounds)
+    print("round  in-process ms  bounded ms  extra")
+    for i, (inside, bounded) in enumerate(rows):
+        print(f"{i:5d}  {inside:13.3f}  {bounded:10.3f}  {bounded / inside - 1:6.1%}")
+    inside = statistics.median(r[0] for r in rows)
+    bounded = statistics.median(r[1] for r in rows)
+    print(f"median {inside:12.3f}  {bounded:10.3f}  {bounded / inside - 1:6.1%}")
+
+
+if __name__ == "__main__":
+    main()
