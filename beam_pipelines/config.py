@@ -118,7 +118,10 @@ class PipelineConfig:
         metadata=flag(help="wanted shard size in MiB (%(default)s)", group="sharding"),
     )
     max_bad_fraction: float = dataclasses.field(
-        default=0.01,
+        # A folder of one's own holds a few files that are no images (a text file, an empty or
+        # truncated download); a systematic fault (a wrong folder, a decoder that fails on a
+        # format) rejects far more than 5 %.
+        default=0.05,
         metadata=flag(
             help="largest share of bad input that still publishes the dataset: rejected files "
             "(not counting no_label ones) over files inside a class folder (%(default)s)",

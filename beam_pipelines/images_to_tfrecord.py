@@ -20,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
+import shlex
 import sys
 import time
 import uuid
@@ -67,8 +69,9 @@ from beam_pipelines.output.publish import (
 )
 from beam_pipelines.output.shards import METRICS_NAMESPACE, TRAIN, VALIDATION, fixed_shard_counts
 from beam_pipelines.progress import ProgressSpec, close_reporter
-from beam_pipelines.summary import RunSummary
-from schemas.manifest import TOOL_VERSION, ImageSpec, Manifest
+from beam_pipelines.summary import TOP_REASONS, RunSummary
+from cliflags import command_name
+from schemas.manifest import REJECTED_NAME, TOOL_VERSION, ImageSpec, Manifest
 
 __all__ = [
     "ImagesToTFRecordOptions",
@@ -76,6 +79,8 @@ __all__ = [
     "JobFailedError",
     "RunSummary",
     "config_from_options",
+    "publish_anyway_command",
+    "publish_anyway_fraction",
     "run",
     "main",
 ]
@@ -127,14 +132,59 @@ def _progress_mode(progress: str, options: PipelineOptions) -> str:
     return "bar" if in_process and sys.stderr.isatty() else "log"
 
 
-def _publish_blockers(staged: StagedResult, config: PipelineConfig) -> list[str]:
-    """Why the dataset must not be published, one line per gate that failed."""
+def publish_anyway_fraction(bad_fraction: float) -> float:
+    """The ``--max_bad_fraction`` that publishes a build with ``bad_fraction``: the fraction
+    rounded up to a whole percent (2.75 % -> 0.03), so the command shown is short and exact."""
+    # The small tolerance keeps an exact percent (0.03 from 3 of 100) from rounding up again.
+    return min(math.ceil(bad_fraction * 100 - 1e-9) / 100, 1.0)
+
+
+def publish_anyway_command(argv: Sequence[str], fraction: float) -> str:
+    """The user's command with ``--resume --max_bad_fraction fraction``: it publishes the
+    refused build from its staging area without preparing any image again."""
+    kept: list[str] = []
+    skip_value = False
+    for token in argv:
+        if skip_value:
+            skip_value = False
+        elif token == "--max_bad_fraction":
+            skip_value = True
+        elif not token.startswith(("--max_bad_fraction=", "--resume")):
+            kept.append(token)
+    # The command's name may be two words (python -m ...); only the user's arguments are quoted.
+    return (
+        f"{command_name('beam_pipelines.images_to_tfrecord')} {shlex.join(kept)} "
+        f"--resume --max_bad_fraction {fraction:g}"
+    )
+
+
+def _bad_fraction_refusal(staged: StagedResult, config: PipelineConfig, argv: Sequence[str]) -> str:
+    reasons = sorted(
+        ((reason, n) for reason, n in staged.rejected_by_reason.items() if reason != "no_label"),
+        key=lambda kv: (-kv[1], kv[0]),
+    )
+    top = ", ".join(f"{reason} {n}" for reason, n in reasons[:TOP_REASONS])
+    more = f" (+{len(reasons) - TOP_REASONS} more)" if len(reasons) > TOP_REASONS else ""
+    bad = staged.rejected - staged.no_label
+    rejected = FileSystems.join(config.output, REJECTED_NAME)
+    command = publish_anyway_command(argv, publish_anyway_fraction(staged.bad_fraction))
+    return (
+        f"bad fraction {staged.bad_fraction:.2%} is above --max_bad_fraction "
+        f"{config.max_bad_fraction} ({bad} of {staged.input - staged.no_label} files in class "
+        f"folders rejected: {top}{more}); each file and why: {rejected}\n"
+        "  the prepared images are kept: to publish this build anyway, without preparing any "
+        f"image again, run\n    {command}"
+    )
+
+
+def _publish_blockers(
+    staged: StagedResult, config: PipelineConfig, argv: Sequence[str]
+) -> list[str]:
+    """Why the dataset must not be published, one entry per gate that failed; each says what
+    to run instead."""
     blockers = []
     if staged.bad_fraction > config.max_bad_fraction:
-        blockers.append(
-            f"bad fraction {staged.bad_fraction:.2%} is above --max_bad_fraction "
-            f"{config.max_bad_fraction}; see the rejected report"
-        )
+        blockers.append(_bad_fraction_refusal(staged, config, argv))
     if staged.label_conflicts and config.label_conflicts == "fail":
         blockers.append(
             f"label conflicts ({len(staged.label_conflicts)}) and --label_conflicts fail; fix "
@@ -274,7 +324,7 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
     staged = read_staged(config.output, run_id)
     metrics = _counters(result)
     manifest = _manifest(config, staged, metrics, base)
-    blockers = _publish_blockers(staged, config)
+    blockers = _publish_blockers(staged, config, list(sys.argv[1:] if argv is None else argv))
     removed = [] if blockers else _publish(config.output, manifest, old_manifest)
     return RunSummary(
         output=config.output,
