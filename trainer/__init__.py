@@ -1,6 +1,8 @@
 """trainer: distributed training fed by ``tfrecord_io``, with exact resume and diagnosis.
 
-Command lines: ``python -m trainer.train`` and ``python -m trainer.diagnose MODEL_DIR``.
+Command lines: ``python -m trainer.train`` and ``python -m trainer.diagnose MODEL_DIR``. From
+Python, ``trainer.fit(model_fn, TrainConfig(...), loss=..., metrics=...)`` runs the same loop
+with a model of your own.
 
 The public names are loaded on first use, so that ``import trainer`` (and ``trainer.diagnose``)
 does not pay for importing TensorFlow and Keras. The command modules (``trainer.train``,
@@ -35,6 +37,11 @@ __all__ = [
     "learning_rate_at",
     "Inputs",
     "ReaderInputs",
+    # your own model
+    "fit",
+    "Objective",
+    "load_model_fn",
+    "parse_model_args",
     # loop
     "Checkpointer",
     "KeyAudit",
@@ -71,6 +78,10 @@ _HOME = {
     "learning_rate_at": "trainer.optim",
     "Inputs": "trainer.inputs",
     "ReaderInputs": "trainer.inputs",
+    "fit": "trainer.api",
+    "Objective": "trainer.user_model",
+    "load_model_fn": "trainer.user_model",
+    "parse_model_args": "trainer.user_model",
     "Checkpointer": "trainer.checkpoints",
     "KeyAudit": "trainer.audit",
     "ResumePlan": "trainer.resume",

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
+from collections.abc import Mapping
+from typing import Any
 
 from cliflags.dataclass_flags import NO_FLAG, flag
 from schemas.constants import TRAIN, VALIDATION
 
 __all__ = [
     "MODELS",
+    "MODEL_IMPORT_PATH",
     "STRATEGIES",
     "OPTIMIZERS",
     "LR_SCHEDULES",
@@ -29,6 +33,8 @@ __all__ = [
 ]
 
 MODELS = ("small_cnn", "resnet50")
+# A model of the user's own: ``package.module:function`` (trainer.user_model).
+MODEL_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker", "tpu")
 OPTIMIZERS = ("sgd", "adam")
 LR_SCHEDULES = ("constant", "cosine")
@@ -43,6 +49,18 @@ def _positive_int(name: str, value: object) -> None:
 def _optional_positive_int(name: str, value: object) -> None:
     if value is not None:
         _positive_int(name, value)
+
+
+def _check_model(model: object, model_args: object) -> None:
+    if not isinstance(model, str) or not (model in MODELS or MODEL_IMPORT_PATH.match(model)):
+        raise ValueError(
+            f"model must be one of {MODELS} or an import path package.module:function, "
+            f"got {model!r}"
+        )
+    if not isinstance(model_args, Mapping) or not all(
+        isinstance(k, str) and k.isidentifier() for k in model_args
+    ):
+        raise ValueError(f"model_args must map identifiers to values, got {model_args!r}")
 
 
 def _choice(name: str, value: object, choices: tuple[str, ...]) -> None:
@@ -233,6 +251,13 @@ class RuntimeConfig:
     mixed_precision: bool = dataclasses.field(
         default=False, metadata=flag("mixed_float16 on GPU, mixed_bfloat16 on TPU and CPU")
     )
+    jit_compile: bool = dataclasses.field(
+        default=False,
+        metadata=flag(
+            "compile each replica's forward and backward pass with XLA (the model must be "
+            "XLA-compatible; the gradient all-reduce stays outside)"
+        ),
+    )
     tpu: str | None = dataclasses.field(
         default=None,
         metadata=flag(
@@ -262,6 +287,8 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         _choice("strategy", self.strategy, STRATEGIES)
+        if not isinstance(self.jit_compile, bool):
+            raise ValueError(f"jit_compile must be True or False, got {self.jit_compile!r}")
         for name in ("keep_freed_memory", "bulk_reads"):
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
@@ -286,8 +313,15 @@ class TrainConfig:
     )
     data: DataConfig
     model: str = dataclasses.field(
-        default="small_cnn", metadata=flag("the classifier to train", choices=MODELS)
+        default="small_cnn",
+        metadata=flag(
+            f"the classifier to train: a built-in ({', '.join(MODELS)}) or your own, as "
+            "package.module:function building a Keras model (see trainer.user_model)"
+        ),
     )
+    # The ``--model_arg key=value`` pairs, passed to an imported model function as keywords
+    # (trainer.train adds the repeated flag itself).
+    model_args: Mapping[str, Any] = dataclasses.field(default_factory=dict, metadata=NO_FLAG)
     global_batch_size: int = dataclasses.field(
         default=256, metadata=flag("examples per step over all replicas of all workers")
     )
@@ -334,7 +368,7 @@ class TrainConfig:
             raise TypeError(f"optim must be an OptimConfig, got {type(self.optim).__name__}")
         if not isinstance(self.runtime, RuntimeConfig):
             raise TypeError(f"runtime must be a RuntimeConfig, got {type(self.runtime).__name__}")
-        _choice("model", self.model, MODELS)
+        _check_model(self.model, self.model_args)
         _positive_int("global_batch_size", self.global_batch_size)
         if (self.steps is None) == (self.epochs is None):
             raise ValueError(

@@ -24,8 +24,8 @@ def evaluate(steps: TrainSteps, dataset: tf.data.Dataset) -> dict[str, float]:
       dataset: this worker's ``(images, labels[, ...])`` eval batches, each example once.
 
     Returns:
-      ``{"loss", "accuracy", "examples"}`` over the whole eval split; loss and accuracy are
-      NaN when the split is empty.
+      ``{"loss", "accuracy", "examples"}`` and the user's metrics (``steps.objective``) over
+      the whole eval split; all but ``examples`` are NaN when the split is empty.
     """
     import numpy as np
     import tensorflow as tf
@@ -34,7 +34,8 @@ def evaluate(steps: TrainSteps, dataset: tf.data.Dataset) -> dict[str, float]:
     empty_images = tf.zeros([0, *spec[0].shape[1:]], spec[0].dtype)
     empty_labels = tf.zeros([0], spec[1].dtype)
     iterator = iter(dataset)
-    totals = np.zeros(3)
+    names = steps.objective.metric_names
+    totals = np.zeros(3 + len(names))
     while True:
         optional = iterator.get_next_as_optional()
         if optional.has_value():
@@ -48,9 +49,11 @@ def evaluate(steps: TrainSteps, dataset: tf.data.Dataset) -> dict[str, float]:
         totals += step_totals
     examples = float(totals[2])
     if examples == 0:
-        return {"loss": float("nan"), "accuracy": float("nan"), "examples": 0.0}
+        return {"loss": float("nan"), "accuracy": float("nan"), "examples": 0.0} | {
+            name: float("nan") for name in names
+        }
     return {
         "loss": float(totals[0] / examples),
         "accuracy": float(totals[1] / examples),
         "examples": examples,
-    }
+    } | {name: float(total / examples) for name, total in zip(names, totals[3:], strict=True)}

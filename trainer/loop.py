@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainer.config import TrainConfig
@@ -37,6 +38,7 @@ from trainer.optim import learning_rate_at
 from trainer.preemption import StopSignal
 from trainer.setup import PreparedRun, prepare_run
 from trainer.strategy import Distribution
+from trainer.user_model import Objective
 
 if TYPE_CHECKING:
     from tfrecord_io.delivery import DeliveryTracker
@@ -71,7 +73,14 @@ class TrainResult:
     resume_kind: str = "legacy"
 
 
-def run_training(config: TrainConfig, dist: Distribution, inputs: Inputs) -> TrainResult:
+def run_training(
+    config: TrainConfig,
+    dist: Distribution,
+    inputs: Inputs,
+    *,
+    model_fn: Callable[..., Any] | None = None,
+    objective: Objective | None = None,
+) -> TrainResult:
     """Trains to ``config.steps`` (or epochs), resuming from ``config.model_dir`` if it holds
     a checkpoint.
 
@@ -79,18 +88,20 @@ def run_training(config: TrainConfig, dist: Distribution, inputs: Inputs) -> Tra
       config: the run.
       dist: the strategy and this worker's place in the cluster (``create_distribution``).
       inputs: the data (``ReaderInputs`` over the project's reader).
+      model_fn: builds the model (``trainer.user_model``); None builds ``config.model``.
+      objective: the loss and extra metrics; None is cross-entropy and accuracy.
 
     Returns:
       How the run ended; ``exit_code`` is non-zero when a signal stopped it.
 
     Raises:
-      ValueError: if the global batch does not split over the replicas, or a checkpoint does
-        not fit the model.
+      ValueError: if the model cannot be built or does not fit the data, the global batch does
+        not split over the replicas, or a checkpoint does not fit the model.
       FloatingPointError: if the loss becomes NaN or infinite (the last checkpoint is kept).
       RuntimeError: if the training data runs out (the reader repeats forever, so this means a
         custom ``Inputs`` is finite).
     """
-    run = prepare_run(config, dist, inputs)
+    run = prepare_run(config, dist, inputs, model_fn=model_fn, objective=objective)
     writers = SummaryWriters(
         config.model_dir, is_chief=dist.is_chief, worker_index=dist.worker_index
     )
@@ -195,7 +206,8 @@ class _StepLoop:
         flag = tf.constant(1.0 if stop.requested else 0.0)
         positions = element[-1] if run.tracker is not None else None
         totals, norm, gathered = fn(element[0], element[1], flag, positions)
-        loss, correct, stop_votes = (float(v) for v in totals.numpy())
+        values = [float(v) for v in totals.numpy()]
+        loss, correct, stop_votes = values[:3]
         finished = time.perf_counter()
         self.step += 1
         if not math.isfinite(loss) and not run.loss_scaling:
@@ -218,6 +230,7 @@ class _StepLoop:
             wait_seconds=fetched - started,
             step_seconds=finished - started,
             timed=variant in self._traced,
+            metrics=dict(zip(run.steps.objective.metric_names, values[3:], strict=True)),
         )
         self._traced.add(variant)
         if log_now:
@@ -259,14 +272,12 @@ class _StepLoop:
         result = evaluate(self._run.steps, self._inputs.eval_dataset(self._dist.input_context()))
         self._last_evaluated = self.step
         self.last_eval = result
-        self._writers.write_eval(
-            self.step, {"loss": result["loss"], "accuracy": result["accuracy"]}
-        )
+        scalars = {name: value for name, value in result.items() if name != "examples"}
+        self._writers.write_eval(self.step, scalars)
         _log.info(
-            "step %d validation: loss %.4g accuracy %.4g over %d examples (%.1fs)",
+            "step %d validation: %s over %d examples (%.1fs)",
             self.step,
-            result["loss"],
-            result["accuracy"],
+            " ".join(f"{name} {value:.4g}" for name, value in scalars.items()),
             int(result["examples"]),
             time.perf_counter() - started,
         )

@@ -95,14 +95,26 @@ class StepWindow:
     timed_steps: int = 0
     wait_seconds: float = 0.0
     step_seconds: float = 0.0
+    # A user's metric -> its sum over the window's examples (trainer.user_model.Objective).
+    metric_sums: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def add(
-        self, *, loss: float, correct: float, wait_seconds: float, step_seconds: float, timed: bool
+        self,
+        *,
+        loss: float,
+        correct: float,
+        wait_seconds: float,
+        step_seconds: float,
+        timed: bool,
+        metrics: dict[str, float] | None = None,
     ) -> None:
-        """Adds one step; ``timed`` is False for a step that compiled a function."""
+        """Adds one step; ``timed`` is False for a step that compiled a function; ``metrics``
+        are the step's sums of the user's per-example metrics."""
         self.steps += 1
         self.loss_sum += loss
         self.correct += correct
+        for name, value in (metrics or {}).items():
+            self.metric_sums[name] = self.metric_sums.get(name, 0.0) + value
         if timed:
             self.timed_steps += 1
             self.wait_seconds += wait_seconds
@@ -114,12 +126,15 @@ class StepWindow:
         if self.steps:
             out["loss"] = self.loss_sum / self.steps
             out["accuracy"] = self.correct / (self.steps * self.global_batch_size)
+            for name, total in self.metric_sums.items():
+                out[name] = total / (self.steps * self.global_batch_size)
         if self.timed_steps and self.step_seconds > 0:
             out["step_time"] = self.step_seconds / self.timed_steps
             out["examples_per_sec"] = self.timed_steps * self.global_batch_size / self.step_seconds
             out["input_wait"] = self.wait_seconds / self.step_seconds
         self.steps = self.timed_steps = 0
         self.loss_sum = self.correct = self.wait_seconds = self.step_seconds = 0.0
+        self.metric_sums = {}
         return out
 
 

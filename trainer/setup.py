@@ -14,17 +14,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from trainer.audit import KeyAudit, audit_path, close_previous_segments
 from trainer.checkpoints import Checkpointer, RestoreResult
-from trainer.config import TrainConfig
+from trainer.config import MODELS, TrainConfig
 from trainer.inputs import Inputs
 from trainer.models import build_model
 from trainer.optim import build_optimizer
 from trainer.resume import ResumePlan, agree_on_nonce, plan_resume
 from trainer.steps import TrainSteps
 from trainer.strategy import Distribution, precision_policy
+from trainer.user_model import (
+    Objective,
+    build_checked_model,
+    check_signature,
+    describe,
+    load_model_fn,
+)
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -89,19 +97,30 @@ class PreparedRun:
     audit: KeyAudit | None
 
 
-def prepare_run(config: TrainConfig, dist: Distribution, inputs: Inputs) -> PreparedRun:
+def prepare_run(
+    config: TrainConfig,
+    dist: Distribution,
+    inputs: Inputs,
+    *,
+    model_fn: Callable[..., Any] | None = None,
+    objective: Objective | None = None,
+) -> PreparedRun:
     """Builds the dataset, model and optimiser, and restores the latest checkpoint if any.
 
     Args:
       config: the run.
       dist: the strategy and this worker's place in the cluster.
       inputs: the data.
+      model_fn: the function building the model (``trainer.user_model``); None builds
+        ``config.model``, a built-in or an import path.
+      objective: the loss and extra metrics; None is cross-entropy and accuracy.
 
     Returns:
       The run, at the step its checkpoint holds (0 when fresh).
 
     Raises:
-      ValueError: if the global batch does not split over the replicas, ``--epochs`` has no
+      ValueError: if the model cannot be imported or built or does not fit the data (naming
+        the flag), the global batch does not split over the replicas, ``--epochs`` has no
         example count, the data yields images of the wrong shape or type, a checkpoint does
         not fit the model, or the audit file holds fewer keys than the checkpoint accounts
         for.
@@ -109,6 +128,11 @@ def prepare_run(config: TrainConfig, dist: Distribution, inputs: Inputs) -> Prep
     import keras
     import tensorflow as tf
 
+    if model_fn is None and config.model not in MODELS:
+        model_fn = load_model_fn(config.model)
+    if model_fn is not None:
+        # A wrong import path or signature fails before anything is read or written.
+        check_signature(model_fn, name=describe(model_fn), model_args=config.model_args)
     total_steps, steps_per_epoch = plan_steps(config, inputs.train_examples)
     worker_batch = dist.worker_batch_size(config.global_batch_size)
     policy = precision_policy(dist.device_kind, config.runtime.mixed_precision)
@@ -119,7 +143,11 @@ def prepare_run(config: TrainConfig, dist: Distribution, inputs: Inputs) -> Prep
     _log_layout(config, dist, worker_batch, policy, total_steps, steps_per_epoch)
     loss_scaling = policy == "mixed_float16"
     model, optimizer = _build_model(
-        config, dist, inputs.num_classes, image_spec.dtype.name, total_steps, loss_scaling
+        config,
+        dist,
+        _ModelRequest(model_fn, inputs.num_classes, image_spec.dtype.name),
+        total_steps,
+        loss_scaling,
     )
     step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
     iterator = iter(dataset)
@@ -147,6 +175,8 @@ def prepare_run(config: TrainConfig, dist: Distribution, inputs: Inputs) -> Prep
         loss_scaling=loss_scaling,
         image_dtype=image_spec.dtype,
         label_dtype=label_spec.dtype,
+        objective=objective,
+        jit_compile=config.runtime.jit_compile,
     )
     return PreparedRun(
         total_steps=total_steps,
@@ -184,23 +214,46 @@ def _training_dataset(
     return dataset, plan, tracker
 
 
+@dataclasses.dataclass(frozen=True)
+class _ModelRequest:
+    """What the model is built from: the user's function (or None for a built-in), the
+    number of classes and the input dtype."""
+
+    model_fn: Callable[..., Any] | None
+    num_classes: int
+    input_dtype: str
+
+
 def _build_model(
     config: TrainConfig,
     dist: Distribution,
-    num_classes: int,
-    input_dtype: str,
+    request: _ModelRequest,
     total_steps: int,
     loss_scaling: bool,
 ) -> tuple[Any, Any]:
     """The model and its optimiser, built in the strategy's scope (so their variables are
-    mirrored), with the optimiser's slots created before any restore."""
+    mirrored), with the optimiser's slots created before any restore.
+
+    Raises:
+      ValueError: if the user's model does not fit (``trainer.user_model``).
+    """
     with dist.strategy.scope():
-        model = build_model(
-            config.model,
-            num_classes=num_classes,
-            image_size=config.data.image_size,
-            input_dtype=input_dtype,
-        )
+        if request.model_fn is None:
+            model = build_model(
+                config.model,
+                num_classes=request.num_classes,
+                image_size=config.data.image_size,
+                input_dtype=request.input_dtype,
+            )
+        else:
+            model = build_checked_model(
+                request.model_fn,
+                name=describe(request.model_fn),
+                image_size=config.data.image_size,
+                num_classes=request.num_classes,
+                input_dtype=request.input_dtype,
+                model_args=config.model_args,
+            )
         optimizer = build_optimizer(
             config.optim,
             global_batch_size=config.global_batch_size,

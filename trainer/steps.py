@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from trainer.strategy import Distribution
+from trainer.user_model import Objective
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -53,12 +54,12 @@ class TrainSteps:
         loss_scaling: bool,
         image_dtype: tf.DType,
         label_dtype: tf.DType,
+        objective: Objective | None = None,
+        jit_compile: bool = False,
     ) -> None:
-        import keras
         import tensorflow as tf
 
         self._tf = tf
-        self._keras = keras
         self._dist = dist
         self._strategy = dist.strategy
         self._model = model
@@ -69,6 +70,8 @@ class TrainSteps:
         self._image_size = image_size
         self._loss_scaling = loss_scaling
         self._replicas = dist.num_replicas
+        self.objective = Objective() if objective is None else objective
+        self._forward_backward = tf.function(self._gradients, jit_compile=jit_compile)
         self.train_plain = tf.function(
             lambda x, y, s, p=None: self._train(x, y, s, p, with_norm=False)
         )
@@ -80,6 +83,24 @@ class TrainSteps:
             tf.TensorSpec([None], label_dtype),
         )
         self.eval = tf.function(self._eval, input_signature=spec)
+
+    def _gradients(self, x: tf.Tensor, y: tf.Tensor) -> tuple[Any, Any, Any]:
+        """One replica's loss (scaled by the global batch), gradients and ``[correct, metric
+        sums...]``: the part XLA may compile (``jit_compile``), without collectives."""
+        tf = self._tf
+        model, optimizer = self._model, self._optimizer
+        with tf.GradientTape() as tape:
+            logits = model(x, training=True)
+            per_example = self.objective.per_example_loss(y, logits)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=self._global_batch)
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            scaled = optimizer.scale_loss(loss) if self._loss_scaling else loss
+        grads = tape.gradient(scaled, model.trainable_variables)
+        predicted = tf.argmax(logits, axis=-1, output_type=y.dtype)
+        correct = tf.reduce_sum(tf.cast(tf.equal(predicted, y), tf.float32))
+        sums = [tf.reduce_sum(v) for v in self.objective.metric_values(y, logits)]
+        return loss, grads, tf.stack([correct, *sums])
 
     def _split(self, value: tf.Tensor) -> Any:
         """Slices a per-worker batch into this worker's per-replica batches."""
@@ -102,21 +123,12 @@ class TrainSteps:
     ):
         """One step; returns the global (loss, correct, stop votes), the gradient norm and
         the positions of the whole global batch (empty without positions)."""
-        tf, keras = self._tf, self._keras
+        tf = self._tf
         model, optimizer, replicas = self._model, self._optimizer, self._replicas
 
         def replica_step(x: Any, y: Any, p: Any) -> Any:  # tf.Tensor: tf is imported lazily
             ctx = tf.distribute.get_replica_context()
-            with tf.GradientTape() as tape:
-                logits = model(x, training=True)
-                per_example = keras.losses.sparse_categorical_crossentropy(
-                    y, logits, from_logits=True
-                )
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=self._global_batch)
-                if model.losses:
-                    loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-                scaled = optimizer.scale_loss(loss) if self._loss_scaling else loss
-            grads = tape.gradient(scaled, model.trainable_variables)
+            loss, grads, measures = self._forward_backward(x, y)
             norm = tf.constant(0.0)
             if with_norm:
                 # The norm of the global gradient needs the all-reduced gradient; Keras would
@@ -136,9 +148,10 @@ class TrainSteps:
                 )
                 for var, mean in zip(stats, means, strict=True):
                     var.assign(mean)
-            predicted = tf.argmax(logits, axis=-1, output_type=y.dtype)
-            correct = tf.reduce_sum(tf.cast(tf.equal(predicted, y), tf.float32))
-            totals = tf.stack([tf.cast(loss, tf.float32), correct, stop])
+            # [loss, correct, stop votes, metric sums...]
+            totals = tf.concat(
+                [tf.stack([tf.cast(loss, tf.float32), measures[0], stop]), measures[1:]], 0
+            )
             if replicas > 1:
                 totals = ctx.all_reduce(tf.distribute.ReduceOp.SUM, totals)
             if p is None:
@@ -166,7 +179,7 @@ class TrainSteps:
         return first(totals)[0], first(norm)[0], first(gathered)[0]
 
     def _eval(self, images: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
-        tf, keras = self._tf, self._keras
+        tf = self._tf
         size, count = self._worker_batch, tf.shape(labels)[0]
         # Pad to the full per-worker batch (static shapes, one trace) and mask the padding:
         # a partial or empty batch then splits evenly among replicas.
@@ -175,18 +188,20 @@ class TrainSteps:
         images = tf.ensure_shape(images, [size, self._image_size, self._image_size, 3])
         labels = tf.ensure_shape(labels, [size])
         mask = tf.cast(tf.range(size) < count, tf.float32)
-        model, replicas = self._model, self._replicas
+        model, replicas, objective = self._model, self._replicas, self.objective
 
         def replica_step(x: Any, y: Any, m: Any) -> Any:  # tf.Tensor: tf is imported lazily
             logits = model(x, training=False)
-            per_example = keras.losses.sparse_categorical_crossentropy(y, logits, from_logits=True)
+            per_example = objective.per_example_loss(y, logits)
             predicted = tf.argmax(logits, axis=-1, output_type=y.dtype)
             correct = tf.cast(tf.equal(predicted, y), tf.float32)
+            # [loss sum, correct, examples, metric sums...]
             totals = tf.stack(
                 [
-                    tf.reduce_sum(tf.cast(per_example, tf.float32) * m),
+                    tf.reduce_sum(per_example * m),
                     tf.reduce_sum(correct * m),
                     tf.reduce_sum(m),
+                    *(tf.reduce_sum(v * m) for v in objective.metric_values(y, logits)),
                 ]
             )
             if replicas > 1:

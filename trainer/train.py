@@ -22,11 +22,13 @@ from collections.abc import Sequence
 from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
 from cliflags.dataclass_flags import add_dataclass_flags, flag_values
 from trainer.config import (
+    MODELS,
     DataConfig,
     OptimConfig,
     RuntimeConfig,
     TrainConfig,
 )
+from trainer.user_model import load_model_fn, parse_model_args
 
 __all__ = ["build_parser", "main", "parse_config"]
 
@@ -68,7 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train an image classifier on TFRecord shards, with exact resume.",
     )
     add_dataclass_flags(p.add_argument_group("data"), DataConfig)
-    add_dataclass_flags(p.add_argument_group("run"), TrainConfig)
+    run = p.add_argument_group("run")
+    add_dataclass_flags(run, TrainConfig)
+    run.add_argument(
+        "--model_arg",
+        dest="model_args",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a keyword argument for the function --model imports; repeat for more (a value "
+        "is read as a Python literal when it is one, else as a string) (default: none)",
+    )
     add_dataclass_flags(p.add_argument_group("optimiser"), OptimConfig)
     runtime = p.add_argument_group("runtime")
     add_dataclass_flags(runtime, RuntimeConfig)
@@ -99,8 +111,14 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[TrainConfig, str]:
             data=DataConfig(**data),
             optim=OptimConfig(**flag_values(OptimConfig, args)),
             runtime=RuntimeConfig(**flag_values(RuntimeConfig, args)),
+            model_args=parse_model_args(args.model_args),
             **flag_values(TrainConfig, args),
         )
+        if config.model_args and config.model in MODELS:
+            raise ValueError(
+                f"--model_arg {', '.join(sorted(config.model_args))}: a keyword for a model "
+                f"function of your own; the built-in {config.model!r} takes none"
+            )
     except (ValueError, TypeError) as e:
         parser.error(_name_the_flag(str(e), parser))
     return config, args.log_level
@@ -152,23 +170,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
 
     # Devices are configured before anything else touches TensorFlow's runtime.
-    from trainer.inputs import ReaderInputs
-    from trainer.loop import run_training
+    from trainer.api import fit
     from trainer.strategy import create_distribution
 
     try:
+        if config.model not in MODELS:
+            load_model_fn(config.model)  # a wrong import path fails before the devices start
         dist = create_distribution(
             config.runtime.strategy,
             cpu_replicas=config.runtime.cpu_replicas,
             tpu=config.runtime.tpu,
             slurm_port_base=config.runtime.slurm_port_base,
         )
-        inputs = ReaderInputs.from_config(
-            config.data, global_batch_size=config.global_batch_size, seed=config.seed
-        )
         if dist.num_workers > 1:
             log.info("this is worker %d of %d", dist.worker_index, dist.num_workers)
-        result = run_training(config, dist, inputs)
+        result = fit(config.model, config, distribution=dist)
     except (ValueError, KeyError, FileNotFoundError) as e:
         log.error("%s", e.args[0] if isinstance(e, KeyError) and e.args else e)
         log.debug("where it was raised:", exc_info=True)

@@ -1,0 +1,1 @@
+"""Models of a user's own, as ``--model tests.models.<module>:<function>`` imports them."""
