@@ -21,10 +21,16 @@ __all__ = [
 
 
 class SourceFile(NamedTuple):
-    """One input: its URI and its class name (None when the layout gives it no class)."""
+    """One input: its URI and its class name (None when the layout gives it no class).
+
+    ``problem``: ``(reason, detail)`` when the input is known to be unusable before it is read
+    (a listing line that cannot be parsed, a class name that cannot be stored): the image step
+    rejects it with that reason, so it is counted and reported like any other input.
+    """
 
     uri: str
     label: str | None
+    problem: tuple[str, str] | None = None
 
 
 class Rejection(NamedTuple):

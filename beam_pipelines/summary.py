@@ -8,6 +8,7 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.graph.leakage import summary_lines
+from beam_pipelines.inputs.listings import display_label
 from beam_pipelines.output.publish import DUPLICATES_NAME
 from schemas.manifest import MANIFEST_NAME, REJECTED_NAME, Manifest
 
@@ -139,18 +140,20 @@ class RunSummary:
         splits = sorted(m.splits)
         counts = self.class_counts()
         if not m.label_names or set(counts) != set(splits):
-            return [f"classes ({len(m.label_names)}): {', '.join(m.label_names)}"] + [
+            names = ", ".join(map(display_label, m.label_names))
+            return [f"classes ({len(m.label_names)}): {names}"] + [
                 f"{name}: {m.splits[name].num_examples} examples in "
                 f"{_plural(len(m.splits[name].shards), 'shard')}"
                 for name in splits
             ]
-        width = max(len("class"), *(len(n) for n in m.label_names))
+        # Long class names are kept whole in the data; the table shows them shortened.
+        width = max(len("class"), *(len(display_label(n)) for n in m.label_names))
         cols = [max(len(s), 8) for s in splits]
         row = lambda first, cells: "  ".join(  # noqa: E731
             [first.ljust(width)] + [str(v).rjust(w) for v, w in zip(cells, cols, strict=True)]
         )
         lines = [row("class", splits)]
-        lines += [row(n, [counts[s][n] for s in splits]) for n in m.label_names]
+        lines += [row(display_label(n), [counts[s][n] for s in splits]) for n in m.label_names]
         lines.append(row("total", [m.splits[s].num_examples for s in splits]))
         lines.append(row("shards", [len(m.splits[s].shards) for s in splits]))
         return lines

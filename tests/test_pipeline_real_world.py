@@ -192,15 +192,15 @@ def test_memory_error_in_the_image_step_is_a_rejection_and_the_job_publishes(tmp
 
 
 def test_a_failure_of_the_job_itself_exits_3_not_1(tmp_path, capsys):
-    images = tmp_path / "images"
-    written = make_image_tree(images, {"a": 2}, size=(32, 32))
+    # A bad listing line is a rejection now (test_listings); a listing that cannot be read at
+    # all (a directory by the listing's name) fails the job itself.
+    make_image_tree(tmp_path / "images", {"a": 2}, size=(32, 32))
     listing = tmp_path / "listing.jsonl"
-    lines = [json.dumps({"uri": str(p), "label": "a"}) for p in written["a"]]
-    listing.write_text("\n".join([*lines, "{not json"]) + "\n", encoding="utf-8")
+    listing.mkdir()
     output = tmp_path / "dataset"
     status = images_to_tfrecord.main(["--input", str(listing), "--output", str(output)])
     assert status == images_to_tfrecord.JOB_FAILED == 3
     err = capsys.readouterr().err
-    assert "the pipeline failed" in err and "listing line is not JSON" in err
+    assert "the pipeline failed" in err and "IsADirectoryError" in err
     assert "nothing was published" in err
     assert not (output / "dataset.json").exists()

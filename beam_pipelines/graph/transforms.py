@@ -209,6 +209,8 @@ class PrepareImageFn(beam.DoFn):
     def _prepare(self, source: SourceFile, index: dict[str, int]) -> PreparedRecord | StagedRecord:
         # read bytes -> sha256 -> decide (reuse an example made before, or prepare) -> staged
         # by the caller. Inputs a resumed build staged before never get here (SplitReusable).
+        if source.problem is not None:  # a bad listing line or class name, known unread
+            raise RejectedImage(*source.problem)
         if source.label is None:
             raise RejectedImage(
                 "no_label", "the file is not inside a class directory (<class name>/<image file>)"

@@ -82,6 +82,8 @@ REASONS = (
     "unreadable",
     "decode_error",
     "no_label",
+    "bad_listing_line",
+    "bad_label",
     "invalid_record",
     "over_budget",
     "decoder_crashed",

@@ -6,10 +6,12 @@ class (they are reported as ``no_label``, never dropped). Hidden files and folde
 what file managers leave behind (``__MACOSX``, ``Thumbs.db``, ``desktop.ini``) are skipped: they
 are counted as skipped, never read and never reported as bad input. A ``.csv`` or ``.jsonl``
 listing names each file and its class, and is taken as it is (nothing skipped); relative URIs are
-resolved against the listing's directory.
+resolved against the listing's directory. Listings are read by their formats' own rules
+(``listings``): a line that cannot be used is an input rejected on its own, never a failed job.
 
 Class names are NFC-normalised (macOS writes decomposed names) and may hold spaces and any
-Unicode letters. Label indices are positions in the sorted list of distinct class names.
+Unicode letters, but no control characters (``listings.check_label``). Label indices are
+positions in the sorted list of distinct class names.
 """
 
 from __future__ import annotations
@@ -17,7 +19,6 @@ from __future__ import annotations
 import csv
 import json
 import pickle
-import unicodedata
 import zlib
 from collections.abc import Iterable
 
@@ -27,6 +28,7 @@ from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipelines.elements import SourceFile
 from beam_pipelines.engines.filesystems import list_one_level
+from beam_pipelines.inputs.listings import labelled_source, listing_sources
 
 __all__ = [
     "LISTING_SUFFIXES",
@@ -53,11 +55,6 @@ def is_listing(input_path: str) -> bool:
     return input_path.lower().endswith(LISTING_SUFFIXES)
 
 
-def _normalise_label(label: str) -> str | None:
-    label = unicodedata.normalize("NFC", label).strip()
-    return label or None
-
-
 def is_skipped(relative_path: str) -> bool:
     """True if a path under the input root is hidden (any part starts with ``.``) or a file
     manager's own file (``__MACOSX``, ``Thumbs.db``, ``desktop.ini``, in any case)."""
@@ -80,17 +77,15 @@ def source_from_path(path: str, root: str) -> SourceFile:
     parts = path[len(prefix) :].split("/")
     if len(parts) < 2:
         return SourceFile(path, None)
-    return SourceFile(path, _normalise_label(parts[0]))
-
-
-def _resolve(uri: str, base: str) -> str:
-    if "://" in uri or uri.startswith("/"):
-        return uri
-    return FileSystems.join(base, uri)
+    return labelled_source(path, parts[0], f"class directory {parts[0]!r}")
 
 
 def parse_listing_line(line: str, *, jsonl: bool, base: str) -> SourceFile | None:
-    """Parses one line of a listing; returns None for blank lines and the CSV header.
+    """Parses one line of a listing on its own; returns None for blank lines and the CSV header.
+
+    The pipeline reads whole listings (``listings.listing_sources``, where a CSV record may span
+    lines); this is for one line known to be whole. A class name that cannot be stored gives a
+    ``SourceFile`` carrying ``bad_label``.
 
     Args:
       line: the text of the line.
@@ -129,7 +124,9 @@ def parse_listing_line(line: str, *, jsonl: bool, base: str) -> SourceFile | Non
             return None
     if not uri.strip():
         raise ValueError(f"listing line {line!r} has an empty uri")
-    return SourceFile(_resolve(uri.strip(), base), _normalise_label(label))
+    uri = uri.strip()
+    resolved = uri if "://" in uri or uri.startswith("/") else FileSystems.join(base, uri)
+    return labelled_source(resolved, label, f"listing line {line!r}")
 
 
 class _ClassFromPath(beam.DoFn):
@@ -162,15 +159,11 @@ class ListSources(beam.PTransform):
 
     def expand(self, pbegin):
         if is_listing(self._input):
-            base = FileSystems.split(self._input)[0]
-            jsonl = self._input.lower().endswith(".jsonl")
             sources = (
                 pbegin
-                | "ReadListing" >> beam.io.ReadFromText(self._input)
-                # SourceFile or None
-                | "ParseListing"
-                >> beam.Map(lambda line: parse_listing_line(line, jsonl=jsonl, base=base))
-                | "DropBlank" >> beam.Filter(lambda s: s is not None)
+                | "Listing" >> beam.Create([self._input])
+                # SourceFile, one per record (a bad one carries its problem and line numbers)
+                | "ReadListing" >> beam.FlatMap(listing_sources)
             )
             skipped = pbegin | "NothingSkipped" >> beam.Create([])
         else:
@@ -197,14 +190,14 @@ class _BatchFn(beam.DoFn):
     """``SourceFile -> bytes``: ``RESHUFFLE_BATCH`` inputs at a time, packed (zlib, pickle)."""
 
     def start_bundle(self) -> None:
-        self._batch: list[tuple[str, str | None]] = []
+        self._batch: list[tuple] = []
 
     def _packed(self) -> bytes:
         batch, self._batch = self._batch, []
         return zlib.compress(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 1)
 
     def process(self, source: SourceFile):
-        self._batch.append((source.uri, source.label))
+        self._batch.append(tuple(source))
         if len(self._batch) >= RESHUFFLE_BATCH:
             yield self._packed()
 
