@@ -66,6 +66,19 @@ class ShardReport:
         """The report as JSON-ready values (``verify --json``)."""
         return {**dataclasses.asdict(self), "ok": self.ok}
 
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ShardReport:
+        """Inverse of ``to_dict`` (``ok`` is recomputed).
+
+        Raises:
+          ValueError: if ``data`` lacks a field of a shard report.
+        """
+        fields = {f.name for f in dataclasses.fields(cls)}
+        missing = fields - set(data)
+        if missing:
+            raise ValueError(f"not a shard report: no {sorted(missing)} in {sorted(data)}")
+        return cls(**{name: data[name] for name in fields})
+
 
 @dataclasses.dataclass
 class VerifyReport:
@@ -109,3 +122,22 @@ class VerifyReport:
             "manifest_found": self.manifest_found,
             "shards": [s.to_dict() for s in self.shards],
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> VerifyReport:
+        """Inverse of ``to_dict``: a report read back from ``verify --json`` or the verify job.
+
+        Raises:
+          ValueError: if ``data`` is not such a report.
+        """
+        try:
+            shards = [ShardReport.from_dict(s) for s in data["shards"]]
+            return cls(
+                dataset=data["dataset"],
+                deep=data["deep"],
+                shards=shards,
+                problems=list(data["problems"]),
+                manifest_found=data["manifest_found"],
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a verify report: {type(e).__name__}: {e}") from e

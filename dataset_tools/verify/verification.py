@@ -32,7 +32,7 @@ from schemas.framing import FrameError, iter_frames, parse_frame
 from tfrecord_io.random_access import dataset_files, locate, read_range
 from tfrecord_io.source import exists, load_manifest, local_copy, open_binary, resolve_source
 
-__all__ = ["verify_dataset", "verify_foreign", "verify_keys"]
+__all__ = ["shard_reports", "verify_dataset", "verify_foreign", "verify_keys", "verify_shard"]
 
 # What each shard's records were (frame and key), by shard file; None for a shard not read whole.
 _Notes: TypeAlias = dict[str, list[RecordNote] | None]
@@ -67,7 +67,7 @@ def verify_dataset(
     if manifest is None:
         # A glob (or file) of foreign shards: what can be checked without a manifest.
         return verify_foreign(text, progress=progress)
-    reports = _shard_reports(text, manifest)
+    reports = shard_reports(text, manifest)
     # Every key's 128-bit fingerprint and place, 24 bytes an example (dataset_tools.keys).
     keys = KeyCollector()
     notes = _read_shards(reports, manifest, deep=deep, keys=keys, progress=progress)
@@ -76,8 +76,9 @@ def verify_dataset(
     return VerifyReport(text, deep, reports, problems)
 
 
-def _shard_reports(source: str, manifest: Manifest) -> list[ShardReport]:
-    """An empty report for every shard ``dataset.json`` lists, splits in name order."""
+def shard_reports(source: str, manifest: Manifest) -> list[ShardReport]:
+    """An empty report for every shard ``dataset.json`` lists, splits in name order: the
+    shards ``verify`` checks, in the order it reports them."""
     reports: list[ShardReport] = []
     for split in sorted(manifest.splits):
         resolved = resolve_source(source, split)
@@ -115,36 +116,62 @@ def _read_shards(
     with tqdm(total=total, unit="rec", disable=not progress, desc="verify") as bar:
         for report in reports:
             bar.set_postfix_str(report.file, refresh=False)
-            if not exists(report.path):
-                report.add(f"missing: {report.path} does not exist")
-                bar.update(report.expected_examples)
-                continue
-            report.present = True
-            # Object-store shards are downloaded once, to a temporary file, and read once.
-            with local_copy(report.path) as local:
-                before = bar.n
-                shard_notes: list[RecordNote] = []
-                check_shard(
-                    report,
-                    manifest,
-                    deep=deep,
-                    keys=keys,
-                    advance=bar.update,
-                    local_path=local,
-                    notes=shard_notes,
-                )
-                notes[report.file] = shard_notes
-            if report.num_bytes != report.expected_bytes:
-                report.add(
-                    f"size {report.num_bytes} bytes, dataset.json says {report.expected_bytes}"
-                )
-            if report.sha256 != report.expected_sha256:
-                report.add(
-                    f"SHA-256 {report.sha256} differs from dataset.json {report.expected_sha256}"
-                )
+            before = bar.n
+            notes[report.file] = verify_shard(
+                report, manifest, deep=deep, keys=keys, advance=bar.update
+            )
             # Keep the bar's total meaningful when a shard is short.
             bar.update(max(0, report.expected_examples - (bar.n - before)))
     return notes
+
+
+def verify_shard(
+    report: ShardReport,
+    manifest: Manifest,
+    *,
+    deep: bool,
+    keys: KeyCollector,
+    advance: Callable[[int], Any] = lambda n: None,
+) -> list[RecordNote] | None:
+    """Checks one listed shard: present, every record (``check_shard``), size and SHA-256 as
+    ``dataset.json`` lists them; each failed check goes on ``report``. The unit of work of both
+    the local loop and the Beam job (``dataset_tools.verify.job``).
+
+    Args:
+      report: the shard's report (``ShardReport`` with the listed values), filled in.
+      manifest: the dataset's manifest.
+      deep: also decode every image.
+      keys: collects every record's key, for the duplicate check.
+      advance: called with 1 after each record (a progress bar's ``update``).
+
+    Returns:
+      What each record was (frame and key), for the index file and catalog checks; None if
+      the shard is missing.
+
+    Raises:
+      OSError: if the shard exists but cannot be read (damage inside it is a problem instead).
+    """
+    if not exists(report.path):
+        report.add(f"missing: {report.path} does not exist")
+        return None
+    report.present = True
+    # Object-store shards are downloaded once, to a temporary file, and read once.
+    shard_notes: list[RecordNote] = []
+    with local_copy(report.path) as local:
+        check_shard(
+            report,
+            manifest,
+            deep=deep,
+            keys=keys,
+            advance=advance,
+            local_path=local,
+            notes=shard_notes,
+        )
+    if report.num_bytes != report.expected_bytes:
+        report.add(f"size {report.num_bytes} bytes, dataset.json says {report.expected_bytes}")
+    if report.sha256 != report.expected_sha256:
+        report.add(f"SHA-256 {report.sha256} differs from dataset.json {report.expected_sha256}")
+    return shard_notes
 
 
 def _check_descriptions(
