@@ -20,6 +20,7 @@ import io
 import json
 import unicodedata
 from collections.abc import Iterator
+from typing import BinaryIO, TextIO
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -96,7 +97,7 @@ def _bad(listing: str, first: int, last: int, detail: str) -> SourceFile:
     )
 
 
-def _csv_sources(stream: io.TextIOBase, listing: str, base: str) -> Iterator[SourceFile]:
+def _csv_sources(stream: TextIO, listing: str, base: str) -> Iterator[SourceFile]:
     reader = csv.reader(stream, strict=True)
     while True:
         first = reader.line_num + 1
@@ -124,7 +125,7 @@ def _csv_sources(stream: io.TextIOBase, listing: str, base: str) -> Iterator[Sou
             yield labelled_source(_resolve(fields[0].strip(), base), fields[1], where)
 
 
-def _jsonl_sources(stream: io.BufferedIOBase, listing: str, base: str) -> Iterator[SourceFile]:
+def _jsonl_sources(stream: BinaryIO, listing: str, base: str) -> Iterator[SourceFile]:
     for number, raw in enumerate(stream, start=1):
         if not raw.strip():
             continue
