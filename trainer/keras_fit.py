@@ -1,0 +1,230 @@
+"""Exact data resume for Keras ``model.fit``: ``ExactEpochs``, a callback that owns the data.
+
+Keras' ``BackupAndRestore`` and ``ModelCheckpoint`` save the model, not the data position: a
+resumed ``fit`` restarts the interrupted epoch from its first batch, so the examples already
+trained on in that epoch come again and others are never reached in time. ``ExactEpochs``
+keeps the *delivered set* (``tfrecord_io.DeliveryTracker``: which examples of the current
+epoch were trained on) beside those checkpoints and builds the training dataset from it, so a
+resumed ``fit`` reads only the rest of the epoch::
+
+    exact = ExactEpochs("runs/a/delivered", checkpoint="runs/a/backup/latest.weights.h5",
+                        source="out/dataset", global_batch_size=64, seed=0, save_freq=100)
+    model.fit(exact.dataset(), epochs=10, steps_per_epoch=exact.steps_per_epoch,
+              callbacks=[exact, keras.callbacks.BackupAndRestore("runs/a/backup", save_freq=100)])
+
+How it knows what was trained on: the reader (``make_dataset(..., exclude=delivered)``) gives
+every batch its examples' positions; ``dataset()`` numbers the batches and records each one's
+positions as it is produced, then hands Keras ``(images, labels)``. Keras consumes batches in
+order, so after ``k`` trained batches the first ``k`` are the trained ones, whatever Keras'
+prefetching produced beyond them. The reader's order is fixed by the seed, so a batch number
+names the same examples in every iterator Keras makes of the dataset.
+
+How the delivered set pairs with the model checkpoint: put ``ExactEpochs`` *before* the
+checkpoint callback, with the same ``save_freq``. It writes ``delivered-<batches>.bin`` just
+before the checkpoint is written; a restore takes the newest one not newer than
+``checkpoint`` (a crash between the two leaves a newer delivered set, which is skipped).
+
+Keras counts epochs in steps: after a mid-epoch resume its first epoch finishes the data epoch
+and runs on into the next. The delivered set, not Keras' epoch number, says where the data is.
+One worker only: Keras 3's ``fit`` fails under ``MultiWorkerMirroredStrategy`` (see
+docs/training.md); the trainer's own loop (``trainer.fit``) resumes exactly on any number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from typing import TYPE_CHECKING, Any
+
+import keras
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from tfrecord_io.read_config import ReadConfig
+
+__all__ = ["ExactEpochs"]
+
+_log = logging.getLogger(__name__)
+_FILE = re.compile(r"^delivered-(\d+)\.bin$")
+
+
+class ExactEpochs(keras.callbacks.Callback):
+    """Records the delivered set with each checkpoint and resumes the reader from it.
+
+    Args:
+      directory: where the delivered sets go (one small file per save, ``keep`` kept).
+      source, split: the dataset (``dataset.json`` is needed: exact epochs count examples).
+      global_batch_size, seed, image_size: as ``tfrecord_io.make_dataset``; the seed fixes
+        the order, so keep it across resumes.
+      checkpoint: the model checkpoint file a resumed ``fit`` restores
+        (``BACKUP_DIR/latest.weights.h5`` for ``BackupAndRestore``); None restores the newest
+        delivered set.
+      save_freq: ``"epoch"`` or every N batches: the checkpoint callback's own.
+      read_config: other reading options (``exclude`` is set here).
+      audit: a file to which each trained batch's positions are appended, one line per batch.
+      keep: delivered sets kept.
+
+    Raises:
+      ValueError: if the dataset has no ``dataset.json``, the delivered set on disk is of
+        another split, or an argument is out of range.
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        source: str,
+        global_batch_size: int,
+        split: str = "train",
+        seed: int = 0,
+        image_size: int | None = None,
+        checkpoint: str | None = None,
+        save_freq: int | str = "epoch",
+        read_config: ReadConfig | None = None,
+        audit: str | None = None,
+        keep: int = 3,
+    ) -> None:
+        super().__init__()
+        from tfrecord_io.delivery import DeliveredSet, DeliveryTracker, split_digest
+        from tfrecord_io.source import load_manifest
+
+        if save_freq != "epoch" and (not isinstance(save_freq, int) or save_freq < 1):
+            raise ValueError(f"save_freq must be 'epoch' or an int >= 1, got {save_freq!r}")
+        manifest = load_manifest(source)
+        if manifest is None:
+            raise ValueError(f"{source!r} has no dataset.json: exact epochs need its counts")
+        shards = manifest.split(split).shards
+        self._empty = DeliveredSet.empty(
+            manifest.split(split).num_examples,
+            seed=seed,
+            split=split_digest((s.file, s.num_examples) for s in shards),
+        )
+        self.directory, self.source, self.split = directory, source, split
+        self.global_batch_size, self.seed, self.image_size = global_batch_size, seed, image_size
+        self.save_freq, self._keep, self._audit = save_freq, keep, audit
+        self._read_config = read_config
+        self.steps_per_epoch = max(1, self._empty.num_examples // global_batch_size)
+        origin, self.restored_from, self.batches = self._restore(checkpoint)
+        self.origin = origin
+        self.tracker = DeliveryTracker(origin)
+        self._produced: dict[int, Any] = {}
+        self._trained = 0  # batches of this fit
+
+    def _restore(self, checkpoint: str | None) -> tuple[Any, str | None, int]:
+        """The delivered set to start from, the file it came from, and its batch count."""
+        from tfrecord_io.delivery import DeliveredSet
+
+        saved = self._saved()
+        if checkpoint is not None:
+            if not os.path.exists(checkpoint):
+                return self._empty, None, 0
+            limit = os.stat(checkpoint).st_mtime_ns
+            saved = [(n, path) for n, path in saved if os.stat(path).st_mtime_ns <= limit]
+        if not saved:
+            return self._empty, None, 0
+        batches, path = saved[-1]
+        with open(path, "rb") as f:
+            value, _ = DeliveredSet.from_bytes(f.read())
+        if value.split != self._empty.split or value.num_examples != self._empty.num_examples:
+            raise ValueError(
+                f"{path} is a delivered set of another split ({value.num_examples} examples, "
+                f"digest {value.split}); give ExactEpochs a directory of its own per dataset"
+            )
+        _log.info(
+            "exact epochs: resuming from %s: epoch %d, %d of %d examples remain",
+            path,
+            value.epoch,
+            value.remaining,
+            value.num_examples,
+        )
+        return value, path, batches
+
+    def _saved(self) -> list[tuple[int, str]]:
+        if not os.path.isdir(self.directory):
+            return []
+        found = [(_FILE.match(name), name) for name in os.listdir(self.directory)]
+        return sorted(
+            (int(m.group(1)), os.path.join(self.directory, name)) for m, name in found if m
+        )
+
+    def dataset(self) -> tf.data.Dataset:
+        """Endless ``(images, labels)`` batches from the restored position: the rest of its
+        epoch, then whole epochs, each example once per epoch."""
+        import tensorflow as tf
+
+        from tfrecord_io.read_config import ReadConfig
+        from tfrecord_io.reader import make_dataset
+
+        read = dataclasses.replace(self._read_config or ReadConfig(), exclude=self.origin)
+        batches = make_dataset(
+            self.source,
+            self.split,
+            global_batch_size=self.global_batch_size,
+            image_size=self.image_size,
+            seed=self.seed,
+            read_config=read,
+        )
+
+        def record(number: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
+            self._produced[int(number)] = positions.numpy()
+            return number
+
+        def tap(number: tf.Tensor, element: tuple[tf.Tensor, ...]) -> tuple[tf.Tensor, ...]:
+            images, labels, positions = element[0], element[1], element[-1]
+            done = tf.py_function(record, [number, positions], Tout=tf.int64)
+            with tf.control_dependencies([done]):
+                return tf.identity(images), tf.identity(labels)
+
+        return batches.enumerate().map(tap)
+
+    # keras.callbacks.Callback
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        self._trained = 0
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self._trained += 1
+        self.batches += 1
+        positions = self._produced.pop(self._trained - 1)
+        for stale in [n for n in self._produced if n < self._trained]:
+            del self._produced[stale]
+        result = self.tracker.add(positions)
+        if result.duplicates or result.stale:
+            _log.error(
+                "exact epochs: batch %d repeats %d example(s) of its epoch: exactly once is broken",
+                self.batches,
+                result.duplicates + result.stale,
+            )
+        for epoch, missing in result.completed:
+            _log.info(
+                "exact epochs: epoch %d complete at batch %d%s",
+                epoch,
+                self.batches,
+                ": every example exactly once" if not missing else f", {missing} never delivered",
+            )
+        if self._audit is not None:
+            os.makedirs(os.path.dirname(os.path.abspath(self._audit)), exist_ok=True)
+            with open(self._audit, "a") as f:
+                f.write(" ".join(str(int(p)) for p in positions) + "\n")
+        if isinstance(self.save_freq, int) and self._trained % self.save_freq == 0:
+            self.save()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if self.save_freq == "epoch":
+            self.save()
+
+    def save(self) -> str:
+        """Writes the delivered set now (atomically); returns its path."""
+        os.makedirs(self.directory, exist_ok=True)
+        path = os.path.join(self.directory, f"delivered-{self.batches:012d}.bin")
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            f.write(self.tracker.delivered.to_bytes({"batches": self.batches}))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        for _, old in self._saved()[: -self._keep]:
+            os.remove(old)
+        return path
