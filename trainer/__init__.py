@@ -39,6 +39,7 @@ __all__ = [
     "ReaderInputs",
     # your own model
     "fit",
+    "ExactEpochs",
     "Objective",
     "load_model_fn",
     "parse_model_args",
@@ -79,6 +80,7 @@ _HOME = {
     "Inputs": "trainer.inputs",
     "ReaderInputs": "trainer.inputs",
     "fit": "trainer.api",
+    "ExactEpochs": "trainer.keras_fit",
     "Objective": "trainer.user_model",
     "load_model_fn": "trainer.user_model",
     "parse_model_args": "trainer.user_model",
