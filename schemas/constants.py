@@ -13,6 +13,7 @@ import importlib.metadata
 __all__ = [
     "CROPS",
     "ENCODINGS",
+    "FIVE_DIGIT_SHARDS",
     "MAX_SHARDS",
     "SPLITS",
     "TOOL_NAME",
@@ -40,8 +41,13 @@ TOOL_VERSION = _installed_version()
 ENCODINGS = ("jpeg", "png", "raw")
 #: How the pipeline crops after resizing the shorter side: keep the aspect ratio, or square.
 CROPS = ("none", "center")
-#: Shard file names carry five-digit counts (``train-00003-of-00016.tfrecord``).
-MAX_SHARDS = 99999
+#: The most shards a split may have whose names carry five-digit numbers
+#: (``train-00003-of-00016.tfrecord``); past it both numbers widen together
+#: (``train-000003-of-100000.tfrecord``), as tfds names them.
+FIVE_DIGIT_SHARDS = 99_999
+#: The most shards a split may have: nine-digit names. A billion images of 100 KB in shards of
+#: 256 MB are about 400,000 shards; this leaves room for shards of a few kilobytes.
+MAX_SHARDS = 999_999_999
 #: The splits the pipeline writes.
 TRAIN = "train"
 VALIDATION = "validation"

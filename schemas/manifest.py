@@ -14,7 +14,14 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from schemas.constants import CROPS, ENCODINGS, MAX_SHARDS, TOOL_NAME, TOOL_VERSION
+from schemas.constants import (
+    CROPS,
+    ENCODINGS,
+    FIVE_DIGIT_SHARDS,
+    MAX_SHARDS,
+    TOOL_NAME,
+    TOOL_VERSION,
+)
 from schemas.image_example import SCHEMA_VERSION
 
 __all__ = [
@@ -31,6 +38,7 @@ __all__ = [
     "ImageSpec",
     "Manifest",
     "shard_filename",
+    "shard_number_width",
     "parse_shard_filename",
 ]
 
@@ -39,16 +47,29 @@ REJECTED_NAME = "rejected.jsonl"
 COLOR_SPACES = ("sRGB",)
 
 _SHARD_RE = re.compile(
-    r"^(?P<split>[a-z][a-z0-9_]*)-(?P<index>\d{5})-of-(?P<count>\d{5})\.tfrecord$"
+    r"^(?P<split>[a-z][a-z0-9_]*)-(?P<index>\d{5,})-of-(?P<count>\d{5,})\.tfrecord$"
 )
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
 
+def shard_number_width(count: int) -> int:
+    """Digits of both numbers in the names of a split of ``count`` shards: five, or more when
+    ``count`` needs them (tfds' own rule, ``naming._num_digits_needed``).
+
+    Up to ``FIVE_DIGIT_SHARDS`` shards the names are ``train-00003-of-00016.tfrecord``, as
+    they always were; 100,000 shards are ``train-000003-of-100000.tfrecord``.
+    """
+    return max(5, len(str(count)))
+
+
 def shard_filename(split: str, index: int, count: int) -> str:
-    """Names a shard: ``train-00003-of-00016.tfrecord``.
+    """Names a shard: ``train-00003-of-00016.tfrecord``; both numbers widen together past
+    ``FIVE_DIGIT_SHARDS`` (``train-000003-of-100000.tfrecord``), so names still sort in shard
+    order within a split and are the names tfds computes for its ``{SHARD_X_OF_Y}``.
 
     Raises:
-      ValueError: if ``split`` is not a lowercase identifier or ``index`` is not in ``[0, count)``.
+      ValueError: if ``split`` is not a lowercase identifier, ``index`` is not in
+        ``[0, count)`` or ``count`` is over ``MAX_SHARDS``.
     """
     if not re.match(r"^[a-z][a-z0-9_]*$", split):
         raise ValueError(f"split name must be a lowercase identifier like 'train', got {split!r}")
@@ -56,19 +77,29 @@ def shard_filename(split: str, index: int, count: int) -> str:
         raise ValueError(
             f"shard index must be in [0, count) with count <= {MAX_SHARDS}, got {index} of {count}"
         )
-    return f"{split}-{index:05d}-of-{count:05d}.tfrecord"
+    width = shard_number_width(count)
+    return f"{split}-{index:0{width}d}-of-{count:0{width}d}.tfrecord"
 
 
 def parse_shard_filename(name: str) -> tuple[str, int, int]:
     """Inverse of ``shard_filename``: returns ``(split, index, count)``.
 
+    Only the names ``shard_filename`` gives are accepted: both numbers as wide as the count
+    needs (five digits up to ``FIVE_DIGIT_SHARDS``), so each shard has exactly one name.
+
     Raises:
       ValueError: if ``name`` is not a shard file name.
     """
     match = _SHARD_RE.match(name)
-    if not match:
-        raise ValueError(f"not a shard file name like 'train-00003-of-00016.tfrecord': {name!r}")
-    return match["split"], int(match["index"]), int(match["count"])
+    if match:
+        index, count = int(match["index"]), int(match["count"])
+        width = shard_number_width(count)
+        if len(match["index"]) == len(match["count"]) == width:
+            return match["split"], index, count
+    raise ValueError(
+        "not a shard file name like 'train-00003-of-00016.tfrecord' (or, past "
+        f"{FIVE_DIGIT_SHARDS} shards, 'train-000003-of-100000.tfrecord'): {name!r}"
+    )
 
 
 def _require_int(name: str, value: Any, minimum: int = 0) -> None:

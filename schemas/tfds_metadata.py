@@ -61,9 +61,9 @@ _TEXT_KEYS = (KEY_FORMAT, KEY_TEXT, KEY_FILENAME, KEY_SHA256)
 _INT_KEYS = (KEY_HEIGHT, KEY_WIDTH, KEY_CHANNELS, KEY_LABEL)
 _PY = "tensorflow_datasets.core.features."
 _TEMPLATES = (
-    (re.compile(r"^(?P<split>[a-z][a-z0-9_]*)-\d{5}-of-\d{5}\.tfrecord$"),
+    (re.compile(r"^(?P<split>[a-z][a-z0-9_]*)-\d{5,}-of-\d{5,}\.tfrecord$"),
      "{SPLIT}-{SHARD_X_OF_Y}.{FILEFORMAT}"),
-    (re.compile(r"^(?P<split>[a-z][a-z0-9_]*)-\d{5}-of-\d{5}$"), "{SPLIT}-{SHARD_X_OF_Y}"),
+    (re.compile(r"^(?P<split>[a-z][a-z0-9_]*)-\d{5,}-of-\d{5,}$"), "{SPLIT}-{SHARD_X_OF_Y}"),
 )  # fmt: skip
 
 

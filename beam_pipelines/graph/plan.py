@@ -6,7 +6,7 @@ Two rules, both known before any image is decoded, so no record waits for the ot
 * ``--num_shards N``: ``train`` gets N shards, ``validation`` ``ceil(N·f/(1−f))``
   (``shards.fixed_shard_counts``). The launcher writes ``plan.json`` before the pipeline runs.
 * default: N is planned from the listing. ``N = ceil(inputs · (1−f) · b / T)`` (at least 1,
-  at most 99,999), where ``inputs`` counts every listed file, ``T`` is ``--target_shard_mb``
+  at most ``MAX_SHARDS``), where ``inputs`` counts every listed file, ``T`` is ``--target_shard_mb``
   and ``b`` the stored bytes per example the image options determine
   (``estimated_example_bytes``); then as ``--num_shards N``. A pipeline step counts the
   listing, writes ``plan.json`` and hands the counts to the shard assignment as a side input:
