@@ -53,6 +53,7 @@ from beam_pipelines.graph.plan import plan_path
 from beam_pipelines.graph.transforms import ImagesToShards
 from beam_pipelines.image.colour import COLOUR_SPACE
 from beam_pipelines.inputs.sources import is_listing
+from beam_pipelines.interrupts import interrupted_line, workers_shielded_from_ctrl_c
 from beam_pipelines.output.catalog_io import (
     remove_staged_fragments,
     remove_unlisted_catalog_files,
@@ -71,6 +72,7 @@ from beam_pipelines.output.shards import METRICS_NAMESPACE, TRAIN, VALIDATION, f
 from beam_pipelines.progress import ProgressSpec, close_reporter
 from beam_pipelines.summary import TOP_REASONS, RunSummary
 from cliflags import command_name
+from cliflags.interrupts import Caught, Interrupted, catch_interrupts
 from schemas.manifest import REJECTED_NAME, TOOL_VERSION, ImageSpec, Manifest
 
 __all__ = [
@@ -228,7 +230,7 @@ def _run_pipeline(
       JobFailedError: if the pipeline failed while running.
     """
     # Beam's launcher leaves directories in the temp dir on every run; they go with this one.
-    with private_temp_dir():
+    with private_temp_dir(), workers_shielded_from_ctrl_c():
         pipeline = beam.Pipeline(runner=in_process_runner(options), options=options)
         results = pipeline | "ImagesToShards" >> ImagesToShards(
             config, spec, resume=resume, base=base.spec if base and base.reusable else None
@@ -342,27 +344,51 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
     )
 
 
+def _failure_status(e: Exception) -> int:
+    """Prints why the run failed; returns the exit status for it."""
+    if isinstance(e, JobFailedError):
+        print(f"error: {e}; nothing was published", file=sys.stderr)
+        return JOB_FAILED
+    if isinstance(e, ValueError):  # includes OutputExistsError
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    # The job's own failure, e.g. writing dataset.json.
+    logging.getLogger(__name__).exception("the job failed")
+    print(f"error: the job failed: {type(e).__name__}: {e}", file=sys.stderr)
+    return JOB_FAILED
+
+
+def _run_and_report(argv: list[str], as_json: bool, caught: Caught) -> int:
+    try:
+        summary = run(argv)
+    except Exception as e:
+        if caught.signum is not None:
+            # A runner re-raised the interrupt as a step's failure (RuntimeError): it is one.
+            raise Interrupted(caught.signum) from e
+        return _failure_status(e)
+    print(json.dumps(summary.to_dict(), indent=2) if as_json else summary.describe())
+    return 0 if summary.published else 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry: runs, prints the summary (``--json``: as JSON), returns the exit status."""
+    """CLI entry: runs, prints the summary (``--json``: as JSON), returns the exit status.
+
+    SIGINT (Ctrl-C) and SIGTERM stop the run with one line saying what was kept and the
+    ``--resume`` command that continues it, and status 130 or 143; nothing is published then.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     args, _ = parse_command_line(argv)  # --help, or a flag nobody knows: exits here
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger(_WORKER_LOGGER).addFilter(_drop_worker_startup_noise)
     logging.getLogger("beam_pipelines.progress").setLevel(logging.INFO)
-    try:
-        summary = run(argv)
-    except JobFailedError as e:
-        print(f"error: {e}; nothing was published", file=sys.stderr)
-        return JOB_FAILED
-    except ValueError as e:  # includes OutputExistsError
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # the job's own failure, e.g. writing dataset.json
-        logging.getLogger(__name__).exception("the job failed")
-        print(f"error: the job failed: {type(e).__name__}: {e}", file=sys.stderr)
-        return JOB_FAILED
-    print(json.dumps(summary.to_dict(), indent=2) if args.json else summary.describe())
-    return 0 if summary.published else 1
+    with catch_interrupts() as caught:
+        try:
+            return _run_and_report(argv, args.json, caught)
+        except KeyboardInterrupt:
+            if caught.signum is None:
+                raise  # not a signal this command handles
+        print(interrupted_line(caught.signum, args.output, argv), file=sys.stderr)
+        return caught.exit_status
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.engines.filesystems import read_object, write_object
 from cliflags import StrictArgumentParser, command_name
+from cliflags.interrupts import run_command
 from schemas import MANIFEST_NAME, Manifest
 from schemas.lineage import (
     LATEST_NAME,
@@ -104,7 +105,12 @@ def set_latest(root: str, version: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status."""
+    """CLI entry point; returns the exit status: 130 or 143 after Ctrl-C or SIGTERM (one line,
+    no traceback), 141 when the reader of its output went away (``| head``)."""
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = StrictArgumentParser(
         prog=command_name("beam_pipelines.versions"),
         description="List dataset versions under ROOT, or move ROOT/latest.",

@@ -35,6 +35,7 @@ from typing import Any
 from catalog.index_files import format_index, index_filename
 from catalog.table import build_table, catalog_filename, table_bytes
 from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from cliflags.interrupts import run_command, signal_name
 from dataset_tools.foreign import ADOPTED_OPTION, ForeignRecord, parse_foreign
 from schemas import (
     KEY_LABEL,
@@ -331,7 +332,18 @@ def _same_place(a: str, b: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status."""
+    """CLI entry point; returns the exit status: 130 or 143 after Ctrl-C or SIGTERM (one line,
+    no traceback), 141 when the reader of its output went away (``| head``)."""
+    return run_command(
+        lambda: _main(argv),
+        on_interrupt=lambda signum: (
+            f"interrupted by {signal_name(signum)}; "
+            "dataset.json was not written: run the command again"
+        ),
+    )
+
+
+def _main(argv: Sequence[str] | None) -> int:
     quiet_tensorflow()
     parser = StrictArgumentParser(
         prog=command_name("dataset_tools.adopt"),

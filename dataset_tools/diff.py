@@ -44,6 +44,7 @@ import pyarrow.compute as pc
 from catalog.keys import key_prefixes
 from catalog.table import catalog_filename, read_table
 from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from cliflags.interrupts import run_command
 from schemas import (
     KEY_CHANNELS,
     KEY_ENCODED,
@@ -710,7 +711,12 @@ def _print_human(report: DiffReport) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status."""
+    """CLI entry point; returns the exit status: 130 or 143 after Ctrl-C or SIGTERM (one line,
+    no traceback), 141 when the reader of its output went away (``| head``)."""
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     quiet_tensorflow()
     parser = StrictArgumentParser(
         prog=command_name("dataset_tools.diff"),

@@ -164,6 +164,9 @@ class _Child:
             stdout=subprocess.PIPE,
             env={**os.environ, **_CHILD_ENV},
             bufsize=0,
+            # Its own process group: a terminal's Ctrl-C is for the command, which ends this
+            # worker (closing its input), not for the worker to die of with a traceback.
+            process_group=0,
         )
         self._in = self.process.stdin.fileno()  # type: ignore[union-attr]  # PIPE given
         self._out = self.process.stdout.fileno()  # type: ignore[union-attr]  # PIPE given

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 
 from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from cliflags.interrupts import run_command, signal_name
 from dataset_tools.inspect.inspection import gather
 from dataset_tools.inspect.report_html import write_report
 
@@ -32,7 +33,18 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status."""
+    """CLI entry point; returns the exit status: 130 or 143 after Ctrl-C or SIGTERM (one line,
+    no traceback), 141 when the reader of its output went away (``| head``)."""
+    return run_command(
+        lambda: _main(argv),
+        on_interrupt=lambda signum: (
+            f"interrupted by {signal_name(signum)}; "
+            "the report may be incomplete: run the command again"
+        ),
+    )
+
+
+def _main(argv: Sequence[str] | None) -> int:
     quiet_tensorflow()
     parser = StrictArgumentParser(
         prog=command_name("dataset_tools.inspect"),

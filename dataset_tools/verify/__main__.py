@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from cliflags.interrupts import run_command
 from dataset_tools.verify.report import VerifyReport
 from dataset_tools.verify.verification import verify_dataset, verify_keys
 
@@ -80,7 +81,12 @@ def _verify_keys(dataset: str, keys: list[str], *, as_json: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status."""
+    """CLI entry point; returns the exit status: 130 or 143 after Ctrl-C or SIGTERM (one line,
+    no traceback), 141 when the reader of its output went away (``| head``)."""
+    return run_command(lambda: _main(argv))
+
+
+def _main(argv: Sequence[str] | None) -> int:
     # TensorFlow's C++ start-up banner would bury the report; the caller may still override.
     quiet_tensorflow()
     parser = StrictArgumentParser(

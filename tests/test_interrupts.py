@@ -1,0 +1,193 @@
+"""Ctrl-C and SIGTERM as users expect: the pipeline, run under a pseudo-terminal on the
+in-process runner and on multi-process DirectRunner workers, ends within seconds with one line
+(what was kept, the ``--resume`` command), status 130 or 143 and no traceback, publishes
+nothing, and ``--resume`` then finishes byte-identically; the dataset tools end the same way,
+and end quietly (141) when the reader of their output goes away (``| head``)."""
+
+from __future__ import annotations
+
+import glob
+import os
+import pty
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from beam_pipelines import images_to_tfrecord
+from cliflags.interrupts import BROKEN_PIPE, catch_interrupts, run_command
+from tests.fixtures.images import make_image_tree
+from tests.fixtures.processes import REPO, process_env
+
+# Tiny staging files, so the first one is committed (the event the test waits for) early in a
+# run that has most of its images still to prepare.
+FLAGS = [
+    "--image_size", "24", "--num_shards", "2", "--validation_fraction", "0.2",
+    "--staging_file_mb", "0.002", "--progress", "off",
+]  # fmt: skip
+MULTI_PROCESS = ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]
+DEADLINE_S = 180.0
+FEW_SECONDS = 15.0  # from the signal to the exit, on a shared, loaded CI machine
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    """300 small JPEGs in 2 classes: a few seconds of work after the first staged file."""
+    root = tmp_path_factory.mktemp("interrupts") / "images"
+    make_image_tree(root, {"cat": 150, "dog": 150}, size=(64, 48))
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(images, tmp_path_factory) -> dict[str, bytes]:
+    """An uninterrupted build's files."""
+    output = tmp_path_factory.mktemp("interrupts") / "reference"
+    assert images_to_tfrecord.run(["--input", str(images), "--output", str(output), *FLAGS])
+    return _snapshot(output)
+
+
+def _run_in_terminal(argv: Sequence[str], *, wait_for: str, how: str) -> tuple[int, str, float]:
+    """Runs ``argv`` on a new pseudo-terminal; once ``wait_for`` (a glob) matches, types Ctrl-C
+    (the terminal then signals the whole foreground group, as for a user) or sends SIGTERM to
+    the command alone. Returns its exit status, its output and the seconds from the signal to
+    the exit."""
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the command, with the terminal as its controlling one
+        os.chdir(REPO)
+        os.execve(sys.executable, [sys.executable, *argv], process_env())
+    output = bytearray()
+
+    def read() -> None:
+        while True:
+            try:
+                data = os.read(fd, 4096)
+            except OSError:  # the terminal closed with the last process on it
+                return
+            if not data:
+                return
+            output.extend(data)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    done = None
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while not glob.glob(wait_for):
+            if os.waitpid(pid, os.WNOHANG)[0]:
+                done = pid
+                pytest.fail(f"the command ended before {wait_for}:\n{output.decode()}")
+            assert time.monotonic() < deadline, f"no {wait_for} in {DEADLINE_S} s"
+            time.sleep(0.02)
+        sent = time.monotonic()
+        if how == "ctrl-c":
+            os.write(fd, b"\x03")
+        else:
+            os.kill(pid, signal.SIGTERM)
+        while not (finished := os.waitpid(pid, os.WNOHANG))[0]:
+            assert time.monotonic() < sent + DEADLINE_S, f"still running:\n{output.decode()}"
+            time.sleep(0.02)
+        done, elapsed = pid, time.monotonic() - sent
+    finally:
+        if done is None:  # a failed wait: the command must not outlive the test
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    reader.join(timeout=10)
+    os.close(fd)
+    text = output.decode(errors="replace").replace("\r\n", "\n")
+    return os.waitstatus_to_exitcode(finished[1]), text, elapsed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("how", "runner", "status"),
+    [
+        ("ctrl-c", (), 130),
+        ("ctrl-c", MULTI_PROCESS, 130),
+        ("sigterm", MULTI_PROCESS, 143),
+    ],
+    ids=["ctrl-c-in-process", "ctrl-c-multi-process", "sigterm-multi-process"],
+)
+def test_an_interrupted_build_says_how_to_resume_and_resumes_byte_identically(
+    images, reference, tmp_path, how, runner, status
+):
+    output = tmp_path / "dataset"
+    argv = ["--input", str(images), "--output", str(output), *FLAGS, *runner]
+    code, text, elapsed = _run_in_terminal(
+        ["-m", "beam_pipelines.images_to_tfrecord", *argv],
+        wait_for=str(output / ".staging" / "records" / "*"),
+        how=how,
+    )
+    assert code == status, text
+    assert elapsed < FEW_SECONDS, text
+    assert "Traceback" not in text and "Exception" not in text, text
+    lines = [line for line in text.replace("^C", "").splitlines() if line.strip()]
+    assert len(lines) == 1, text
+    signal_name = "Ctrl-C (SIGINT)" if how == "ctrl-c" else "SIGTERM"
+    assert lines[0].startswith(f"interrupted by {signal_name}; nothing new was published"), text
+    assert lines[0].endswith(" --resume"), text
+    assert str(output / ".staging") in lines[0]
+    assert not (output / "dataset.json").exists()
+    # The command it names continues the build to the same bytes as an uninterrupted one.
+    summary = images_to_tfrecord.run([*argv, "--resume"])
+    assert summary.published
+    assert _snapshot(output) == reference
+
+
+def test_run_command_turns_a_signal_into_its_status_and_one_line(capsys):
+    def body() -> int:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises here
+        return 0
+
+    assert run_command(body) == 143
+    assert capsys.readouterr().err == "interrupted by SIGTERM; nothing was changed\n"
+    assert run_command(lambda: 7) == 7
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+
+
+def test_catch_interrupts_records_the_signal_and_restores_handlers():
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), catch_interrupts() as caught:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+    assert caught.signum == signal.SIGINT and caught.exit_status == 130
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool", ["dataset_tools.diff", "dataset_tools.verify"])
+def test_a_tool_whose_reader_goes_away_ends_quietly(images, reference, tmp_path, tool):
+    # The reference dataset's files, written where the tools can read them.
+    dataset = tmp_path / "dataset"
+    for name, data in reference.items():
+        (dataset / name).parent.mkdir(parents=True, exist_ok=True)
+        (dataset / name).write_bytes(data)
+    args = (
+        [str(dataset), str(dataset), "--limit", "100000"]
+        if tool.endswith("diff")
+        else [str(dataset)]
+    )
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the tool writes its first line
+    done = subprocess.run(
+        [sys.executable, "-m", tool, *args],
+        cwd=REPO,
+        env=process_env(),
+        stdout=write,
+        stderr=subprocess.PIPE,
+        timeout=120,
+    )
+    os.close(write)
+    assert done.returncode == BROKEN_PIPE, done.stderr.decode()
+    assert b"Traceback" not in done.stderr and b"BrokenPipe" not in done.stderr
