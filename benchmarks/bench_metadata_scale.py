@@ -1,0 +1,277 @@
+"""The metadata path at scale, simulated: a build of N images with no pixels.
+
+Every step of a real build runs except the image step: the listing (a ``uri,label`` CSV of
+synthetic URIs, read by ``ListSources``), the shard plan, the split, the exact dedup in the
+shard writer, the near-duplicate search, the shard writer itself, the catalog merge, the
+near-duplicate and rejection reports and the manifest (``images_to_tfrecord.run``, published).
+The image step is replaced by ``SimulatedPrepareImages``, which makes each input's metadata
+from its number alone: a content hash (one input in 997 a byte-identical copy of the one
+before), a perceptual hash (one in 499 two bits from the one before: a near-duplicate pair),
+a source size of 40-200 KB and a label; and stages a stand-in example of ``--stand_in_bytes``
+through the real staging area (``staging.RecordStager``), so the shard writer, index files and
+catalogs run as they do, on tiny examples. Shard counts are planned as for real images
+(``plan.estimated_example_bytes``), so the manifest has the shard entries a real build of N
+images would have.
+
+The seam: the build runs ``ImagesToShards`` with ``transforms.PrepareImages`` replaced by
+``SimulatedPrepareImages`` (same arguments, same outputs), set in the build process before the
+graph is built. Nothing in the pipeline changes.
+
+Each build runs in a fresh process (``bench_scale.measured_run``): CPU seconds of the process
+and everything it reaped, peak RSS of the whole process tree and of each process. ``dask``
+builds start a scheduler and two one-thread workers inside that process tree
+(``tests/fixtures/dask_cluster.py``).
+
+Usage::
+
+  python -m benchmarks.bench_metadata_scale --sizes 1000000,3000000 --modes inprocess,dask
+  python -m benchmarks.bench_metadata_scale --sizes 20000 --modes inprocess   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindows
+
+from beam_pipelines.elements import CatalogMeta, SourceFile
+from beam_pipelines.inputs.sources import unpack_sources
+from beam_pipelines.output.staging import DEFAULT_FILE_BYTES, RecordStager
+from schemas.image_example import ImageRecord, serialize_record
+
+__all__ = ["SimulatedPrepareImages", "simulated_meta", "write_listing", "main"]
+
+NUM_CLASSES = 1000
+DUPLICATE_EVERY = 997  # input i with i % 997 == 1 is a byte copy of input i - 1
+NEAR_EVERY = 499  # input i with i % 499 == 2 has input i - 1's perceptual hash, 2 bits off
+_STAND_IN = b"\xff\xd8\xff\xe0" + bytes(60)  # JPEG-looking; nobody decodes it
+
+
+def _content(i: int) -> int:
+    """Which content input ``i`` holds: its own, or the one before's (an exact duplicate)."""
+    return i - 1 if i % DUPLICATE_EVERY == 1 else i
+
+
+def _label(i: int) -> int:
+    # Of the content, so that a byte copy is filed under the same class (no label conflict).
+    return _content(i) * 7919 % NUM_CLASSES
+
+
+def _phash(i: int) -> int:
+    if i % NEAR_EVERY == 2:
+        return _phash(i - 1) ^ (1 << 3 | 1 << 40)
+    digest = hashlib.blake2b(b"p%d" % _content(i), digest_size=8).digest()
+    return int.from_bytes(digest, "big") & (2**63 - 1)  # a signed 64-bit column
+
+
+def simulated_meta(i: int) -> tuple[str, CatalogMeta]:
+    """Input ``i``'s content hash and catalog metadata, as the image step would make them."""
+    content = _content(i)
+    sha256 = hashlib.sha256(b"simulated image %d" % content).hexdigest()
+    label = _label(i)
+    source_bytes = 40_000 + int(sha256[:8], 16) % 160_000
+    meta = CatalogMeta(
+        label=label,
+        text=f"class{label:04d}",
+        height=256,
+        width=341,
+        format="JPEG",
+        source_format="JPEG",
+        source_bytes=source_bytes,
+        source_height=375,
+        source_width=500,
+        phash=_phash(i),
+    )
+    return sha256, meta
+
+
+def write_listing(path: Path, n: int) -> None:
+    """A ``uri,label`` listing of ``n`` synthetic inputs (relative URIs, never opened)."""
+    with path.open("w") as out:
+        out.write("uri,label\n")
+        for i in range(n):
+            out.write(f"class{_label(i):04d}/{i:010d}.jpg,class{_label(i):04d}\n")
+
+
+class _SimulatedPrepareFn(beam.DoFn):
+    """``SourceFile`` (or a packed batch) ``-> StagedRecord`` of a stand-in example."""
+
+    def __init__(self, staging: str, staging_file_bytes: int, stand_in_bytes: int) -> None:
+        self._staging = staging
+        self._file_bytes = staging_file_bytes
+        self._encoded = (_STAND_IN * (1 + stand_in_bytes // len(_STAND_IN)))[:stand_in_bytes]
+        self._stager: RecordStager | None = None
+
+    def start_bundle(self) -> None:
+        self._stager = RecordStager(self._staging, max_file_bytes=self._file_bytes)
+
+    def finish_bundle(self):
+        assert self._stager is not None
+        for staged in self._stager.flush():
+            yield GlobalWindows.windowed_value(staged)
+
+    def process(self, element: SourceFile | bytes):
+        assert self._stager is not None
+        for source in unpack_sources(element) if isinstance(element, bytes) else [element]:
+            i = int(source.uri.rsplit("/", 1)[1].split(".")[0])
+            sha256, meta = simulated_meta(i)
+            record = ImageRecord(
+                encoded=self._encoded, format="JPEG", height=meta.height, width=meta.width,
+                channels=3, label=meta.label, text=meta.text, filename=source.uri, sha256=sha256,
+            )  # fmt: skip
+            yield from self._stager.add(sha256, source.uri, serialize_record(record), meta)
+
+
+class SimulatedPrepareImages(beam.PTransform):
+    """Stands in for ``transforms.PrepareImages``: the same arguments and outputs (``records``
+    and an empty ``rejected``), metadata from each input's number instead of its pixels."""
+
+    stand_in_bytes = 64
+
+    def __init__(self, options, label_names, progress=None, *, staging=None,
+                 staging_file_bytes=DEFAULT_FILE_BYTES, base=None) -> None:  # fmt: skip
+        super().__init__()
+        if staging is None or base is not None:
+            raise ValueError("the simulation stages its stand-ins and takes no --base")
+        self._staging = staging
+        self._file_bytes = staging_file_bytes
+
+    def expand(self, sources):
+        records = sources | "Simulate" >> beam.ParDo(
+            _SimulatedPrepareFn(self._staging, self._file_bytes, self.stand_in_bytes)
+        )
+        rejected = sources.pipeline | "NoRejections" >> beam.Create([])
+        return _Outputs(records=records, rejected=rejected)
+
+
+class _Outputs(dict):
+    """``prepared.records`` and ``prepared["rejected"]``, as ``with_outputs`` gives them."""
+
+    def __getattr__(self, name: str):
+        try:
+            return self[name]
+        except KeyError as e:
+            raise AttributeError(name) from e
+
+
+def _build(argv: Sequence[str]) -> int:
+    """One simulated build, in this process: ``build [--dask] [--stand_in_bytes B] FLAGS``."""
+    parser = argparse.ArgumentParser(prog="bench_metadata_scale build")
+    parser.add_argument("--dask", action="store_true")
+    parser.add_argument("--stand_in_bytes", type=int, default=64)
+    args, flags = parser.parse_known_args(argv)
+    import cloudpickle
+
+    from beam_pipelines import images_to_tfrecord
+    from beam_pipelines.graph import transforms
+
+    module = sys.modules[__name__]
+    # Dask workers have the project installed but not benchmarks/: ship this module by value.
+    cloudpickle.register_pickle_by_value(module)
+    SimulatedPrepareImages.stand_in_bytes = args.stand_in_bytes
+    transforms.PrepareImages = SimulatedPrepareImages  # type: ignore[misc]
+    if not args.dask:
+        return images_to_tfrecord.main(flags)
+    from tests.fixtures.dask_cluster import local_dask_cluster
+
+    with local_dask_cluster(2, memory_limit="6GiB") as cluster:
+        return images_to_tfrecord.main([*flags, *cluster.runner_args()])
+
+
+def _run(args: argparse.Namespace, work: Path, n: int, mode: str) -> dict:
+    """One measured build of ``n`` simulated images; its measures, shards and manifest size."""
+    import json
+
+    from benchmarks.bench_scale import measured_run
+
+    listing = work / f"listing-{n}" / "inputs.csv"
+    listing.parent.mkdir(parents=True, exist_ok=True)
+    write_listing(listing, n)
+    out = work / f"out-{mode}-{n}"
+    flags = [
+        "build", "--stand_in_bytes", str(args.stand_in_bytes),
+        *(["--dask"] if mode == "dask" else []),
+        "--input", str(listing), "--output", str(out), "--overwrite", "--progress", "off",
+        "--validation_fraction", "0.02", *args.pipeline_flag,
+    ]  # fmt: skip
+    r = measured_run(flags, module="benchmarks.bench_metadata_scale", cwd=str(_REPO))
+    manifest = out / "dataset.json"
+    data = json.loads(manifest.read_text())
+    r["shards"] = sum(len(s["shards"]) for s in data["splits"].values())
+    r["manifest_kb"] = manifest.stat().st_size / 1024
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(listing.parent, ignore_errors=True)
+    return r
+
+
+def _measure(args: argparse.Namespace, work: Path) -> None:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    modes = args.modes.split(",")
+    print(
+        f"metadata path, simulated: {NUM_CLASSES} classes, stand-in examples of "
+        f"{args.stand_in_bytes} B, --validation_fraction 0.02, other options default; "
+        f"CPU µs/image is (CPU(N) - CPU({args.baseline:,})) / (N - {args.baseline:,}), the "
+        f"start-up of a build left out; load {os.getloadavg()[0]:.1f} on {os.cpu_count()} "
+        "CPUs at start"
+    )
+    print("| images | mode | CPU µs/image | CPU s | wall s | peak RSS MB (all) | "
+          "largest process MB | shards | dataset.json KB |")  # fmt: skip
+    print("|---:|---|---:|---:|---:|---:|---|---:|---:|")
+    for mode in modes:
+        base = _run(args, work, args.baseline, mode)
+        for n in sizes:
+            r = _run(args, work, n, mode)
+            role, largest = r["each_mb"][0]
+            marginal = (r["cpu_s"] - base["cpu_s"]) / (n - args.baseline) * 1e6
+            print(
+                f"| {n:,} | {mode} | {marginal:,.0f} | {r['cpu_s']:,.0f} | {r['wall_s']:,.0f} | "
+                f"{r['peak_mb']:,.0f} | {role} {largest:,.0f} | {r['shards']:,} | "
+                f"{r['manifest_kb']:,.0f} |",
+                flush=True,
+            )
+            each = ", ".join(f"{role} {mb:,.0f}" for role, mb in r["each_mb"][:5])
+            print(f"|   | each process's peak MB: {each} | | | | | | | |", flush=True)
+    print(f"load {os.getloadavg()[0]:.1f} at end")
+
+
+_REPO = Path(__file__).resolve().parents[1]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Measures simulated builds at ``--sizes`` on each of ``--modes``; prints a table."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["build"]:
+        return _build(argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", default="1000000,3000000,10000000")
+    parser.add_argument("--modes", default="inprocess,dask")
+    parser.add_argument("--stand_in_bytes", type=int, default=64)
+    parser.add_argument(
+        "--baseline", type=int, default=2000, help="the small build whose CPU is subtracted"
+    )
+    parser.add_argument("--work", help="scratch directory (default: a temporary one)")
+    parser.add_argument(
+        "--pipeline_flag", action="append", default=[],
+        help="one more pipeline flag (repeatable; e.g. --pipeline_flag=--leakage=move_to_train)",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.work:
+        work = Path(args.work)
+        work.mkdir(parents=True, exist_ok=True)
+        _measure(args, work)
+    else:
+        with tempfile.TemporaryDirectory(prefix="metadata-scale-") as tmp:
+            _measure(args, Path(tmp))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
