@@ -4,7 +4,9 @@
 when a required flag is also missing, reports that first, so a misspelled ``--stpes 5`` reads as
 "one of the arguments --steps --epochs is required". ``StrictArgumentParser`` checks every flag
 before anything else: an unknown one ends the program with status 2, its name and the closest
-known flag (``--num-shards`` -> ``--num_shards``, ``--encodng`` -> ``--encoding``).
+known flag (``--num-shards`` -> ``--num_shards``, ``--encodng`` -> ``--encoding``), the
+command's own flags before those it hands on (``--stratify`` -> ``--stratify_validation``, not
+Beam's ``--streaming``).
 """
 
 from __future__ import annotations
@@ -31,17 +33,41 @@ def _normalised(flag: str) -> str:
     return "--" + flag.lstrip("-").replace("-", "_").lower()
 
 
-def suggest_flag(flag: str, known: Iterable[str]) -> str | None:
-    """The known flag closest to ``flag`` (dashes and underscores, case ignored), or None."""
+def _by_normal(flags: Iterable[str]) -> dict[str, str]:
     by_normal: dict[str, str] = {}
-    for name in known:
+    for name in flags:
         if name.startswith("--"):
             by_normal.setdefault(_normalised(name), name)
+    return by_normal
+
+
+def suggest_flag(flag: str, known: Iterable[str], *, first: Iterable[str] = ()) -> str | None:
+    """The known flag closest to ``flag`` (dashes and underscores, case ignored), or None.
+
+    Args:
+      flag: the unknown flag, maybe with ``=value``.
+      known: every flag the command accepts.
+      first: flags to prefer at each step (the command's own, before those it hands on): the
+        same spelling, then the one flag the typed one starts, then a close spelling.
+    """
+    preferred = _by_normal(first)
+    tables = [preferred, {**_by_normal(known), **preferred}]
     wanted = _normalised(flag.split("=", 1)[0])
-    if wanted in by_normal:
-        return by_normal[wanted]
-    close = difflib.get_close_matches(wanted, list(by_normal), n=1, cutoff=0.6)
-    return by_normal[close[0]] if close else None
+    for table in tables:
+        if wanted in table:
+            return table[wanted]
+    # An abbreviation (refused: a typo must not select another flag) names the one flag it
+    # starts, when it starts only one.
+    for table in tables:
+        started = [normal for normal in table if normal.startswith(wanted)]
+        if len(started) == 1:
+            return table[started[0]]
+    # A close spelling among the preferred flags must be closer than one among all.
+    for table, cutoff in zip(tables, (0.75, 0.6), strict=True):
+        close = difflib.get_close_matches(wanted, list(table), n=1, cutoff=cutoff)
+        if close:
+            return table[close[0]]
+    return None
 
 
 def unknown_flags(argv: Sequence[str], known: Iterable[str]) -> list[str]:
@@ -95,8 +121,11 @@ class StrictArgumentParser(argparse.ArgumentParser):
     def check_flags(self, argv: Sequence[str]) -> None:
         """Exits with status 2 on the first unknown flag, with a "did you mean" line."""
         known = self.known_flags()
+        own = known - self.extra_known_flags
         for flag in unknown_flags(argv, known):
-            suggestion = suggest_flag(flag, known)
+            # The command's own flags first: a near miss of ours (--stratify) is far likelier
+            # than one of the many flags handed on (Beam's --streaming).
+            suggestion = suggest_flag(flag, known, first=own)
             hint = f"\ndid you mean {suggestion}?" if suggestion else f"\nsee {self.prog} --help"
             self.error(f"unrecognized flag {flag}{hint}")
 
