@@ -99,6 +99,7 @@ class RunSummary:
                 else ""
             )
         )
+        lines.extend(self._size_lines())
         if self.rejected_by_reason:
             top = ", ".join(f"{k} {v}" for k, v in self.top_reasons())
             more = len(self.rejected_by_reason) - TOP_REASONS
@@ -134,6 +135,27 @@ class RunSummary:
         else:
             lines.extend(f"NOT published: {reason}" for reason in self.not_published_because)
         return "\n".join(lines)
+
+    @property
+    def upscaled(self) -> int:
+        """Examples stored larger than their source (the image step's ``upscaled`` counter)."""
+        return int(self.metrics.get("upscaled", 0))
+
+    def _size_lines(self) -> list[str]:
+        """What happened to sources smaller than the stored size: upscaled, or too small."""
+        too_small = self.rejected_by_reason.get("too_small", 0)
+        lines = []
+        if self.upscaled:
+            lines.append(
+                f"upscaled: {_plural(self.upscaled, 'image')} stored larger than the source "
+                f"(shorter side below --image_size {self.manifest.image.image_size})"
+            )
+        if too_small:
+            lines.append(
+                f"too small: {_plural(too_small, 'image')} with a shorter side below "
+                "--min_source_side rejected (--small_images keep or upscale stores them)"
+            )
+        return lines
 
     def _class_table(self) -> list[str]:
         m = self.manifest
@@ -171,6 +193,7 @@ class RunSummary:
             "bad_fraction": self.bad_fraction,
             "max_bad_fraction": m.options.get("max_bad_fraction"),
             "rejected_by_reason": dict(self.rejected_by_reason),
+            "upscaled": self.upscaled,
             "skipped_examples": list(self.skipped_examples),
             "label_conflicts": list(self.label_conflicts),
             "label_names": list(m.label_names),

@@ -240,7 +240,7 @@ def _run_on_a_terminal(
 @pytest.mark.slow
 def test_the_pipeline_shows_a_progress_bar_and_a_summary_on_a_terminal(tmp_path):
     images = tmp_path / "images"
-    make_image_tree(images, {"cat": 6, "dog": 6}, size=(24, 24))
+    make_image_tree(images, {"cat": 6, "dog": 6}, size=(32, 32))
     (images / "cat" / "broken.jpg").write_bytes(b"\xff\xd8 not really")
     output = tmp_path / "dataset"
     temp = tmp_path / "tmp"  # the run's system temp dir: Beam's launcher litters it

@@ -83,9 +83,11 @@ def test_the_165_byte_line_that_took_the_job_down():
 
 
 def test_an_aspect_ratio_at_the_limit_is_stored_whole():
-    prepared = prepare_image(png_of_size(200, 20), ImageOptions(image_size=32))
+    prepared = prepare_image(
+        png_of_size(200, 20), ImageOptions(image_size=32, small_images="upscale")
+    )
     assert (prepared.width, prepared.height) == (320, 32)
-    assert prepared.events == ()
+    assert prepared.events == ("upscaled",)  # 20 px tall, stored 32
 
 
 def test_out_of_bounds_crop_keeps_the_centre_of_the_longer_side():
@@ -102,14 +104,16 @@ def test_out_of_bounds_crop_keeps_the_centre_of_the_longer_side():
 
 
 def test_out_of_bounds_crop_of_a_one_pixel_line():
-    prepared = prepare_image(png_of_size(1, 20_000), ImageOptions(out_of_bounds="crop"))
+    prepared = prepare_image(
+        png_of_size(1, 20_000), ImageOptions(out_of_bounds="crop", small_images="upscale")
+    )
     assert (prepared.width, prepared.height) == (256, 2560)
     assert prepared.source_size == (1, 20_000)
 
 
 def test_output_pixel_bound_rejects_or_crops():
     data = png_of_size(40, 10)  # ratio 4 -> stored 128x32 = 4096 pixels
-    options = ImageOptions(image_size=32, max_output_pixels=3200)
+    options = ImageOptions(image_size=32, max_output_pixels=3200, small_images="upscale")
     rejected = _rejection(data, options)
     assert rejected.reason == "output_too_large"
     assert "stored as 32x128 = 4096 pixels, more than --max_output_pixels 3200" in rejected.detail
@@ -129,7 +133,9 @@ def test_jpeg_side_limit_is_checked_before_decoding():
 def test_center_crop_needs_no_output_bound_but_keeps_the_aspect_check():
     square = ImageOptions(image_size=32, crop="center", encoding="raw")
     assert _rejection(png_of_size(798, 20), square).reason == "extreme_aspect_ratio"
-    kept = ImageOptions(image_size=32, crop="center", encoding="raw", out_of_bounds="crop")
+    kept = ImageOptions(
+        image_size=32, crop="center", encoding="raw", out_of_bounds="crop", small_images="upscale"
+    )
     assert prepare_image(png_of_size(798, 20), kept).width == 32
 
 

@@ -126,7 +126,7 @@ def test_out_of_bounds_crop_writes_the_extreme_files(tree, tmp_path):
         [
             "--input", str(images), "--output", str(output), "--image_size", "32",
             "--num_shards", "1", "--out_of_bounds", "crop", "--accepted_formats", "default,-TGA",
-            "--max_bad_fraction", "0.5",
+            "--max_bad_fraction", "0.5", "--small_images", "upscale",
         ]
     )  # fmt: skip
     assert summary.published

@@ -67,7 +67,7 @@ def test_cli_rejects_bad_arguments(capsys):
 @pytest.mark.slow
 def test_quickstart_flow_on_a_small_sample_set(tmp_path, capsys):
     images = tmp_path / "images"
-    assert samples.main(["--output", str(images), "--per_class", "6", "--size", "80x60"]) == 0
+    assert samples.main(["--output", str(images), "--per_class", "6", "--size", "96x72"]) == 0
     output = tmp_path / "dataset"
     # 3 bad of 30 files is above the default 1%, as the small set is 1/16 of the default one.
     argv = ["--input", str(images), "--output", str(output), "--validation_fraction", "0.2"]

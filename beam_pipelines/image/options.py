@@ -18,9 +18,10 @@ from beam_pipelines.image.formats import (
 from cliflags import flag
 from schemas.constants import CROPS, ENCODINGS
 
-__all__ = ["ImageOptions", "OUT_OF_BOUNDS_POLICIES", "parse_background"]
+__all__ = ["ImageOptions", "OUT_OF_BOUNDS_POLICIES", "SMALL_IMAGE_POLICIES", "parse_background"]
 
 OUT_OF_BOUNDS_POLICIES = ("reject", "crop")
+SMALL_IMAGE_POLICIES = ("reject", "keep", "upscale")
 _HEX_COLOUR = re.compile(r"^#?([0-9a-fA-F]{6})$")
 _IMAGE = "image"  # the --help group of every flag here
 
@@ -61,6 +62,9 @@ class ImageOptions:
         (``bounds.BoundedPreparer``); an image needing more is rejected as ``over_budget``.
       decode_time_s: the wall time one image may take there before it is stopped and rejected
         as ``over_budget``.
+      small_images: what happens to a source whose shorter side is below ``min_source_side``:
+        ``"reject"`` (``too_small``), ``"keep"`` (stored at its own size) or ``"upscale"``.
+      min_source_side: that threshold, in pixels (0: none).
 
     Raises:
       ValueError: naming the bad field and value.
@@ -161,6 +165,40 @@ class ImageOptions:
             group=_IMAGE,
         ),
     )
+    small_images: str = dataclasses.field(
+        default="reject",
+        metadata=flag(
+            help="images whose shorter side is below --min_source_side: reject them "
+            "(too_small), keep them at their own size, or upscale them to --image_size like "
+            "the others (%(default)s)",
+            group=_IMAGE,
+            choices=SMALL_IMAGE_POLICIES,
+        ),
+    )
+    min_source_side: int = dataclasses.field(
+        default=32,
+        metadata=flag(
+            help="shorter side below which --small_images decides; larger sources smaller "
+            "than --image_size are upscaled and counted as upscaled (%(default)s)",
+            group=_IMAGE,
+        ),
+    )
+
+    def _check_small_images(self) -> None:
+        if self.small_images not in SMALL_IMAGE_POLICIES:
+            raise ValueError(
+                f"small_images must be one of {SMALL_IMAGE_POLICIES}, got {self.small_images!r}"
+            )
+        if not isinstance(self.min_source_side, int) or self.min_source_side < 0:
+            raise ValueError(
+                f"min_source_side must be an int >= 0, got {self.min_source_side!r}: set "
+                "--min_source_side"
+            )
+        if self.small_images == "keep" and self.encoding == "raw":
+            raise ValueError(
+                "--small_images keep stores small images at their own size, but encoding 'raw' "
+                "needs one shape for all: use --small_images reject or upscale"
+            )
 
     def __post_init__(self) -> None:
         if not isinstance(self.image_size, int) or not 1 <= self.image_size <= 16384:
@@ -217,6 +255,7 @@ class ImageOptions:
             raise ValueError(
                 f"background must be an (r, g, b) tuple of ints in [0, 255], got {self.background!r}"
             )
+        self._check_small_images()
         if not isinstance(self.decode_memory_mb, int) or self.decode_memory_mb < 256:
             raise ValueError(
                 f"decode_memory_mb must be an int >= 256 (the decoder's own code needs about "

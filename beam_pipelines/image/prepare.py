@@ -79,6 +79,7 @@ REASONS = (
     "too_many_pixels",
     "extreme_aspect_ratio",
     "output_too_large",
+    "too_small",
     "unreadable",
     "decode_error",
     "no_label",
@@ -614,17 +615,42 @@ def prepare_image(data: bytes, options: ImageOptions) -> PreparedImage:
         raise internal_error(e) from e
 
 
+def _stored_side(source_size: tuple[int, int], options: ImageOptions, source_format: str) -> int:
+    """The stored shorter side: ``image_size``, or the source's own for a small image kept.
+
+    Raises:
+      RejectedImage: ``too_small``, for a small image under ``small_images="reject"``.
+    """
+    short = min(source_size)
+    # Only a source that would be enlarged is small: at --image_size 16, 20 px is plenty.
+    if (
+        short >= min(options.min_source_side, options.image_size)
+        or options.small_images == "upscale"
+    ):
+        return options.image_size
+    if options.small_images == "reject":
+        width, height = source_size
+        raise RejectedImage(
+            "too_small",
+            f"{source_format} {width}x{height}: its shorter side {short} is below "
+            f"--min_source_side {options.min_source_side}; --small_images keep stores it at its "
+            "own size, upscale enlarges it",
+        )
+    return min(short, options.image_size)
+
+
 def _prepare(data: bytes, options: ImageOptions) -> PreparedImage:
     image = open_image(data, options.max_pixels, accepted_formats=options.accepted_formats)
     source_format = image.format or "unknown"
     source_size = image.size
     keep_ratio = check_output_bounds(*source_size, options, source_format)
+    size = _stored_side(source_size, options, source_format)
     # An RGB profile is applied after downscaling (a phone photo's Display P3, say): LittleCMS
     # then converts the stored pixels only, about half the decoded ones at 256 px.
-    downscaling = min(source_size) > options.image_size
+    downscaling = min(source_size) > size
     rgb, events, full_size = decode_srgb(
         image,
-        min_side=options.image_size,
+        min_side=size,
         background=options.background,
         high_bit_depth=options.high_bit_depth,
         source=data,
@@ -634,7 +660,7 @@ def _prepare(data: bytes, options: ImageOptions) -> PreparedImage:
     try:
         final = resize_and_crop(
             rgb,
-            image_size=options.image_size,
+            image_size=size,
             crop=options.crop,
             max_aspect_ratio=keep_ratio,
             full_size=full_size,
@@ -650,6 +676,8 @@ def _prepare(data: bytes, options: ImageOptions) -> PreparedImage:
         raise RejectedImage("decode_error", f"{source_format}: {e}") from e
     if keep_ratio is not None:
         events += ("cropped_out_of_bounds",)
+    if min(final.size) > min(source_size):
+        events += ("upscaled",)  # counted: the summary and report say how many
     return PreparedImage(
         encoded=encoded,
         format=fmt,
