@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import importlib.abc
+import importlib.machinery
+import importlib.util
 import os
 import re
 import sys
+import types
 from collections.abc import Iterable, Sequence
 
 __all__ = [
@@ -26,6 +30,7 @@ __all__ = [
     "unknown_flags",
 ]
 
+_QUIET_LEVEL = "2"  # TensorFlow logs errors only
 _NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
 
 
@@ -149,10 +154,67 @@ def command_name(module: str) -> str:
     return invoked
 
 
-def quiet_tensorflow() -> None:
-    """Silences TensorFlow's C++ start-up banner and info lines unless the caller chose a level.
+class _QuietImportLoader(importlib.abc.Loader):
+    """Runs TensorFlow's import with standard error (the file descriptor) pointed at
+    /dev/null: its C++ libraries log their start-up lines (oneDNN, "All log messages before
+    absl::InitializeLog()") while they load, before any log level applies."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 2)
+            self._loader.exec_module(module)
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            os.close(devnull)
+
+
+class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
+    """Finds ``tensorflow`` as the other finders do, and loads it quietly (once)."""
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if name != "tensorflow":
+            return None
+        sys.meta_path.remove(self)  # one import of TensorFlow per process
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _QuietImportLoader(spec.loader)
+        return spec
+
+
+def quiet_tensorflow(*, verbose: bool = False) -> None:
+    """Keeps TensorFlow's C++ start-up lines and info and warning logs out of the output,
+    unless the user asked for them (``verbose``, or their own ``TF_CPP_MIN_LOG_LEVEL``).
+
+    Sets ``TF_CPP_MIN_LOG_LEVEL=2`` and loads TensorFlow, when something first imports it,
+    with standard error silenced: the lines its libraries print while loading ignore any
+    level. A failed import still raises. ``verbose`` undoes what an earlier call did (an
+    import of ``tfrecord_io`` makes one). Does nothing once TensorFlow is imported.
 
     Must run before TensorFlow is first imported (every entry point calls it first in ``main``;
-    the project's packages import TensorFlow only when first used).
+    ``tfrecord_io`` when it is imported).
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if "tensorflow" in sys.modules:
+        return
+    finders = [f for f in sys.meta_path if isinstance(f, _QuietTensorFlowFinder)]
+    if verbose:
+        for finder in finders:
+            sys.meta_path.remove(finder)
+        if finders and os.environ.get("TF_CPP_MIN_LOG_LEVEL") == _QUIET_LEVEL:
+            del os.environ["TF_CPP_MIN_LOG_LEVEL"]  # ours, not the user's
+        return
+    if finders or "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        return  # done already, or the user chose a level: theirs holds
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = _QUIET_LEVEL
+    sys.meta_path.insert(0, _QuietTensorFlowFinder())

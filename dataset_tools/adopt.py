@@ -344,7 +344,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    quiet_tensorflow()
     parser = StrictArgumentParser(
         prog=command_name("dataset_tools.adopt"),
         description=(
@@ -364,7 +363,15 @@ def _main(argv: Sequence[str] | None) -> int:
         "--split", default="train", help="split of shards not named <split>-NNNNN-of-NNNNN"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset.json")
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's start-up lines and info logs (hidden unless TF_CPP_MIN_LOG_LEVEL "
+        "is set)",
+    )
     args = parser.parse_args(argv)
+    # TensorFlow's start-up lines would bury the report; --verbose or the user's level shows them.
+    quiet_tensorflow(verbose=args.verbose)
     try:
         manifest = adopt(
             args.pattern,

@@ -717,7 +717,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    quiet_tensorflow()
     parser = StrictArgumentParser(
         prog=command_name("dataset_tools.diff"),
         description="Compare two dataset versions from their manifests and catalogs.",
@@ -733,7 +732,15 @@ def _main(argv: Sequence[str] | None) -> int:
         action="store_true",
         help="exit 1 when anything differs (for CI gates); by default exit 0 whenever it ran",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's start-up lines and info logs (hidden unless TF_CPP_MIN_LOG_LEVEL "
+        "is set)",
+    )
     args = parser.parse_args(argv)
+    # TensorFlow's start-up lines would bury the report; --verbose or the user's level shows them.
+    quiet_tensorflow(verbose=args.verbose)
     if args.limit < 0:
         parser.error(f"--limit must be >= 0, got {args.limit}")
     try:

@@ -7,11 +7,18 @@ The dataset tools (verify, inspect, diff, adopt) are the ``dataset_tools`` packa
 Names are loaded on first use, so that what needs no TensorFlow (``tfrecord_io.source``,
 ``tfrecord_io.cache``, ``tfrecord_io.delivery``) imports without it: ``dataset_tools.diff`` runs on
 a pipeline-only install. A name whose module needs TensorFlow raises ``ImportError`` naming the
-extra to install.
+extra to install. Importing the package keeps TensorFlow's start-up lines quiet
+(``cliflags.quiet_tensorflow``) unless ``TF_CPP_MIN_LOG_LEVEL`` is set.
 """
 
 import importlib
 from typing import Any
+
+from cliflags import quiet_tensorflow
+
+# TensorFlow's C++ start-up lines and info logs stay out of a user's output unless they set
+# TF_CPP_MIN_LOG_LEVEL themselves (or imported TensorFlow first).
+quiet_tensorflow()
 
 # Public name -> the module that defines it: the one list of this package's API.
 _MODULE_OF = {

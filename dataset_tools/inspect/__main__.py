@@ -45,7 +45,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    quiet_tensorflow()
     parser = StrictArgumentParser(
         prog=command_name("dataset_tools.inspect"),
         description="Write an HTML report of a dataset: samples, classes, rejects, leakage.",
@@ -61,7 +60,15 @@ def _main(argv: Sequence[str] | None) -> int:
         action="store_true",
         help="exit 1 when a validation example has a near-duplicate in train",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's start-up lines and info logs (hidden unless TF_CPP_MIN_LOG_LEVEL "
+        "is set)",
+    )
     args = parser.parse_args(argv)
+    # TensorFlow's start-up lines would bury the report; --verbose or the user's level shows them.
+    quiet_tensorflow(verbose=args.verbose)
     if args.per_class < 1:
         parser.error(f"--per_class must be >= 1, got {args.per_class}")
     try:

@@ -87,8 +87,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    # TensorFlow's C++ start-up banner would bury the report; the caller may still override.
-    quiet_tensorflow()
     parser = StrictArgumentParser(
         prog=command_name("dataset_tools.verify"),
         description="Verify a dataset's shards against its dataset.json.",
@@ -109,7 +107,15 @@ def _main(argv: Sequence[str] | None) -> int:
         help="check only the example with key K (repeatable): found in the catalog, read by "
         "its byte range, intact and holding that key",
     )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's start-up lines and info logs (hidden unless TF_CPP_MIN_LOG_LEVEL "
+        "is set)",
+    )
     args = parser.parse_args(argv)
+    # TensorFlow's start-up lines would bury the report; --verbose or the user's level shows them.
+    quiet_tensorflow(verbose=args.verbose)
     if args.key:
         return _verify_keys(args.dataset, args.key, as_json=args.json)
     try:

@@ -1,0 +1,163 @@
+"""The newcomer's path, as the README's "Your own images" gives it, on a folder of one's own: a
+few percent of junk publishes by default; more is refused with the command that publishes it
+anyway, which works; then verify, inspect and reading with ``tfrecord_io.make_dataset``. Every
+command runs as a user's would (a fresh process, no ``TF_CPP_MIN_LOG_LEVEL``) and prints no
+TensorFlow start-up line and no warning."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from beam_pipelines import images_to_tfrecord
+from beam_pipelines.images_to_tfrecord import publish_anyway_command, publish_anyway_fraction
+from cliflags import suggest_flag
+from tests.fixtures.images import make_bad_files, make_image_tree
+from tests.fixtures.processes import REPO
+
+# What TensorFlow's libraries and Python print when nobody keeps them quiet.
+NOISE = re.compile(
+    r"absl::InitializeLog|oneDNN|cpu_feature_guard|^[IWE]\d{4} |Warning|WARNING|"
+    r"default buffer size|Traceback",
+    re.M,
+)
+
+
+def _user_env() -> dict[str, str]:
+    """A user's shell after ``source .venv/bin/activate``: no log level of ours."""
+    return {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+
+
+def _command(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [sys.executable, *argv],
+        cwd=REPO,
+        env=_user_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    noise = NOISE.findall(done.stderr + done.stdout)
+    assert not noise, f"{argv}: {noise}\n{done.stderr}"
+    return done
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    """66 photos in 3 classes (names with a space and a non-Latin letter) and 2 junk files:
+    2 of 68 (2.9 %), what a folder of one's own holds."""
+    root = tmp_path_factory.mktemp("first_day") / "photos"
+    make_image_tree(root, {"cat": 22, "dög": 22, "red fox": 22}, size=(64, 48))
+    bad = make_bad_files((64, 48))
+    (root / "cat" / "notes.jpg").write_bytes(bad["not_an_image_text"])
+    (root / "red fox" / "download.jpg").write_bytes(bad["truncated"])
+    return root
+
+
+@pytest.mark.slow
+def test_a_folder_of_ones_own_publishes_then_verifies_inspects_and_reads(photos, tmp_path):
+    out = tmp_path / "out" / "photos"
+    done = _command(
+        "-m", "beam_pipelines.images_to_tfrecord", "--input", str(photos), "--output", str(out),
+        "--validation_fraction", "0.1", "--stratify_validation", "--progress", "off",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "68 inputs" in done.stdout and "66 written, 2 rejected" in done.stdout
+    assert "bad fraction 2.94% (limit 5.00%)" in done.stdout
+    assert f"published: {out / 'dataset.json'}" in done.stdout
+
+    verified = _command("-m", "dataset_tools.verify", str(out), "--deep")
+    assert verified.returncode == 0 and "OK: 2/2 shards sound" in verified.stdout, verified.stdout
+    report = tmp_path / "report"
+    inspected = _command("-m", "dataset_tools.inspect", str(out), "--out", str(report))
+    assert inspected.returncode == 0 and (report / "index.html").exists(), inspected.stdout
+
+    read = _command(
+        "-c",
+        "import tfrecord_io\n"
+        f"ds = tfrecord_io.make_dataset({str(out)!r}, 'validation', global_batch_size=4,"
+        " training=False)\n"
+        "print(sum(int(images.shape[0]) for images, labels in ds))\n",
+    )
+    manifest = json.loads((out / "dataset.json").read_text())
+    expected = manifest["splits"]["validation"]["num_examples"]
+    assert read.stdout.split() == [str(expected)], read.stdout + read.stderr
+
+
+def test_a_refusal_prints_the_command_that_publishes_and_that_command_does(
+    photos, tmp_path, capsys
+):
+    images = tmp_path / "photos"
+    make_image_tree(images, {"cat": 10, "dog": 9}, size=(64, 48))
+    (images / "dog" / "empty.jpg").write_bytes(b"")  # 1 of 20: 5 % is at the limit...
+    (images / "dog" / "page.jpg").write_bytes(make_bad_files()["not_an_image"])  # ...10 % not
+    output = tmp_path / "out"
+    argv = ["--input", str(images), "--output", str(output), "--num_shards", "1"]
+    assert images_to_tfrecord.main([*argv, "--progress", "off"]) == 1
+    out = capsys.readouterr().out
+    assert "NOT published: bad fraction 9.52% is above --max_bad_fraction 0.05" in out
+    assert "empty_file 1, not_an_image 1" in out
+    assert f"each file and why: {output / 'rejected.jsonl'}" in out
+    command = out.rsplit("\n", 2)[-2].strip()
+    assert command.endswith("--resume --max_bad_fraction 0.1"), out
+    words = shlex.split(command)
+    assert words[:3] == ["python", "-m", "beam_pipelines.images_to_tfrecord"]
+    assert images_to_tfrecord.main(words[3:]) == 0
+    assert (output / "dataset.json").exists()
+
+
+def test_publish_anyway_names_the_fraction_rounded_up_and_drops_earlier_limits():
+    assert publish_anyway_fraction(0.0275) == 0.03
+    assert publish_anyway_fraction(0.03) == 0.03
+    assert publish_anyway_fraction(0.0301) == 0.04
+    assert publish_anyway_fraction(1.0) == 1.0
+    command = publish_anyway_command(
+        ["--input", "my photos", "--max_bad_fraction", "0.01", "--max_bad_fraction=0", "--resume"],
+        0.03,
+    )
+    assert command.endswith(" --input 'my photos' --resume --max_bad_fraction 0.03")
+
+
+def test_a_near_miss_of_our_flag_is_suggested_before_beams():
+    known = {"--stratify_validation", "--streaming", "--runner", "--direct_num_workers"}
+    own = {"--stratify_validation"}
+    assert suggest_flag("--stratify", known, first=own) == "--stratify_validation"
+    assert suggest_flag("--direct_num", known, first=own) == "--direct_num_workers"
+    assert suggest_flag("--runer", known, first=own) == "--runner"
+
+
+@pytest.fixture(scope="module")
+def versions(photos, tmp_path_factory) -> Path:
+    """A versions root holding one published version, ``latest`` pointing at it."""
+    root = tmp_path_factory.mktemp("first_day") / "versions"
+    out = root / "v0001"
+    assert images_to_tfrecord.run(
+        ["--input", str(photos), "--output", str(out), "--num_shards", "1", "--progress", "off"]
+    ).published
+    (root / "latest").write_text("v0001\n")
+    return root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-m", "dataset_tools.diff", "{out}", "{out}"],
+        ["-m", "dataset_tools.verify", "{out}"],
+        ["-m", "beam_pipelines.versions", "{root}"],
+        ["-m", "dataset_tools.adopt", "{out}/train-*.tfrecord", "--output", "{adopted}"],
+    ],
+    ids=["diff", "verify", "versions", "adopt"],
+)
+def test_every_tool_is_quiet_on_a_clean_run(versions, tmp_path, argv):
+    out = versions / "v0001"
+    values = {"out": str(out), "root": str(versions), "adopted": str(tmp_path / "adopted")}
+    done = _command(*(arg.format(**values) for arg in argv))
+    assert done.returncode == 0, done.stdout + done.stderr
