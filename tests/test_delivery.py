@@ -234,6 +234,19 @@ def test_exclude_reads_the_rest_of_the_epoch_then_full_epochs(dataset):
     assert not np.array_equal(_positions(other), _positions(again))
 
 
+def test_a_global_seed_changes_neither_building_nor_order(dataset):
+    digest = _digest(dataset)
+    delivered = DeliveredSet.empty(N, seed=3, split=digest)
+    plain = _read(dataset, delivered, pipelines=1, steps=9)
+    for global_seed in (0, 42):  # 0 once failed to build (a seed tensor compared as a bool)
+        tf.random.set_seed(global_seed)
+        try:
+            seeded = _read(dataset, delivered, pipelines=1, steps=9)
+        finally:
+            tf.random.set_seed(None)
+        assert np.array_equal(_positions(seeded), _positions(plain)), global_seed
+
+
 def test_a_begun_next_epoch_is_filtered_too(dataset):
     tracker = DeliveryTracker(DeliveredSet.empty(N, seed=3))
     tracker.add(np.arange(N - 5))  # epoch 0 but 5

@@ -321,7 +321,10 @@ class _EpochReader:
         if self.options.on_service:
             return pairs
         size = min(self.options.shuffle_buffer, share.examples)
-        return self._shuffled(pairs, size, share.epoch)
+        # Shuffled in a traced function, as the full epochs are, so that its order too is the
+        # reader's seed's alone (see _shuffled).
+        epoch = tf.data.Dataset.from_tensors(tf.constant(share.epoch, tf.int64))
+        return epoch.flat_map(lambda e: self._shuffled(pairs, size, e))
 
     def full_epochs(self, first: int, end: int, offset: int) -> tf.data.Dataset:
         """The pairs of the full epochs ``first..end-1`` (``end`` may be ``_ENDLESS``);
@@ -354,14 +357,17 @@ class _EpochReader:
         options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
         return records.with_options(options)
 
-    def _shuffled(
-        self, pairs: tf.data.Dataset, size: int, epoch: int | tf.Tensor
-    ) -> tf.data.Dataset:
+    def _shuffled(self, pairs: tf.data.Dataset, size: int, epoch: tf.Tensor) -> tf.data.Dataset:
         salt = (
             tf.cast(epoch, tf.int64) * 1_000_003
             + self.options.pipeline_id * 7_919
             + self.shuffle_word
         )
+        # Called while flat_map traces its function: that graph's seed is the user's global
+        # one (keras.utils.set_random_seed sets it), which would change the order and, when 0,
+        # fails to combine with a seed tensor. Without it, the order is the reader's seed's
+        # and the epoch's alone, as without a global seed.
+        tf.compat.v1.get_default_graph().seed = None
         return pairs.shuffle(max(1, size), seed=tf.math.floormod(salt, 2**31 - 1))
 
     def _service_epochs(self, first: int, end: int) -> tf.data.Dataset:

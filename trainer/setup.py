@@ -2,9 +2,9 @@
 
 In this order, which matters: the step plan and batch split (cheap checks first); the dtype
 policy; with exact epochs the resume plan, since the training pipeline is built from what the
-checkpoint holds; the training dataset, *before* the global seed is set (its ops carry their
-own seeds, and a global seed would change them, so the order would no longer be the one
-``tfrecord_io.make_dataset(seed=...)`` gives on its own); the model and optimiser in the
+checkpoint holds; the global seed, then the training dataset (every run of a process builds it
+under the same seed, so a resumed run reads the order a fresh one would); the model and
+optimiser in the
 strategy's scope; the checkpoint restore; the key audit, cut back to the restored step; and the
 compiled steps.
 """
@@ -119,65 +119,46 @@ def prepare_run(
       The run, at the step its checkpoint holds (0 when fresh).
 
     Raises:
-      ValueError: if the model cannot be imported or built or does not fit the data (naming
-        the flag), the global batch does not split over the replicas, ``--epochs`` has no
-        example count, the data yields images of the wrong shape or type, a checkpoint does
-        not fit the model, or the audit file holds fewer keys than the checkpoint accounts
-        for.
+      ValueError: naming the flag, if the model cannot be imported or built or does not fit
+        the data, the global batch does not split over the replicas, ``--epochs`` has no
+        example count, the images have the wrong shape or type, a checkpoint does not fit
+        the model, or the audit file lacks keys the checkpoint accounts for.
     """
     import keras
     import tensorflow as tf
 
-    if model_fn is None and config.model not in MODELS:
-        model_fn = load_model_fn(config.model)
-    if model_fn is not None:
-        # A wrong import path or signature fails before anything is read or written.
-        check_signature(model_fn, name=describe(model_fn), model_args=config.model_args)
+    model_fn = _checked_model_fn(config, model_fn)
     total_steps, steps_per_epoch = plan_steps(config, inputs.train_examples)
     worker_batch = dist.worker_batch_size(config.global_batch_size)
     policy = precision_policy(dist.device_kind, config.runtime.mixed_precision)
     keras.mixed_precision.set_dtype_policy(policy)
-    dataset, plan, tracker = _training_dataset(config, dist, inputs, worker_batch)
     keras.utils.set_random_seed(config.seed)
+    dataset, plan, tracker = _training_dataset(config, dist, inputs, worker_batch)
     image_spec, label_spec = _checked_element_spec(dataset, config.data.image_size)
     _log_layout(config, dist, worker_batch, policy, total_steps, steps_per_epoch)
     loss_scaling = policy == "mixed_float16"
-    model, optimizer = _build_model(
-        config,
-        dist,
-        _ModelRequest(model_fn, inputs.num_classes, image_spec.dtype.name),
-        total_steps,
-        loss_scaling,
-    )
-    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    request = _ModelRequest(model_fn, inputs.num_classes, image_spec.dtype.name)
+    model, optimizer = _build_model(config, dist, request, total_steps, loss_scaling)
     iterator = iter(dataset)
     checkpointer = Checkpointer(
         config.model_dir,
         dist,
         model=model,
         optimizer=optimizer,
-        step=step_var,
+        step=tf.Variable(0, dtype=tf.int64, trainable=False, name="step"),
         iterator=iterator if inputs.checkpointable else None,
         input_layout=inputs.layout(),
         keep=config.keep_checkpoints,
         delivery=tracker,
     )
     restored = _restore(checkpointer, plan, tracker, dist, inputs, total_steps)
-    audit = None
-    if config.audit_keys is not None:
-        audit = _open_audit(config.audit_keys, dist, plan, restored.step, worker_batch)
-    steps = TrainSteps(
-        dist=dist,
-        model=model,
-        optimizer=optimizer,
-        global_batch_size=config.global_batch_size,
-        image_size=config.data.image_size,
-        loss_scaling=loss_scaling,
-        image_dtype=image_spec.dtype,
-        label_dtype=label_spec.dtype,
-        objective=objective,
-        jit_compile=config.runtime.jit_compile,
+    audit = (
+        None
+        if config.audit_keys is None
+        else _open_audit(config.audit_keys, dist, plan, restored.step, worker_batch)
     )
+    specs = (image_spec, label_spec)
+    steps = _compiled_steps(config, dist, model, optimizer, specs, objective, loss_scaling)
     return PreparedRun(
         total_steps=total_steps,
         steps_per_epoch=steps_per_epoch,
@@ -190,6 +171,45 @@ def prepare_run(
         tracker=tracker,
         audit=audit,
     )
+
+
+def _compiled_steps(
+    config: TrainConfig,
+    dist: Distribution,
+    model: Any,
+    optimizer: Any,
+    specs: tuple[Any, Any],
+    objective: Objective | None,
+    loss_scaling: bool,
+) -> TrainSteps:
+    """The compiled train and eval steps for ``model``, fed elements of ``specs`` (image,
+    label)."""
+    image_spec, label_spec = specs
+    return TrainSteps(
+        dist=dist,
+        model=model,
+        optimizer=optimizer,
+        global_batch_size=config.global_batch_size,
+        image_size=config.data.image_size,
+        loss_scaling=loss_scaling,
+        image_dtype=image_spec.dtype,
+        label_dtype=label_spec.dtype,
+        objective=objective,
+        jit_compile=config.runtime.jit_compile,
+    )
+
+
+def _checked_model_fn(
+    config: TrainConfig, model_fn: Callable[..., Any] | None
+) -> Callable[..., Any] | None:
+    """The function building the model: ``model_fn``, or ``--model``'s import path imported
+    (None for a built-in). A wrong import path or signature fails here, before anything is
+    read or written."""
+    if model_fn is None and config.model not in MODELS:
+        model_fn = load_model_fn(config.model)
+    if model_fn is not None:
+        check_signature(model_fn, name=describe(model_fn), model_args=config.model_args)
+    return model_fn
 
 
 def _training_dataset(
