@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from beam_pipelines import images_to_tfrecord
@@ -161,3 +162,39 @@ def test_every_tool_is_quiet_on_a_clean_run(versions, tmp_path, argv):
     values = {"out": str(out), "root": str(versions), "adopted": str(tmp_path / "adopted")}
     done = _command(*(arg.format(**values) for arg in argv))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _split_of_each_example(dataset: Path) -> dict[str, str]:
+    """``{key: split}`` from the dataset's catalogs."""
+    where: dict[str, str] = {}
+    for catalog in dataset.glob("catalog-*.parquet"):
+        table = pq.read_table(catalog, columns=["key", "split"]).to_pydict()
+        where.update(zip(table["key"], table["split"], strict=True))
+    return where
+
+
+@pytest.mark.parametrize("stratify", [[], ["--stratify_validation"]], ids=["plain", "stratified"])
+def test_adding_and_removing_images_moves_no_example_between_splits(tmp_path, stratify):
+    images = tmp_path / "images"
+    written = make_image_tree(images, {"cat": 12, "dog": 12}, size=(64, 48))
+    flags = ["--num_shards", "1", "--validation_fraction", "0.25", "--progress", "off"]
+    first = tmp_path / "v0001"
+    assert images_to_tfrecord.run(
+        ["--input", str(images), "--output", str(first), *flags, *stratify]
+    ).published
+    before = _split_of_each_example(first)
+    assert set(before.values()) == {"train", "validation"}
+    # A new version: images added to one class and one removed from the other.
+    added = make_image_tree(tmp_path / "new", {"cat": 4}, size=(64, 48), seed=99)
+    for i, path in enumerate(added["cat"]):
+        path.rename(images / "cat" / f"new {i}.jpg")
+    written["dog"][0].unlink()
+    second = tmp_path / "v0002"
+    summary = images_to_tfrecord.run(
+        ["--input", str(images), "--output", str(second), "--base", str(first), *flags, *stratify]
+    )
+    assert summary.published
+    after = _split_of_each_example(second)
+    assert len(after) == len(before) + 4 - 1
+    moved = {key for key in set(before) & set(after) if before[key] != after[key]}
+    assert not moved

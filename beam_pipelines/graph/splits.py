@@ -1,20 +1,26 @@
-"""Which split each example goes to: by content hash, optionally stratified by class.
+"""Which split each example goes to: by content hash, and so never moved by other examples.
 
-Both ways are functions of the examples' content hashes (and classes) only, so every runner
-and every rerun puts each example in the same split, whatever order workers see the data.
+Every rule here is a function of the examples' content hashes (and classes) only, so every
+runner and every rerun puts each example in the same split, whatever order workers see the data.
 
-* Plain (``assign_split``): an example is in ``validation`` when its split value (bits 64-127
-  of its SHA-256, as a fraction in [0, 1)) is below ``validation_fraction``. Each class gets
-  *about* that share; a small class may get none or many.
-* Stratified (``--stratify_validation``): each class with ``n`` distinct examples puts the
-  ``k = min(floor(f * n + 1/2), n - 1)`` with the smallest split values in ``validation``, so
-  every class gets its share, rounded, and keeps at least one training example. Classes are
-  counted as the shard writer will write them: byte-identical copies once, under the class of
-  the copy kept (none for a label conflict under ``drop_both``), and all copies of a label
-  conflict go to the split of the first copy's class, so that the shard writer meets them
-  together. This needs every class's split
-  values before any example can be placed: records wait for that (a side input), as they do for
-  shard counts planned from ``--target_shard_mb``.
+* By split value (``assign_split``), the default with or without ``--stratify_validation``: an
+  example is in ``validation`` when its split value (bits 64-127 of its SHA-256, as a fraction
+  in [0, 1)) is below ``validation_fraction``. Adding or removing images never moves another
+  example between train and validation, in a clean build or a ``--base`` one. Each class gets
+  *about* that share: a class of ``n`` holds ``f * n`` validation examples on average, give or
+  take ``sqrt(n * f * (1 - f))`` (a class of 20 at 10 %: 2, often 1 to 3; a small class may get
+  none).
+* Exact shares (``AssignSplits(exact_shares=True)``): each class with ``n`` distinct examples
+  puts the ``k = min(floor(f * n + 1/2), n - 1)`` with the smallest split values in
+  ``validation``, so every class gets its share, rounded, and keeps at least one training
+  example. No rule can give exact shares and also leave every example where it was when
+  images are added or removed (the cutoff moves with ``n``), so stability wins: this rule is
+  not what ``--stratify_validation`` runs. Classes are counted as the shard writer will write
+  them: byte-identical copies once, under the class of the copy kept (none for a label
+  conflict under ``drop_both``), and all copies of a label conflict go to the split of the
+  first copy's class, so that the shard writer meets them together. This needs every class's
+  split values before any example can be placed: records wait for that (a side input), as
+  they do for shard counts planned from ``--target_shard_mb``.
 """
 
 from __future__ import annotations
@@ -110,8 +116,11 @@ class AssignSplits(beam.PTransform):
 
     Args:
       validation_fraction: share of examples in ``validation`` (0 puts all in ``train``).
-      stratify: give every class its share (see the module docstring).
+      stratify: ``--stratify_validation``; places examples by their split value, as without it,
+        unless ``exact_shares`` (see the module docstring: stability wins).
       label_conflicts: the shard writer's policy, so classes are counted as they are written.
+      exact_shares: with ``stratify``, give every class exactly its rounded share, at the cost
+        of moving examples when images are added or removed.
     """
 
     def __init__(
@@ -120,10 +129,11 @@ class AssignSplits(beam.PTransform):
         *,
         stratify: bool = False,
         label_conflicts: str = "keep_first",
+        exact_shares: bool = False,
     ) -> None:
         super().__init__()
         self._fraction = validation_fraction
-        self._stratify = stratify and validation_fraction > 0
+        self._stratify = stratify and exact_shares and validation_fraction > 0
         self._label_conflicts = label_conflicts
 
     def expand(self, records):
