@@ -83,6 +83,12 @@ class RunSummary:
             f"({self.images_per_s:.1f} images/s): {c.written} written, {c.rejected} rejected, "
             f"{_plural(c.duplicates, 'duplicate')}"
         ]
+        if m.lineage is not None:  # a --base build
+            reused, prepared = m.lineage.get("reused", 0), m.lineage.get("prepared", 0)
+            lines.append(
+                f"--base: reused {_plural(reused, 'example')} from the base (stored bytes, not "
+                f"decoded again), prepared {prepared}"
+            )
         if c.skipped:
             examples = ", ".join(FileSystems.split(p)[1] for p in self.skipped_examples)
             lines.append(

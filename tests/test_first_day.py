@@ -194,6 +194,8 @@ def test_adding_and_removing_images_moves_no_example_between_splits(tmp_path, st
         ["--input", str(images), "--output", str(second), "--base", str(first), *flags, *stratify]
     )
     assert summary.published
+    assert "--base: reused 23 examples from the base" in summary.describe()
+    assert "prepared 4" in summary.describe()
     after = _split_of_each_example(second)
     assert len(after) == len(before) + 4 - 1
     moved = {key for key in set(before) & set(after) if before[key] != after[key]}
