@@ -164,6 +164,14 @@ def test_every_tool_is_quiet_on_a_clean_run(versions, tmp_path, argv):
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+@pytest.mark.slow
+def test_verify_on_a_versions_folder_says_which_version_it_checked(versions):
+    done = _command("-m", "dataset_tools.verify", str(versions))
+    assert done.returncode == 0, done.stdout + done.stderr
+    first = done.stdout.splitlines()[0]
+    assert first == f"checked {versions / 'v0001'}: the version {versions / 'latest'} names"
+
+
 def _split_of_each_example(dataset: Path) -> dict[str, str]:
     """``{key: split}`` from the dataset's catalogs."""
     where: dict[str, str] = {}

@@ -12,6 +12,8 @@ the dataset cannot be read at all.
 from __future__ import annotations
 
 import json
+import os
+import posixpath
 import sys
 from collections.abc import Sequence
 
@@ -19,6 +21,8 @@ from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
 from cliflags.interrupts import run_command
 from dataset_tools.verify.report import VerifyReport
 from dataset_tools.verify.verification import verify_dataset, verify_keys
+from schemas.lineage import LATEST_NAME
+from tfrecord_io.source import manifest_path
 
 __all__ = ["main"]
 
@@ -129,11 +133,31 @@ def _main(argv: Sequence[str] | None) -> int:
             print(json.dumps({"dataset": args.dataset, "ok": False, "error": str(e)}))
         print(f"error: {e}", file=sys.stderr)
         return 2
+    followed = _version_followed(args.dataset)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(json.dumps({**report.to_dict(), "checked": followed or args.dataset}, indent=2))
     else:
+        if followed:
+            given = args.dataset.rstrip("/")
+            pointer = (
+                given if posixpath.basename(given) == LATEST_NAME else f"{given}/{LATEST_NAME}"
+            )
+            print(f"checked {followed}: the version {pointer} names")
         _print_human(report)
     return 0 if report.ok else 1
+
+
+def _version_followed(dataset: str) -> str | None:
+    """The version directory a ``latest`` pointer led to, when ``dataset`` is a versions root
+    (or the pointer itself); None when it is the dataset itself or a glob of shards."""
+    found = manifest_path(dataset)
+    if found is None:
+        return None
+    directory = posixpath.dirname(found)
+    given = dataset.rstrip("/")
+    if given in (directory, found) or os.path.abspath(given) == os.path.abspath(directory):
+        return None
+    return directory
 
 
 if __name__ == "__main__":
