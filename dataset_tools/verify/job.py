@@ -36,7 +36,7 @@ from dataset_tools.keys import KeyCollector
 from dataset_tools.verify.checks import check_catalog, check_index_file
 from dataset_tools.verify.report import RecordNote, ShardReport, VerifyReport
 from dataset_tools.verify.verification import shard_reports, verify_shard
-from schemas import Manifest
+from schemas import Manifest, ShardInfo
 from tfrecord_io.random_access import DatasetFiles, dataset_files
 from tfrecord_io.source import load_manifest
 
@@ -71,11 +71,17 @@ class _CheckShardFn(beam.DoFn):
         self._buckets = buckets
         self._manifest: Manifest | None = None
         self._reports: list[ShardReport] = []
+        self._infos: list[ShardInfo] = []
         self._files: DatasetFiles | None = None
 
     def setup(self) -> None:
         # Each worker reads dataset.json once; its shard list is the job's work list.
         self._manifest, self._reports = _open(self._source)
+        # In the reports' order (shard_reports): splits by name, shards as listed.
+        manifest = self._manifest
+        self._infos = [
+            info for split in sorted(manifest.splits) for info in manifest.split(split).shards
+        ]
         self._files = dataset_files(self._source)
 
     def process(self, ordinal: int) -> Iterator[tuple[str, Any, Any]]:
@@ -91,9 +97,7 @@ class _CheckShardFn(beam.DoFn):
         )
         # Keys are taken from the notes and searched per bucket below, not here.
         notes = verify_shard(report, self._manifest, deep=self._deep, keys=KeyCollector())
-        shards = self._manifest.split(report.split).shards
-        info = next(s for s in shards if s.file == report.file)
-        for problem in check_index_file(self._files, info, notes):
+        for problem in check_index_file(self._files, self._infos[ordinal], notes):
             report.add(problem)
         yield "shard", ordinal, report
         yield "notes", report.split, (ordinal, notes)
