@@ -20,15 +20,38 @@ from PIL import Image
 
 from catalog.phash import luma_grid_of_sample, phashes_of_samples
 
-__all__ = ["SAMPLE", "luma_sample", "luma_grid_of", "perceptual_hash", "perceptual_hashes"]
+__all__ = [
+    "SAMPLE",
+    "WORKING",
+    "luma_sample",
+    "source_sample",
+    "luma_grid_of",
+    "perceptual_hash",
+    "perceptual_hashes",
+]
 
 SAMPLE = 96  # the point sample's side: 3x3 samples per cell of the hash's 32x32 grid
+WORKING = 128  # the side a source is resampled to before its sample is taken
 
 
 def luma_sample(image: Image.Image) -> bytes:
     """``SAMPLE x SAMPLE`` luma values of an image on a regular grid, row by row (9 KiB)."""
     small = image.resize((SAMPLE, SAMPLE), Image.Resampling.NEAREST)
     return (small if small.mode == "L" else small.convert("L")).tobytes()
+
+
+def source_sample(image: Image.Image) -> bytes:
+    """``SAMPLE x SAMPLE`` luma values of a decoded source at a fixed working size (9 KiB).
+
+    The pipeline hashes this, not the stored image: the source is resampled (bicubic, with
+    antialiasing when it shrinks) to ``WORKING x WORKING`` whatever its size and
+    ``--image_size``, then area-averaged to the sample. A resized, re-encoded or mirrored copy
+    of a photo then hashes close to it (``benchmarks/bench_near_dup_recall.py``); a box filter
+    straight to 96 px would blow up a small copy's pixels into blocks.
+    """
+    luma = image if image.mode == "L" else image.convert("L")  # one channel to resample
+    working = luma.resize((WORKING, WORKING), Image.Resampling.BICUBIC)
+    return working.resize((SAMPLE, SAMPLE), Image.Resampling.BOX).tobytes()
 
 
 def _array(samples: Sequence[bytes]) -> np.ndarray:

@@ -44,7 +44,7 @@ from beam_pipelines.image.formats import (
     why_not_accepted,
 )
 from beam_pipelines.image.options import ImageOptions
-from beam_pipelines.image.phash import luma_sample, perceptual_hashes
+from beam_pipelines.image.phash import perceptual_hashes, source_sample
 from schemas.constants import ENCODINGS
 
 __all__ = [
@@ -166,8 +166,8 @@ class PreparedImage:
       source_size: the source's ``(width, height)`` as declared in its header.
       decoded_size: the ``(width, height)`` actually decoded (smaller than ``source_size`` when
         JPEG DCT-domain downscaling applied).
-      luma_sample: the prepared pixels' 96x96 luma point sample (``image_hash.luma_sample``),
-        which ``phash`` (or, for many images at once, ``image_hash.perceptual_hashes``) hashes.
+      luma_sample: the decoded source's 96x96 luma area averages (``phash.source_sample``),
+        which ``phash`` (or, for many images at once, ``phash.perceptual_hashes``) hashes.
       events: what preparing it involved, as counter names (``icc_converted``,
         ``high_bit_depth_stretch_sbit``, ``cropped_out_of_bounds``…).
     """
@@ -185,7 +185,7 @@ class PreparedImage:
 
     @functools.cached_property
     def phash(self) -> int | None:
-        """The 64-bit perceptual hash of the prepared pixels (``catalog.phash``), unsigned."""
+        """The 64-bit perceptual hash of the decoded source (``catalog.phash``), unsigned."""
         return perceptual_hashes([self.luma_sample])[0] if self.luma_sample is not None else None
 
 
@@ -671,7 +671,9 @@ def _prepare(data: bytes, options: ImageOptions) -> PreparedImage:
         encoded, fmt = encode_image(
             final, encoding=options.encoding, jpeg_quality=options.jpeg_quality
         )
-        sample = luma_sample(final)  # hashed later, many at once (image_hash)
+        # The hash is taken from the decoded source, where it is stable (phash.source_sample);
+        # it is computed later, many at once.
+        sample = source_sample(rgb)
     except (OSError, ValueError) as e:
         raise RejectedImage("decode_error", f"{source_format}: {e}") from e
     if keep_ratio is not None:

@@ -1,0 +1,141 @@
+"""Benchmark: near-duplicate recall per transformation, and false pairs among distinct photos.
+
+Photos the team did not make: scikit-image's bundled sample photos (``skimage.data``), each
+whole and cut into a 3x3 grid of crops, which multiplies the set. Every original is
+transformed (resize 50-90 %, JPEG quality 30-70, crop 5-10 %, mirror, brightness +-10 %, and
+pairs of these); originals and copies go through the pipeline's own ``prepare_image`` (256 px
+shorter side, JPEG q90), and each pair's Hamming distance is measured two ways:
+
+* ``source``: the pipeline's hash, taken from the decoded source (``phash.source_sample``);
+* ``stored``: the hash of the stored 256 px image (what the pipeline hashed before).
+
+A mirrored copy is matched as ``near_duplicates`` matches it: ``min(d(a, b), d(a, flip(b)))``.
+Recall at threshold ``t`` is the share of (original, copy) pairs within ``t`` bits; false pairs
+are pairs of distinct originals within ``t`` bits (flips included).
+
+Usage::
+
+  python -m benchmarks.bench_near_dup_recall [--thresholds 4,6,8,10,12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import itertools
+
+import numpy as np
+from PIL import Image, ImageEnhance, ImageOps
+
+from beam_pipelines.image.options import ImageOptions
+from beam_pipelines.image.phash import perceptual_hash
+from beam_pipelines.image.prepare import prepare_image
+from catalog.phash import flip_hash, hamming
+
+__all__ = ["PHOTOS", "TRANSFORMS", "originals", "main"]
+
+# Photographs among skimage.data's bundled images (not its drawings or synthetic ones).
+PHOTOS = (
+    "astronaut", "camera", "coffee", "chelsea", "rocket", "hubble_deep_field",
+    "immunohistochemistry", "retina", "coins", "moon", "page", "text", "brick", "grass",
+    "gravel", "cell", "stereo_motorcycle",
+)  # fmt: skip
+
+
+def _load(name: str) -> Image.Image:
+    import skimage.data
+
+    array = getattr(skimage.data, name)()
+    array = array[0] if isinstance(array, tuple) else array
+    image = Image.fromarray(np.asarray(array, dtype=np.uint8))
+    return image.convert("RGB")
+
+
+def originals() -> dict[str, Image.Image]:
+    """Each photo whole and its 3x3 grid of crops (distinct content), by name."""
+    found = {}
+    for name in PHOTOS:
+        image = _load(name)
+        found[name] = image
+        w, h = image.size
+        for i, j in itertools.product(range(3), range(3)):
+            box = (i * w // 3, j * h // 3, (i + 1) * w // 3, (j + 1) * h // 3)
+            found[f"{name}[{i},{j}]"] = image.crop(box)
+    return found
+
+
+def _jpeg(image: Image.Image, quality: int) -> Image.Image:
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=quality)
+    return Image.open(io.BytesIO(out.getvalue()))
+
+
+def _scale(image: Image.Image, f: float) -> Image.Image:
+    w, h = image.size
+    return image.resize((max(1, round(w * f)), max(1, round(h * f))), Image.Resampling.LANCZOS)
+
+
+def _crop(image: Image.Image, f: float) -> Image.Image:
+    w, h = image.size
+    dx, dy = round(w * f / 2), round(h * f / 2)
+    return image.crop((dx, dy, w - dx, h - dy))
+
+
+TRANSFORMS = {
+    "resize 50%": lambda im: _scale(im, 0.5),
+    "resize 70%": lambda im: _scale(im, 0.7),
+    "resize 90%": lambda im: _scale(im, 0.9),
+    "jpeg q30": lambda im: _jpeg(im, 30),
+    "jpeg q50": lambda im: _jpeg(im, 50),
+    "jpeg q70": lambda im: _jpeg(im, 70),
+    "crop 5%": lambda im: _crop(im, 0.05),
+    "crop 10%": lambda im: _crop(im, 0.10),
+    "mirror": ImageOps.mirror,
+    "brightness +10%": lambda im: ImageEnhance.Brightness(im).enhance(1.1),
+    "brightness -10%": lambda im: ImageEnhance.Brightness(im).enhance(0.9),
+    "resize 70% + jpeg q50": lambda im: _jpeg(_scale(im, 0.7), 50),
+    "crop 5% + mirror": lambda im: ImageOps.mirror(_crop(im, 0.05)),
+    "resize 50% + jpeg q30": lambda im: _jpeg(_scale(im, 0.5), 30),
+}
+
+
+def _hashes(image: Image.Image, options: ImageOptions) -> tuple[int, int]:
+    """(source hash, stored hash) of an image as the pipeline prepares it from a PNG file."""
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    prepared = prepare_image(out.getvalue(), options)
+    stored = perceptual_hash(Image.open(io.BytesIO(prepared.encoded)).convert("RGB"))
+    return prepared.phash, stored
+
+
+def _distance(a: int, b: int) -> int:
+    return min(hamming(a, b), hamming(a, flip_hash(b)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--thresholds", default="4,6,8,10,12")
+    args = parser.parse_args(argv)
+    thresholds = [int(t) for t in args.thresholds.split(",")]
+    options = ImageOptions(small_images="upscale")
+    base = {name: image for name, image in originals().items() if min(image.size) >= 32}
+    hashes = {name: _hashes(image, options) for name, image in base.items()}
+    print(f"{len(base)} originals from {len(PHOTOS)} skimage photos (each whole + 3x3 crops)")
+    for way, k in (("source", 0), ("stored", 1)):
+        values = [h[k] for h in hashes.values()]
+        pair_d = [_distance(a, b) for a, b in itertools.combinations(values, 2)]
+        print(f"\n{way} hash: recall per transformation at threshold t (Hamming bits)")
+        print(f"{'transformation':24s}" + "".join(f"  t={t:<3d}" for t in thresholds))
+        for label, transform in TRANSFORMS.items():
+            ds = [
+                _distance(hashes[n][k], _hashes(transform(im), options)[k])
+                for n, im in base.items()
+            ]
+            cells = "".join(f"  {np.mean(np.array(ds) <= t):6.1%}" for t in thresholds)
+            print(f"{label:24s}{cells}")
+        falses = "".join(f"  {sum(d <= t for d in pair_d):6d}" for t in thresholds)
+        print(f"{'false pairs':24s}{falses}   (of {len(pair_d)} pairs of distinct originals)")
+
+
+if __name__ == "__main__":
+    main()
