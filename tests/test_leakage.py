@@ -40,6 +40,8 @@ def test_report_lists_the_planted_leakage_first_then_the_cross_class_pair(sample
     assert cross["cross_class"] and not cross["leakage"]
     assert {cross["a"]["text"], cross["b"]["text"]} == {"desert", "forêt"}
     assert "near_copy_of_" in cross["a"]["uri"] + cross["b"]["uri"]
+    # The re-encoded copy has its original's size; the cross-class copy is half size.
+    assert (leak["probably"], cross["probably"]) == ("re-encode or edit", "scale")
     assert "1 train-validation leakage" in built.described
     manifest = json.loads((built.path / "dataset.json").read_text(encoding="utf-8"))
     assert manifest["options"]["leakage"] == "report"

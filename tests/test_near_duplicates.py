@@ -139,3 +139,20 @@ def test_max_pairs_stops_a_crowd_and_says_so(method):
     assert find_pairs(hashes[:10], 0, max_pairs=1000).complete
     with pytest.raises(ValueError, match="max_pairs"):
         find_pairs(hashes, 0, max_pairs=0)
+
+
+@pytest.mark.parametrize(
+    ("flipped", "a", "b", "expected"),
+    [
+        (True, (500, 375), (500, 375), "mirror"),
+        (False, (500, 375), (250, 188), "scale"),
+        (False, (500, 375), (450, 375), "crop"),
+        (True, (500, 375), (450, 300), "mirror+crop"),
+        (False, (500, 375), (500, 375), "re-encode or edit"),
+        (False, None, (500, 375), "unknown"),
+    ],
+)
+def test_the_report_guesses_the_transformation(flipped, a, b, expected):
+    from beam_pipelines.graph.leakage import guess_transformation
+
+    assert guess_transformation(flipped, a, b) == expected

@@ -51,6 +51,7 @@ __all__ = [
     "NOTHING_FOUND",
     "search_columns",
     "members_from_catalogs",
+    "guess_transformation",
     "FindNearDuplicates",
     "found_side_input",
     "ReportNearDuplicates",
@@ -63,7 +64,8 @@ LEAKAGE_ACTIONS = ("report", "move_to_train")
 # A set holding thousands of copies of one image has millions of pairs: the search stops here.
 MAX_REPORTED_PAIRS = 1_000_000
 _SPLIT_CODES = {TRAIN: 0, VALIDATION: 1}
-_MEMBER_COLUMNS = ("key", "uri", "label", "text")
+_MEMBER_COLUMNS = ("key", "uri", "label", "text", "source_width", "source_height")
+_SAME_ASPECT = 0.01  # relative: sources whose aspect ratios differ more were cropped
 # What the search finds among no examples.
 NOTHING_FOUND: dict[str, Any] = {
     "a": [],
@@ -109,6 +111,7 @@ class NearDuplicatePair(NamedTuple):
     flipped: bool
     leakage: bool
     cross_class: bool
+    probably: str = "unknown"  # guess_transformation's answer
 
     def to_json(self) -> str:
         return json.dumps(
@@ -117,6 +120,7 @@ class NearDuplicatePair(NamedTuple):
                 "b": self.b._asdict(),
                 "distance": self.distance,
                 "flipped": self.flipped,
+                "probably": self.probably,
                 "leakage": self.leakage,
                 "cross_class": self.cross_class,
             },
@@ -207,14 +211,37 @@ def _key_prefix(number: int) -> str:
     return format(number & ((1 << 64) - 1), "016x")
 
 
+def guess_transformation(
+    flipped: bool, size_a: tuple[int, int] | None, size_b: tuple[int, int] | None
+) -> str:
+    """Which transformation probably turned one source of a pair into the other, where the
+    hash and the source sizes can tell: ``mirror``, ``crop`` (aspect ratios differ), ``scale``
+    (one aspect, another size), ``re-encode or edit`` (the same size), joined by ``+``;
+    ``unknown`` when the sizes are not recorded (an adopted dataset)."""
+    parts = ["mirror"] if flipped else []
+    if size_a and size_b and all(size_a) and all(size_b):
+        aspect_a, aspect_b = size_a[0] / size_a[1], size_b[0] / size_b[1]
+        if abs(aspect_a - aspect_b) > _SAME_ASPECT * aspect_a:
+            parts.append("crop")
+        elif size_a != size_b:
+            parts.append("scale")
+        elif not flipped:
+            parts.append("re-encode or edit")
+    return "+".join(parts) or "unknown"
+
+
 def members_from_catalogs(
-    output_dir: str, catalogs: Iterable[CatalogResult], numbers: Iterable[int]
+    output_dir: str,
+    catalogs: Iterable[CatalogResult],
+    numbers: Iterable[int],
+    sizes: dict[int, tuple[int, int] | None] | None = None,
 ) -> dict[int, NearDuplicateMember]:
     """The written example of each key number in ``numbers``, read from the split catalogs.
 
     A catalog holds the copy of each content the shard writer kept (the first in URI order),
     in the split it was written to, so the report names what the dataset holds. Catalogs are
     read one batch at a time, only the rows named kept: memory does not grow with the dataset.
+    ``sizes``, when given, receives each member's source ``(width, height)`` (None if unknown).
     """
     wanted = pa.array(sorted({_key_prefix(n) for n in numbers}), pa.string())
     found: dict[int, NearDuplicateMember] = {}
@@ -231,6 +258,9 @@ def members_from_catalogs(
                 )
                 if number not in found or member.uri < found[number].uri:
                     found[number] = member
+                    if sizes is not None:
+                        width, height = row.get("source_width"), row.get("source_height")
+                        sizes[number] = (width, height) if width and height else None
     return found
 
 
@@ -242,8 +272,9 @@ class _WriteReportFn(beam.DoFn):
 
     def process(self, _, found, catalogs):
         moved = set(found["moved"])
+        sizes: dict[int, tuple[int, int] | None] = {}
         written = members_from_catalogs(
-            self._output_dir, catalogs, set(found["a"]) | set(found["b"])
+            self._output_dir, catalogs, set(found["a"]) | set(found["b"]), sizes
         )
 
         def member(number: int) -> NearDuplicateMember:
@@ -261,7 +292,10 @@ class _WriteReportFn(beam.DoFn):
         ):
             one, two = sorted((member(a), member(b)))
             rank = 0 if leak else 1 if cross else 2
-            lines.append(NearDuplicatePair(rank, distance, one, two, flipped, leak, cross))
+            probably = guess_transformation(flipped, sizes.get(a), sizes.get(b))
+            lines.append(
+                NearDuplicatePair(rank, distance, one, two, flipped, leak, cross, probably)
+            )
         lines.sort()
         write_text(
             FileSystems.join(self._output_dir, NEAR_DUPLICATES_NAME),
