@@ -162,22 +162,27 @@ class _Outputs(dict):
             raise AttributeError(name) from e
 
 
+def _simulate(stand_in_bytes: int) -> None:
+    """Makes builds in this process simulate their image step (the seam)."""
+    import cloudpickle
+
+    from beam_pipelines.graph import transforms
+
+    # Dask workers have the project installed but not benchmarks/: ship this module by value.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    SimulatedPrepareImages.stand_in_bytes = stand_in_bytes
+    transforms.PrepareImages = SimulatedPrepareImages  # type: ignore[misc]
+
+
 def _build(argv: Sequence[str]) -> int:
     """One simulated build, in this process: ``build [--dask] [--stand_in_bytes B] FLAGS``."""
     parser = argparse.ArgumentParser(prog="bench_metadata_scale build")
     parser.add_argument("--dask", action="store_true")
     parser.add_argument("--stand_in_bytes", type=int, default=64)
     args, flags = parser.parse_known_args(argv)
-    import cloudpickle
-
     from beam_pipelines import images_to_tfrecord
-    from beam_pipelines.graph import transforms
 
-    module = sys.modules[__name__]
-    # Dask workers have the project installed but not benchmarks/: ship this module by value.
-    cloudpickle.register_pickle_by_value(module)
-    SimulatedPrepareImages.stand_in_bytes = args.stand_in_bytes
-    transforms.PrepareImages = SimulatedPrepareImages  # type: ignore[misc]
+    _simulate(args.stand_in_bytes)
     if not args.dask:
         return images_to_tfrecord.main(flags)
     from tests.fixtures.dask_cluster import local_dask_cluster
@@ -207,6 +212,7 @@ def _run(args: argparse.Namespace, work: Path, n: int, mode: str) -> dict:
     data = json.loads(manifest.read_text())
     r["shards"] = sum(len(s["shards"]) for s in data["splits"].values())
     r["manifest_kb"] = manifest.stat().st_size / 1024
+    r["catalog_mb"] = sum(p.stat().st_size for p in out.glob("catalog-*.parquet")) / 2**20
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(listing.parent, ignore_errors=True)
     return r
@@ -223,8 +229,8 @@ def _measure(args: argparse.Namespace, work: Path) -> None:
         "CPUs at start"
     )
     print("| images | mode | CPU µs/image | CPU s | wall s | peak RSS MB (all) | "
-          "largest process MB | shards | dataset.json KB |")  # fmt: skip
-    print("|---:|---|---:|---:|---:|---:|---|---:|---:|")
+          "largest process MB | shards | dataset.json KB | catalogs MB |")  # fmt: skip
+    print("|---:|---|---:|---:|---:|---:|---|---:|---:|---:|")
     for mode in modes:
         base = _run(args, work, args.baseline, mode)
         for n in sizes:
@@ -234,12 +240,43 @@ def _measure(args: argparse.Namespace, work: Path) -> None:
             print(
                 f"| {n:,} | {mode} | {marginal:,.0f} | {r['cpu_s']:,.0f} | {r['wall_s']:,.0f} | "
                 f"{r['peak_mb']:,.0f} | {role} {largest:,.0f} | {r['shards']:,} | "
-                f"{r['manifest_kb']:,.0f} |",
+                f"{r['manifest_kb']:,.0f} | {r['catalog_mb']:,.1f} |",
                 flush=True,
             )
             each = ", ".join(f"{role} {mb:,.0f}" for role, mb in r["each_mb"][:5])
-            print(f"|   | each process's peak MB: {each} | | | | | | | |", flush=True)
+            print(f"|   | each process's peak MB: {each} | | | | | | | | |", flush=True)
     print(f"load {os.getloadavg()[0]:.1f} at end")
+
+
+def _buffers(args: argparse.Namespace, work: Path) -> None:
+    """What the in-process runner holds between steps, per image, at each size: the steps
+    whose buffers grow with the images are the ones that hold everything at once."""
+    from beam_pipelines.images_to_tfrecord import run
+    from benchmarks.bench_scale import runner_buffers
+
+    _simulate(args.stand_in_bytes)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    found: dict[int, dict[str, int]] = {}
+    for n in sizes:
+        listing = work / f"listing-{n}" / "inputs.csv"
+        listing.parent.mkdir(parents=True, exist_ok=True)
+        write_listing(listing, n)
+        out = work / f"out-buffers-{n}"
+        with runner_buffers() as peaks:
+            run(["--input", str(listing), "--output", str(out), "--overwrite", "--progress",
+                 "off", "--validation_fraction", "0.02", *args.pipeline_flag])  # fmt: skip
+        found[n] = dict(peaks)
+        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(listing.parent, ignore_errors=True)
+    largest = max(sizes)
+    print("buffers: what the in-process runner holds between steps, largest size seen, bytes")
+    print("per simulated image")
+    print("| buffered | " + " | ".join(f"{n:,} images" for n in sizes) + " |")
+    print("|---|" + "---:|" * len(sizes))
+    for name in sorted(found[largest], key=lambda name: -found[largest][name]):
+        if found[largest][name] >= largest:  # at least a byte per image somewhere
+            cells = " | ".join(f"{found[n].get(name, 0) / n:,.1f}" for n in sizes)
+            print(f"| {name} | {cells} |")
 
 
 _REPO = Path(__file__).resolve().parents[1]
@@ -252,6 +289,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _build(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="1000000,3000000,10000000")
+    parser.add_argument(
+        "--buffers", action="store_true",
+        help="instead: what the in-process runner holds between steps, per image",
+    )  # fmt: skip
     parser.add_argument("--modes", default="inprocess,dask")
     parser.add_argument("--stand_in_bytes", type=int, default=64)
     parser.add_argument(
@@ -263,13 +304,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="one more pipeline flag (repeatable; e.g. --pipeline_flag=--leakage=move_to_train)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    measure = _buffers if args.buffers else _measure
     if args.work:
         work = Path(args.work)
         work.mkdir(parents=True, exist_ok=True)
-        _measure(args, work)
+        measure(args, work)
     else:
         with tempfile.TemporaryDirectory(prefix="metadata-scale-") as tmp:
-            _measure(args, Path(tmp))
+            measure(args, Path(tmp))
     return 0
 
 
