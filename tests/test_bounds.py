@@ -56,11 +56,21 @@ def test_importing_the_pipeline_leaves_pillows_limit_as_it_was():
     assert done.stdout.strip() == "unchanged", done.stderr
 
 
+def _tiff(width: int, height: int) -> bytes:
+    return encode(Image.new("RGB", (width, height), (9, 99, 199)), "TIFF")
+
+
 def test_the_worker_prepares_exactly_what_prepare_image_does(preparers):
     options = dict(image_size=32, encoding="png")
     preparer = preparers(**options)
+    # JPEG, PNG and WebP are prepared in this process: their decoders allocate only what the
+    # header declares, which --max_pixels bounds. No worker is started for them.
     for data in (png_of_size(80, 60), encode(Image.new("RGBA", (40, 50), (1, 2, 3, 4)), "PNG")):
         assert preparer.prepare(data) == prepare_image(data, ImageOptions(**options))
+    assert preparer._child is None
+    for data in (_tiff(80, 60), ico_holding(png_of_size(48, 40))):
+        assert preparer.prepare(data) == prepare_image(data, ImageOptions(**options))
+    assert preparer._child is not None
     with pytest.raises(RejectedImage) as info:
         preparer.prepare(b"not an image at all")
     assert info.value.reason == "not_an_image"
@@ -76,7 +86,7 @@ def test_pillows_own_checks_run_in_the_worker_with_the_limit_from_max_pixels(pre
     assert info.value.reason == "too_many_pixels", info.value
     assert "exceeds limit of 10000000 pixels" in info.value.detail
     assert time.monotonic() - start < 5
-    assert preparer.prepare(png_of_size(64, 64)).width == 256  # the worker still serves
+    assert preparer.prepare(_tiff(64, 64)).width == 256  # the worker still serves
 
 
 def test_a_plugin_allocating_past_the_memory_budget_is_rejected_within_the_budgets(preparers):
@@ -91,11 +101,11 @@ def test_a_plugin_allocating_past_the_memory_budget_is_rejected_within_the_budge
     assert info.value.reason == "over_budget", info.value
     assert "--decode_memory_mb 400" in info.value.detail
     assert elapsed < 30
-    assert preparer.prepare(png_of_size(64, 64)).height == 256
+    assert preparer.prepare(_tiff(64, 64)).height == 256
 
 
 def test_an_image_slower_than_the_time_budget_is_stopped(preparers):
-    slow = zero_png(8_000, 8_000)  # about a second of inflating and resizing
+    slow = ico_holding(zero_png(8_000, 8_000))  # about a second of inflating and resizing
     preparer = preparers(max_pixels=100_000_000, decode_time_s=0.05)
     start = time.monotonic()
     with pytest.raises(RejectedImage) as info:
@@ -103,17 +113,17 @@ def test_an_image_slower_than_the_time_budget_is_stopped(preparers):
     assert info.value.reason == "over_budget"
     assert "--decode_time_s 0.05" in info.value.detail
     assert time.monotonic() - start < 2
-    assert preparers(decode_time_s=30).prepare(png_of_size(64, 64)).height == 256
+    assert preparers(decode_time_s=30).prepare(_tiff(64, 64)).height == 256
 
 
 def test_a_worker_that_dies_is_a_rejection_and_the_next_image_starts_another(preparers):
     preparer = preparers(image_size=32)
-    preparer.prepare(png_of_size(64, 64))
+    preparer.prepare(_tiff(64, 64))
     preparer._child.process.kill()  # as the kernel's OOM killer would
     with pytest.raises(RejectedImage) as info:
-        preparer.prepare(png_of_size(64, 64))
+        preparer.prepare(_tiff(64, 64))
     assert info.value.reason == "over_budget"
-    assert preparer.prepare(png_of_size(64, 64)).height == 32
+    assert preparer.prepare(_tiff(64, 64)).height == 32
 
 
 @pytest.mark.parametrize(
