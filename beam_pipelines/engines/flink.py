@@ -54,7 +54,9 @@ def prepare_flink_options(options: PipelineOptions) -> None:
         raise ValueError(f"--parallelism {flink.parallelism} must be >= 1")
     if flink.flink_master.strip() not in _LOCAL:
         rest = _rest_url(flink.flink_master)
-        portable.check_reachable(f"{rest}/config", "--flink_master", flink.flink_master, _START_COMMAND)
+        portable.check_reachable(
+            f"{rest}/config", "--flink_master", flink.flink_master, _START_COMMAND
+        )
     portable.add_job_server_opens(options)
     portable.use_worker_processes(options, flink.parallelism)
 

@@ -74,7 +74,10 @@ def flink_job_server_jar() -> Path:
 def spark_job_server_jar() -> Path:
     """The Spark job server: a jar whose manifest names its main class and its classpath."""
     return (
-        engines_home() / "job-servers" / "spark-3" / f"beam-spark-3-job-server-{BEAM_RUNNER_VERSION}.jar"
+        engines_home()
+        / "job-servers"
+        / "spark-3"
+        / f"beam-spark-3-job-server-{BEAM_RUNNER_VERSION}.jar"
     )
 
 
