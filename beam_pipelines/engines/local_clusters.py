@@ -27,6 +27,10 @@ __all__ = [
     "FlinkCluster",
     "SparkCluster",
     "free_port",
+    "is_running",
+    "read_cluster",
+    "start_flink_taskmanager",
+    "start_spark_worker",
     "local_flink_cluster",
     "local_spark_cluster",
     "start_flink",
@@ -182,7 +186,8 @@ def _spawn(cmd: list[str], log: Path, env: dict[str, str], cwd: Path) -> int:
     return proc.pid
 
 
-def _alive(pid: int) -> bool:
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -207,7 +212,7 @@ def _http_json(url: str) -> dict | None:
 def _wait(ready, pids: list[int], what: str, work_dir: Path, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not ready():
-        dead = [pid for pid in pids if not _alive(pid)]
+        dead = [pid for pid in pids if not is_running(pid)]
         if dead or time.monotonic() > deadline:
             reason = f"process {dead} exited" if dead else f"not ready after {timeout_s:.0f} s"
             raise RuntimeError(f"{what} did not come up: {reason}\n{_log_tails(work_dir, 3000)}")
@@ -490,10 +495,10 @@ def stop_cluster(cluster: FlinkCluster | SparkCluster, *, extra_pids: tuple[int,
     for pid in pids:
         _signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+    while any(is_running(pid) for pid in pids) and time.monotonic() < deadline:
         time.sleep(0.2)
     for pid in pids:
-        if _alive(pid):
+        if is_running(pid):
             _signal_group(pid, signal.SIGKILL)
 
 
