@@ -117,7 +117,7 @@ def jvm_references(engine_input, tmp_path_factory):  # noqa: F811  (the imported
     make_image_tree(grown, {"cat": 2, "owl": 3}, seed=5, extension=".new.jpg")
     on_base = root / "on-base"
     summary = run(["--input", str(grown), "--output", str(on_base), "--base", str(base), *_FLAGS])
-    assert summary.published and summary.metrics["images_reused"] == 18
+    assert summary.published and summary.metrics["images_reused"] >= 18  # the base's images
     return {"base": base, "grown": grown, "on_base": on_base, "summary": summary}
 
 
