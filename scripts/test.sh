@@ -8,7 +8,14 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
   _sudo=""; [ "$(id -u)" -ne 0 ] && _sudo="sudo"
   $_sudo apt-get update -qq && $_sudo apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
+if ! command -v java >/dev/null || ! command -v mvn >/dev/null; then
+  echo "Installing Debian's Java 17 and Maven (Flink and Spark tests)..."
+  _sudo=""; [ "$(id -u)" -ne 0 ] && _sudo="sudo"
+  $_sudo apt-get update -qq && $_sudo apt-get install -y -qq openjdk-17-jdk-headless maven >/dev/null
+fi
 source scripts/bootstrap.sh dev
+# Flink, Spark and Beam's job servers for them, pinned, outside .venv (once; then a second).
+bash scripts/engines/install.sh
 ruff check .
 ruff format --check .
 mypy  # the packages, as [tool.mypy] in pyproject.toml lists them

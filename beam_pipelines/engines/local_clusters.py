@@ -258,7 +258,7 @@ def _flink_config(work_dir: Path, *, rpc_port: int, rest_port: int, slots: int) 
 
 def _flink_ready(rest_port: int, slots_total: int) -> bool:
     overview = _http_json(f"http://{HOST}:{rest_port}/overview")
-    return bool(overview) and overview.get("slots-total", 0) >= slots_total
+    return overview is not None and overview.get("slots-total", 0) >= slots_total
 
 
 def start_flink_taskmanager(cluster: FlinkCluster) -> int:
