@@ -39,7 +39,11 @@ _IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build",
 
 
 def _packages() -> list[str]:
-    return tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    packages = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "packages"
+    ]
+    # Subpackages are listed for setuptools; their files are under their top-level package.
+    return sorted({package.split(".")[0] for package in packages})
 
 
 def _dependencies() -> list[str]:
