@@ -381,6 +381,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger(_WORKER_LOGGER).addFilter(_drop_worker_startup_noise)
     logging.getLogger("beam_pipelines.progress").setLevel(logging.INFO)
+    logging.getLogger("beam_pipelines.engines").setLevel(logging.INFO)  # engine job id and UI
     with catch_interrupts() as caught:
         try:
             return _run_and_report(argv, args.json, caught)

@@ -144,7 +144,8 @@ class NoisyMeasurement(RuntimeError):
 
 
 def cpu_seconds(pids: Sequence[int] = ()) -> float:
-    """CPU time (user + system) of this process, its reaped children and the given processes.
+    """CPU time (user + system) of this process, its reaped children and the given processes
+    (with the children they reaped).
 
     On a shared machine wall time depends on everyone else's load; CPU time per image does
     not, so it is what the per-element overhead is computed from.
@@ -155,7 +156,8 @@ def cpu_seconds(pids: Sequence[int] = ()) -> float:
     for pid in pids:
         stat = Path(f"/proc/{pid}/stat").read_text()
         fields = stat[stat.rindex(")") + 2 :].split()
-        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+        # utime, stime, and cutime, cstime: children the process reaped (Spark executors)
+        total += sum(int(f) for f in fields[11:15]) / tick
     return total
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole suite (what CI runs, via .ci/run): installs the pinned dev set into .venv (and
-# Debian's chromium for the HTML report test), lints, type-checks and runs every test.
+# Debian's chromium for the HTML report test, Java 17, Maven, Flink and Spark for the engine
+# tests), lints, type-checks and runs every test.
 #
 #   bash scripts/test.sh            the whole suite
 #   bash scripts/test.sh --fast     the inner loop: ruff, then every test not marked slow
@@ -18,7 +19,14 @@ if [ "$fast" = 0 ] && { ! command -v chromium >/dev/null || ! command -v chromed
   _sudo=""; [ "$(id -u)" -ne 0 ] && _sudo="sudo"
   $_sudo apt-get update -qq && $_sudo apt-get install -y -qq chromium chromium-driver >/dev/null
 fi
+if [ "$fast" = 0 ] && { ! command -v java >/dev/null || ! command -v mvn >/dev/null; }; then
+  echo "Installing Debian's Java 17 and Maven (Flink and Spark tests)..."
+  _sudo=""; [ "$(id -u)" -ne 0 ] && _sudo="sudo"
+  $_sudo apt-get update -qq && $_sudo apt-get install -y -qq openjdk-17-jdk-headless maven >/dev/null
+fi
 source scripts/bootstrap.sh dev
+# Flink, Spark and Beam's job servers for them, pinned, outside .venv (once; then a second).
+[ "$fast" = 1 ] || bash scripts/engines/install.sh
 ruff check .
 ruff format --check .
 markers=()

@@ -12,9 +12,9 @@ import pytest
 import tensorflow as tf
 
 from dataset_tools.verify import VerifyReport, verify_dataset
+from dataset_tools.verify.__main__ import main
 from schemas import MANIFEST_NAME, ImageRecord, serialize_record
 from tests.fixtures.shards import WrittenDataset, copy_dataset
-from dataset_tools.verify.__main__ import main
 
 
 def _only_failure(report: VerifyReport, shard_file: str) -> list[str]:

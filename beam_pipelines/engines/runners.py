@@ -14,7 +14,9 @@ from apache_beam.runners.runner import PipelineResult, PipelineRunner
 
 __all__ = [
     "DASK_RUNNER",
+    "FLINK_RUNNER",
     "RUNNER_ALIASES",
+    "SPARK_RUNNER",
     "InProcessRunner",
     "in_process_runner",
     "private_temp_dir",
@@ -25,9 +27,17 @@ __all__ = [
 # beam_pipelines.engines.dask_runner), so both its short name and its full class path select the
 # corrected subclass.
 DASK_RUNNER = "beam_pipelines.engines.dask_runner.DaskRunner"
+# Beam's Flink and Spark runners, with the installed job servers and SDK workers in processes
+# (see beam_pipelines.engines).
+FLINK_RUNNER = "beam_pipelines.engines.flink.FlinkRunner"
+SPARK_RUNNER = "beam_pipelines.engines.spark.SparkRunner"
 RUNNER_ALIASES = {
     "DaskRunner": DASK_RUNNER,
     "apache_beam.runners.dask.dask_runner.DaskRunner": DASK_RUNNER,
+    "FlinkRunner": FLINK_RUNNER,
+    "apache_beam.runners.portability.flink_runner.FlinkRunner": FLINK_RUNNER,
+    "SparkRunner": SPARK_RUNNER,
+    "apache_beam.runners.portability.spark_runner.SparkRunner": SPARK_RUNNER,
 }
 
 # The names under which --runner selects Beam's DirectRunner (its default runner).

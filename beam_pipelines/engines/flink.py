@@ -1,0 +1,101 @@
+"""The pipeline on Apache Flink: a session cluster (``--flink_master HOST:PORT``) or ``[local]``.
+
+``--runner FlinkRunner`` selects ``FlinkRunner`` below (``beam_pipelines.engines.runners``): Beam's own
+runner, with what this project needs around it. It runs the job server that
+``scripts/engines/install.sh`` installed (never one downloaded while the job runs), with the
+Java 17 module openings; runs the Python SDK workers as one process per slot
+(``--parallelism``, default 2); refuses an unreachable ``--flink_master`` before submitting,
+naming it; logs the Flink job id and its web UI page; and stops the job server when the job ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from apache_beam.options.pipeline_options import FlinkRunnerOptions, PipelineOptions
+from apache_beam.pipeline import Pipeline
+from apache_beam.runners.portability import flink_runner
+from apache_beam.runners.runner import PipelineResult
+
+from beam_pipelines.engines import portable, versions
+
+__all__ = ["DEFAULT_PARALLELISM", "FLINK_RUNNER", "FlinkRunner", "prepare_flink_options"]
+
+_log = logging.getLogger(__name__)
+
+FLINK_RUNNER = "beam_pipelines.engines.flink.FlinkRunner"
+DEFAULT_PARALLELISM = 2
+_LOCAL = ("[local]", "[auto]")
+_START_COMMAND = "python scripts/engines/cluster.py start flink DIR"
+
+
+def _rest_url(master: str) -> str:
+    master = master.strip().rstrip("/")
+    return master if re.match(r"^https?://", master) else f"http://{master}"
+
+
+def prepare_flink_options(options: PipelineOptions) -> None:
+    """Fills in and checks the Flink options of a run, in place.
+
+    Raises:
+      ValueError: the job-server jar is missing (names ``--flink_job_server_jar`` and the
+        install command), ``--parallelism`` is below 1, or ``--flink_master`` does not answer.
+    """
+    flink = options.view_as(FlinkRunnerOptions)
+    flink.flink_job_server_jar = portable.check_job_server_jar(
+        flink.flink_job_server_jar, versions.flink_job_server_jar(), "--flink_job_server_jar"
+    )
+    if flink.flink_job_server_jar == str(versions.flink_job_server_jar()):
+        flink.flink_version = versions.FLINK_MINOR
+    if flink.parallelism in (None, -1):
+        flink.parallelism = DEFAULT_PARALLELISM
+    if flink.parallelism < 1:
+        raise ValueError(f"--parallelism {flink.parallelism} must be >= 1")
+    if flink.flink_master.strip() not in _LOCAL:
+        rest = _rest_url(flink.flink_master)
+        portable.check_reachable(
+            f"{rest}/config", "--flink_master", flink.flink_master, _START_COMMAND
+        )
+    portable.add_job_server_opens(options)
+    portable.use_worker_processes(options, flink.parallelism)
+
+
+class FlinkRunner(flink_runner.FlinkRunner):
+    """Beam's FlinkRunner with the installed job server and SDK workers in processes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._job_server = None
+
+    def default_job_server(self, options):
+        self._job_server = super().default_job_server(options)
+        return self._job_server
+
+    def run_pipeline(self, pipeline: Pipeline, options: PipelineOptions) -> PipelineResult:
+        prepare_flink_options(options)
+        master = options.view_as(FlinkRunnerOptions).flink_master.strip()
+        result = super().run_pipeline(pipeline, options)
+        if self._job_server is not None:
+            portable.stop_job_server_after(result, self._job_server)
+        beam_job_id = getattr(result, "_job_id", "")
+        if master in _LOCAL:
+            _log.info("Flink job of Beam job %s runs in an embedded Flink", beam_job_id)
+        else:
+            rest = _rest_url(master)
+            portable.watch_for_engine_job(
+                lambda: _find_flink_job(rest, beam_job_id), "Flink", beam_job_id
+            )
+        return result
+
+
+def _find_flink_job(rest: str, beam_job_id: str) -> tuple[str, str] | None:
+    overview = portable.http_json(f"{rest}/jobs/overview")
+    if not isinstance(overview, dict):
+        return None
+    # The job server names the Flink job after the Beam job (the part before its "_<uuid>").
+    name = beam_job_id.split("_")[0]
+    for job in sorted(overview.get("jobs", []), key=lambda j: -j.get("start-time", 0)):
+        if job.get("name", "").startswith(name):
+            return job["jid"], f"{rest}/#/job/{job['jid']}/overview"
+    return None

@@ -1,0 +1,522 @@
+"""Start and stop a Flink session cluster and a Spark standalone cluster on 127.0.0.1.
+
+Both use what ``scripts/engines/install.sh`` installed (see ``beam_pipelines.engines.versions``)
+and ports the kernel just handed out, so that two clusters (or a cluster and a Spark worker UI on
+Flink's default 8081) never collide. Every process runs in its own session, logs to the
+cluster's work directory, and is found again through a ``cluster.json`` written there, so
+``scripts/engines/cluster.py stop DIR`` stops a cluster that another process started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from beam_pipelines.engines import versions
+
+__all__ = [
+    "FlinkCluster",
+    "SparkCluster",
+    "free_port",
+    "is_running",
+    "read_cluster",
+    "start_flink_taskmanager",
+    "start_spark_worker",
+    "local_flink_cluster",
+    "local_spark_cluster",
+    "start_flink",
+    "start_spark",
+    "stop_cluster",
+]
+
+HOST = "127.0.0.1"
+_STATE = "cluster.json"
+# The JVM module openings Flink's own config.yaml ships (Java 17), and those Beam's Spark job
+# server adds for Spark.
+_JAVA17_OPENS = " ".join(
+    f"--add-opens=java.base/{package}=ALL-UNNAMED"
+    for package in (
+        "java.lang",
+        "java.lang.invoke",
+        "java.lang.reflect",
+        "java.io",
+        "java.net",
+        "java.nio",
+        "java.text",
+        "java.time",
+        "java.util",
+        "java.util.concurrent",
+        "java.util.concurrent.atomic",
+        "sun.nio.ch",
+        "sun.nio.cs",
+        "sun.security.action",
+        "sun.util.calendar",
+    )
+)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class FlinkCluster:
+    """A running Flink session cluster: one JobManager and ``len(taskmanager_pids)`` TaskManagers.
+
+    Attributes:
+      rest_port: the JobManager's REST port (also its web UI): ``--flink_master 127.0.0.1:PORT``.
+      work_dir: configuration, logs and process ids.
+      jobmanager_pid: the JobManager's JVM.
+      taskmanager_pids: the TaskManagers' JVMs.
+      slots: task slots per TaskManager.
+    """
+
+    rest_port: int
+    work_dir: Path
+    jobmanager_pid: int
+    taskmanager_pids: tuple[int, ...]
+    slots: int
+    kind: str = field(default="flink")
+
+    @property
+    def master(self) -> str:
+        """The value for ``--flink_master``."""
+        return f"{HOST}:{self.rest_port}"
+
+    @property
+    def web_ui(self) -> str:
+        """The Flink web UI (the REST endpoint serves it)."""
+        return f"http://{HOST}:{self.rest_port}"
+
+    def runner_args(self, parallelism: int | None = None) -> list[str]:
+        """Pipeline options that send a pipeline to this cluster, one task per slot."""
+        slots = parallelism or self.slots * len(self.taskmanager_pids)
+        return [
+            "--runner",
+            "FlinkRunner",
+            "--flink_master",
+            self.master,
+            "--parallelism",
+            str(slots),
+        ]
+
+    def logs(self, tail: int = 3000) -> str:
+        """The tail of every log of the cluster, for failure messages."""
+        return _log_tails(self.work_dir, tail)
+
+
+@dataclass(frozen=True)
+class SparkCluster:
+    """A running Spark standalone master and one worker.
+
+    Attributes:
+      master_port: the master's RPC port: ``--spark_master_url spark://127.0.0.1:PORT``.
+      master_ui_port: the master's web UI.
+      work_dir: logs, worker scratch space and process ids.
+      master_pid: the master's JVM.
+      worker_pids: the workers' JVMs.
+      cores: cores each worker offers.
+    """
+
+    master_port: int
+    master_ui_port: int
+    work_dir: Path
+    master_pid: int
+    worker_pids: tuple[int, ...]
+    cores: int
+    kind: str = field(default="spark")
+
+    @property
+    def master_url(self) -> str:
+        """The value for ``--spark_master_url``."""
+        return f"spark://{HOST}:{self.master_port}"
+
+    @property
+    def web_ui(self) -> str:
+        """The master's web UI."""
+        return f"http://{HOST}:{self.master_ui_port}"
+
+    def runner_args(self) -> list[str]:
+        """Pipeline options that send a pipeline to this cluster."""
+        return ["--runner", "SparkRunner", "--spark_master_url", self.master_url]
+
+    def logs(self, tail: int = 3000) -> str:
+        """The tail of every log of the cluster, for failure messages."""
+        return _log_tails(self.work_dir, tail)
+
+
+def _log_tails(work_dir: Path, tail: int) -> str:
+    logs = sorted(work_dir.glob("**/*.log")) + sorted(work_dir.glob("**/*.out"))
+    return "\n".join(f"== {p}\n{p.read_text(errors='replace')[-tail:]}" for p in logs)
+
+
+def _require(path: Path, what: str) -> None:
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{what} is not installed ({path} is missing); run {versions.INSTALL_COMMAND}"
+        )
+
+
+def _java_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    if "JAVA_HOME" not in env:
+        java = Path(subprocess.check_output(["readlink", "-f", "/usr/bin/java"], text=True).strip())
+        env["JAVA_HOME"] = str(java.parent.parent)
+    return env
+
+
+def _spawn(cmd: list[str], log: Path, env: dict[str, str], cwd: Path) -> int:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd, start_new_session=True
+        )
+    return proc.pid
+
+
+def is_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (a zombie has)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A child that exited but was not reaped yet is a zombie: not alive either.
+    with contextlib.suppress(OSError):
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    return True
+
+
+def _http_json(url: str) -> dict | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return json.load(response)
+    except (OSError, ValueError):
+        return None
+
+
+def _wait(ready, pids: list[int], what: str, work_dir: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ready():
+        dead = [pid for pid in pids if not is_running(pid)]
+        if dead or time.monotonic() > deadline:
+            reason = f"process {dead} exited" if dead else f"not ready after {timeout_s:.0f} s"
+            raise RuntimeError(f"{what} did not come up: {reason}\n{_log_tails(work_dir, 3000)}")
+        time.sleep(0.25)
+
+
+def _flink_config(work_dir: Path, *, rpc_port: int, rest_port: int, slots: int) -> str:
+    settings = {
+        "jobmanager.rpc.address": HOST,
+        "jobmanager.rpc.port": rpc_port,
+        "jobmanager.bind-host": HOST,
+        "jobmanager.memory.process.size": "1024m",
+        "jobmanager.execution.failover-strategy": "region",
+        "taskmanager.bind-host": HOST,
+        "taskmanager.host": HOST,
+        "taskmanager.numberOfTaskSlots": slots,
+        "taskmanager.memory.process.size": "1600m",
+        # Beam's batch translation has many blocking exchanges, and Flink's sort shuffle asks
+        # 512 network buffers for each by default: more than a small TaskManager has.
+        "taskmanager.memory.network.min": "256m",
+        "taskmanager.memory.network.max": "256m",
+        "taskmanager.network.sort-shuffle.min-buffers": 64,
+        "rest.address": HOST,
+        "rest.bind-address": HOST,
+        "rest.port": rest_port,
+        "parallelism.default": slots,
+        "io.tmp.dirs": str(work_dir / "tmp"),
+        # A lost TaskManager is noticed in seconds, not the default 50 s, and the job restarts
+        # on the slots that are left or come back.
+        "heartbeat.interval": 2000,
+        "heartbeat.timeout": 8000,
+        "restart-strategy.type": "fixed-delay",
+        "restart-strategy.fixed-delay.attempts": 3,
+        "restart-strategy.fixed-delay.delay": "2 s",
+        "env.java.opts.all": _JAVA17_OPENS,
+        # Beam's runner comes from the cluster's own lib/ (see _flink_lib), so that its SDK
+        # worker processes are kept for the whole job instead of being started for every stage:
+        # Beam keeps them only when its classes are on Flink's parent classloader.
+        "classloader.resolve-order": "parent-first",
+    }
+    return "".join(f"{key}: {json.dumps(value)}\n" for key, value in settings.items())
+
+
+def _flink_ready(rest_port: int, slots_total: int) -> bool:
+    overview = _http_json(f"http://{HOST}:{rest_port}/overview")
+    return overview is not None and overview.get("slots-total", 0) >= slots_total
+
+
+def start_flink_taskmanager(cluster: FlinkCluster) -> int:
+    """Starts one more TaskManager for ``cluster`` (a replacement after a crash); its pid."""
+    home = versions.flink_home()
+    env = _flink_env(cluster.work_dir)
+    n = len(list((cluster.work_dir / "log").glob("taskmanager-*.log")))
+    cmd = ["bash", str(home / "bin" / "taskmanager.sh"), "start-foreground"]
+    pid = _spawn(cmd, cluster.work_dir / "log" / f"taskmanager-{n}.log", env, cluster.work_dir)
+    _record_pid(cluster.work_dir, "taskmanager_pids", pid)
+    return pid
+
+
+def _flink_env(work_dir: Path) -> dict[str, str]:
+    env = _java_env()
+    env.update(
+        FLINK_HOME=str(versions.flink_home()),
+        FLINK_CONF_DIR=str(work_dir / "conf"),
+        FLINK_LOG_DIR=str(work_dir / "log"),
+        FLINK_LIB_DIR=str(work_dir / "lib"),
+    )
+    return env
+
+
+def _flink_lib(work_dir: Path) -> None:
+    """Links Flink's lib/ and the Beam part of the job server's classpath into ``work_dir/lib``.
+
+    The job server's own Flink, Scala and logging jars stay out: the cluster has its own.
+    """
+    lib = work_dir / "lib"
+    lib.mkdir(parents=True, exist_ok=True)
+    job_server_lib = versions.flink_job_server_jar().parent / "lib"
+    _require(job_server_lib, f"The Flink {versions.FLINK_MINOR} job server")
+    own = ("flink-", "scala-", "slf4j-", "log4j-", "jcl-over-slf4j")
+    jars = list((versions.flink_home() / "lib").glob("*.jar"))
+    jars += [j for j in job_server_lib.glob("*.jar") if not j.name.startswith(own)]
+    for jar in jars:
+        link = lib / jar.name
+        if not link.exists():
+            link.symlink_to(jar)
+
+
+def start_flink(
+    work_dir: Path, *, slots: int = 2, taskmanagers: int = 1, timeout_s: float = 90.0
+) -> FlinkCluster:
+    """Starts a Flink session cluster on 127.0.0.1 and waits until every slot is registered.
+
+    Args:
+      work_dir: configuration, logs and process ids go here (created if missing).
+      slots: task slots per TaskManager.
+      taskmanagers: TaskManager processes.
+      timeout_s: how long to wait for the cluster.
+
+    Returns:
+      The running cluster; its ``cluster.json`` in ``work_dir`` lets ``stop_cluster`` find it.
+
+    Raises:
+      ValueError: ``slots`` or ``taskmanagers`` is below 1.
+      FileNotFoundError: Flink is not installed (names the install command).
+      RuntimeError: a process exited or the slots did not register in time (with the logs).
+    """
+    if slots < 1 or taskmanagers < 1:
+        raise ValueError(f"slots={slots} and taskmanagers={taskmanagers} must both be >= 1")
+    home = versions.flink_home()
+    _require(home / "bin" / "jobmanager.sh", f"Flink {versions.FLINK_VERSION}")
+    work_dir = work_dir.resolve()
+    for sub in ("conf", "log", "tmp"):
+        (work_dir / sub).mkdir(parents=True, exist_ok=True)
+    rest_port, rpc_port = free_port(), free_port()
+    (work_dir / "conf" / "config.yaml").write_text(
+        _flink_config(work_dir, rpc_port=rpc_port, rest_port=rest_port, slots=slots)
+    )
+    for name in ("log4j-console.properties", "log4j-cli.properties"):
+        (work_dir / "conf" / name).write_bytes((home / "conf" / name).read_bytes())
+    _flink_lib(work_dir)
+    env = _flink_env(work_dir)
+    jm = _spawn(
+        ["bash", str(home / "bin" / "jobmanager.sh"), "start-foreground"],
+        work_dir / "log" / "jobmanager.log",
+        env,
+        work_dir,
+    )
+    cluster = FlinkCluster(rest_port, work_dir, jm, (), slots)
+    _write_state(cluster)
+    tms = tuple(start_flink_taskmanager(cluster) for _ in range(taskmanagers))
+    cluster = FlinkCluster(rest_port, work_dir, jm, tms, slots)
+    _wait(
+        lambda: _flink_ready(rest_port, slots * taskmanagers),
+        [jm, *tms],
+        f"Flink at {cluster.web_ui}",
+        work_dir,
+        timeout_s,
+    )
+    return cluster
+
+
+def _spark_env(work_dir: Path) -> dict[str, str]:
+    env = _java_env()
+    env.update(
+        SPARK_HOME=str(versions.spark_home()),
+        SPARK_LOCAL_IP=HOST,
+        SPARK_LOG_DIR=str(work_dir / "log"),
+        SPARK_NO_DAEMONIZE="1",
+    )
+    return env
+
+
+def _spark_alive_workers(ui_port: int) -> int:
+    state = _http_json(f"http://{HOST}:{ui_port}/json/")
+    if not state:
+        return 0
+    return sum(1 for w in state.get("workers", []) if w.get("state") == "ALIVE")
+
+
+def start_spark_worker(cluster: SparkCluster) -> int:
+    """Starts one more worker for ``cluster`` (a replacement after a crash); its pid."""
+    home = versions.spark_home()
+    n = len(list((cluster.work_dir / "log").glob("worker-*.log")))
+    scratch = cluster.work_dir / f"worker-{n}"
+    scratch.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        str(home / "bin" / "spark-class"),
+        "org.apache.spark.deploy.worker.Worker",
+        cluster.master_url,
+        "--host",
+        HOST,
+        "--port",
+        str(free_port()),
+        "--webui-port",
+        str(free_port()),
+        "--cores",
+        str(cluster.cores),
+        "--memory",
+        "2g",
+        "--work-dir",
+        str(scratch),
+    ]
+    log = cluster.work_dir / "log" / f"worker-{n}.log"
+    pid = _spawn(cmd, log, _spark_env(cluster.work_dir), cluster.work_dir)
+    _record_pid(cluster.work_dir, "worker_pids", pid)
+    return pid
+
+
+def start_spark(work_dir: Path, *, cores: int = 2, timeout_s: float = 90.0) -> SparkCluster:
+    """Starts a Spark standalone master and one worker on 127.0.0.1, waits for the worker.
+
+    Args:
+      work_dir: logs, worker scratch space and process ids go here (created if missing).
+      cores: cores the worker offers (executors get one task per core).
+      timeout_s: how long to wait for the worker to register.
+
+    Returns:
+      The running cluster; its ``cluster.json`` in ``work_dir`` lets ``stop_cluster`` find it.
+
+    Raises:
+      ValueError: ``cores`` is below 1.
+      FileNotFoundError: Spark is not installed (names the install command).
+      RuntimeError: a process exited or the worker did not register in time (with the logs).
+    """
+    if cores < 1:
+        raise ValueError(f"cores={cores} must be >= 1")
+    home = versions.spark_home()
+    _require(home / "bin" / "spark-class", f"Spark {versions.SPARK_VERSION}")
+    work_dir = work_dir.resolve()
+    (work_dir / "log").mkdir(parents=True, exist_ok=True)
+    port, ui_port = free_port(), free_port()
+    master = _spawn(
+        [
+            str(home / "bin" / "spark-class"),
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--webui-port",
+            str(ui_port),
+        ],
+        work_dir / "log" / "master.log",
+        _spark_env(work_dir),
+        work_dir,
+    )
+    cluster = SparkCluster(port, ui_port, work_dir, master, (), cores)
+    _write_state(cluster)
+    worker = start_spark_worker(cluster)
+    cluster = SparkCluster(port, ui_port, work_dir, master, (worker,), cores)
+    _wait(
+        lambda: _spark_alive_workers(ui_port) >= 1,
+        [master, worker],
+        f"Spark at {cluster.master_url}",
+        work_dir,
+        timeout_s,
+    )
+    return cluster
+
+
+def _write_state(cluster: FlinkCluster | SparkCluster) -> None:
+    state = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(cluster).items()}
+    (cluster.work_dir / _STATE).write_text(json.dumps(state, indent=2) + "\n")
+
+
+def _record_pid(work_dir: Path, key: str, pid: int) -> None:
+    # Replacement processes join cluster.json, so that stop_cluster stops them too.
+    state = json.loads((work_dir / _STATE).read_text())
+    state[key] = [*state[key], pid]
+    (work_dir / _STATE).write_text(json.dumps(state, indent=2) + "\n")
+
+
+def read_cluster(work_dir: Path) -> FlinkCluster | SparkCluster:
+    """The cluster whose ``cluster.json`` is in ``work_dir``.
+
+    Raises:
+      FileNotFoundError: no cluster was started there.
+    """
+    state = json.loads((work_dir / _STATE).read_text())
+    kind = state.pop("kind")
+    state["work_dir"] = Path(state["work_dir"])
+    pids_key = "taskmanager_pids" if kind == "flink" else "worker_pids"
+    state[pids_key] = tuple(state[pids_key])
+    return FlinkCluster(**state) if kind == "flink" else SparkCluster(**state)
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def stop_cluster(cluster: FlinkCluster | SparkCluster, *, extra_pids: tuple[int, ...] = ()) -> None:
+    """Stops every process of ``cluster`` (and ``extra_pids``): SIGTERM, then SIGKILL after 10 s."""
+    if isinstance(cluster, FlinkCluster):
+        pids = [*cluster.taskmanager_pids, cluster.jobmanager_pid]
+    else:
+        pids = [*cluster.worker_pids, cluster.master_pid]
+    pids = [*extra_pids, *pids]
+    for pid in pids:
+        _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while any(is_running(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in pids:
+        if is_running(pid):
+            _signal_group(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def local_flink_cluster(work_dir: Path, *, slots: int = 2) -> Iterator[FlinkCluster]:
+    """``start_flink`` for the block; stops the cluster (replacement TaskManagers too) after."""
+    cluster = start_flink(work_dir, slots=slots)
+    try:
+        yield cluster
+    finally:
+        stop_cluster(read_cluster(cluster.work_dir))
+
+
+@contextlib.contextmanager
+def local_spark_cluster(work_dir: Path, *, cores: int = 2) -> Iterator[SparkCluster]:
+    """``start_spark`` for the block; stops the cluster (replacement workers too) after."""
+    cluster = start_spark(work_dir, cores=cores)
+    try:
+        yield cluster
+    finally:
+        stop_cluster(read_cluster(cluster.work_dir))

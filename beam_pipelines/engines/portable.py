@@ -1,0 +1,174 @@
+"""What the Flink and Spark runners share: job-server checks, SDK worker processes, job links.
+
+Beam's Python ``FlinkRunner`` and ``SparkRunner`` start a Java job server, hand it the pipeline
+and run the Python SDK harness beside the engine. Left to their defaults here they would
+download a job-server jar while the job runs, run every SDK worker as a thread of the launcher
+(one core, apache/beam#20402), and leave the job server running until the launcher exits. The
+runners of ``beam_pipelines.engines.flink`` and ``.spark`` fix those through the helpers below.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from apache_beam.options.pipeline_options import (
+    DebugOptions,
+    JobServerOptions,
+    PipelineOptions,
+    PortableOptions,
+)
+
+from beam_pipelines.engines import versions
+
+__all__ = [
+    "ENVIRONMENT_CACHE_MILLIS",
+    "JAVA17_JOB_SERVER_OPENS",
+    "LOOPBACK_PROCESS_WORKERS",
+    "add_job_server_opens",
+    "check_job_server_jar",
+    "check_reachable",
+    "http_json",
+    "stop_job_server_after",
+    "use_worker_processes",
+    "watch_for_engine_job",
+]
+
+_log = logging.getLogger(__name__)
+
+# The JVM module openings Beam's own Java 17 tests give the Flink and Spark job servers.
+JAVA17_JOB_SERVER_OPENS = (
+    "--add-opens=java.base/java.lang=ALL-UNNAMED",
+    "--add-opens=java.base/java.lang.invoke=ALL-UNNAMED",
+    "--add-opens=java.base/java.nio=ALL-UNNAMED",
+    "--add-opens=java.base/java.util=ALL-UNNAMED",
+    "--add-opens=java.base/sun.nio.ch=ALL-UNNAMED",
+)
+LOOPBACK_PROCESS_WORKERS = "use_loopback_process_worker"
+ENVIRONMENT_CACHE_MILLIS = 600_000
+
+
+def http_json(url: str, timeout_s: float = 3.0) -> object | None:
+    """GETs ``url`` and parses its JSON body; None when unreachable or not JSON."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return json.load(response)
+    except (OSError, ValueError):
+        return None
+
+
+def check_job_server_jar(given: str | None, installed: Path, flag: str) -> str:
+    """The job-server jar to run: ``given`` (``flag``'s value), else the one installed here.
+
+    Raises:
+      ValueError: the jar does not exist; the message names ``flag`` and the install command.
+    """
+    if given:
+        if not os.path.exists(given):
+            raise ValueError(f"{flag} {given!r} does not exist; pass a job-server jar that does")
+        return given
+    if not installed.exists():
+        raise ValueError(
+            f"the job server is not installed ({installed} is missing): run "
+            f"{versions.INSTALL_COMMAND}, or pass {flag} PATH. Nothing is downloaded while a "
+            "job runs."
+        )
+    return str(installed)
+
+
+def check_reachable(url: str, flag: str, value: str, start_command: str) -> None:
+    """Raises ValueError naming ``flag`` when nothing answers at ``url`` within 3 s."""
+    if http_json(url) is None:
+        raise ValueError(
+            f"{flag} {value} is not reachable (nothing answered at {url}); start a cluster "
+            f"with {start_command}, or pass the address of a running one"
+        )
+
+
+def add_job_server_opens(options: PipelineOptions) -> None:
+    """Adds the Java 17 ``--add-opens`` the job server needs to ``--job_server_jvm_properties``."""
+    job_server = options.view_as(JobServerOptions)
+    properties = list(job_server.job_server_jvm_properties or [])
+    job_server.job_server_jvm_properties = properties + [
+        opens for opens in JAVA17_JOB_SERVER_OPENS if opens not in properties
+    ]
+
+
+def use_worker_processes(options: PipelineOptions, parallelism: int) -> None:
+    """Runs the Python SDK workers as ``parallelism`` processes of this host, not threads.
+
+    With no ``--environment_type`` given this chooses LOOPBACK with
+    ``--experiments=use_loopback_process_worker`` and ``--sdk_worker_parallelism`` (unless
+    given) ``parallelism``, so that every slot or core has a Python process of its own, kept
+    for the whole job (``--environment_cache_millis``) rather than started anew per stage. Those
+    processes are started as ``python`` from ``PATH``; this interpreter's directory goes first
+    on ``PATH`` so that they run in the same environment.
+    """
+    portable = options.view_as(PortableOptions)
+    if portable.environment_type:
+        return
+    portable.environment_type = "LOOPBACK"
+    debug = options.view_as(DebugOptions)
+    if LOOPBACK_PROCESS_WORKERS not in (debug.experiments or []):
+        debug.add_experiment(LOOPBACK_PROCESS_WORKERS)
+    if portable.sdk_worker_parallelism in (None, 0, 1):
+        portable.sdk_worker_parallelism = max(1, parallelism)
+    if not portable.environment_cache_millis:
+        # Without a cache every stage of the job starts (and imports Beam in) new SDK worker
+        # processes: about 6 s a stage, dozens of stages.
+        portable.environment_cache_millis = ENVIRONMENT_CACHE_MILLIS
+    here = os.path.dirname(sys.executable)
+    found = shutil.which("python")
+    if found is None or os.path.dirname(os.path.realpath(found)) != os.path.realpath(here):
+        os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+
+
+def stop_job_server_after(result, job_server) -> None:
+    """Stops ``job_server`` as soon as the job ends, after reading the job's metrics.
+
+    Beam would stop it only when the launcher exits, after the run's private temporary
+    directory is gone; and the metrics are read from it, so they are read first.
+    """
+
+    def finish() -> None:
+        try:
+            result.metrics()
+        except Exception as e:  # the job server may already be gone; metrics are then empty
+            _log.warning("could not read the job's metrics: %s", e)
+        job_server.stop()
+
+    # PipelineResult runs these callbacks once, when the job reaches a terminal state.
+    result._cleanup_callbacks = (*result._cleanup_callbacks, finish)
+
+
+def watch_for_engine_job(
+    find: Callable[[], tuple[str, str] | None], engine: str, beam_job_id: str
+) -> None:
+    """Logs the engine's own job id and web UI address once ``find`` sees the job (≤ 60 s).
+
+    Args:
+      find: returns ``(engine job id, web UI address)`` once the engine lists the job.
+      engine: ``Flink`` or ``Spark``, for the message.
+      beam_job_id: the job server's id of the job.
+    """
+
+    def poll() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            found = find()
+            if found:
+                job_id, ui = found
+                _log.info("%s job %s (Beam job %s): %s", engine, job_id, beam_job_id, ui)
+                return
+            time.sleep(0.5)
+        _log.info("%s job of Beam job %s: not listed by the engine after 60 s", engine, beam_job_id)
+
+    threading.Thread(target=poll, name=f"{engine.lower()}-job-link", daemon=True).start()

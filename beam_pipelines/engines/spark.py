@@ -1,0 +1,147 @@
+"""The pipeline on Apache Spark: a standalone master (``--spark_master_url spark://HOST:PORT``).
+
+``--runner SparkRunner`` selects ``SparkRunner`` below (``beam_pipelines.engines.runners``): Beam's own
+runner, with what this project needs around it. It runs the job server that
+``scripts/engines/install.sh`` installed (never one downloaded while the job runs; it is the
+Spark driver), gives the executors the same Beam classes from the same install, runs the Python
+SDK workers as one process per core, refuses an unreachable master before submitting, naming
+it, logs the Spark application id and the master's web UI, and stops the job server when the job
+ends (a new one per run: Beam would otherwise keep one per process, stopped or not).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+
+from apache_beam.options.pipeline_options import (
+    JobServerOptions,
+    PipelineOptions,
+    SparkRunnerOptions,
+)
+from apache_beam.pipeline import Pipeline
+from apache_beam.runners.portability import job_server, spark_runner
+from apache_beam.runners.runner import PipelineResult
+
+from beam_pipelines.engines import portable, versions
+
+__all__ = ["DEFAULT_CORES", "SPARK_RUNNER", "SparkRunner", "prepare_spark_options"]
+
+_log = logging.getLogger(__name__)
+
+SPARK_RUNNER = "beam_pipelines.engines.spark.SparkRunner"
+DEFAULT_CORES = 2
+_MASTER = re.compile(r"^spark://(?P<host>[^:/\s]+):(?P<port>\d+)$")
+_START_COMMAND = "python scripts/engines/cluster.py start spark DIR"
+
+
+def _local_cores(master: str) -> int | None:
+    match = re.match(spark_runner.LOCAL_MASTER_PATTERN, master)
+    if not match:
+        return None
+    inside = master[len("local[") : -1] if "[" in master else "1"
+    return int(inside) if inside.isdigit() else DEFAULT_CORES
+
+
+def _check_master(master: str) -> None:
+    match = _MASTER.match(master)
+    if match is None:
+        raise ValueError(
+            f"--spark_master_url {master!r} is not a Spark master; expected spark://HOST:PORT "
+            "or local[N]"
+        )
+    try:
+        with socket.create_connection((match["host"], int(match["port"])), timeout=3):
+            pass
+    except OSError as e:
+        raise ValueError(
+            f"--spark_master_url {master} is not reachable ({e}); start a cluster with "
+            f"{_START_COMMAND}, or pass the address of a running one"
+        ) from e
+
+
+def prepare_spark_options(options: PipelineOptions) -> str | None:
+    """Fills in and checks the Spark options of a run, in place.
+
+    Returns:
+      The web UI of the application (the job server is its driver), or None when
+      ``--job_server_jvm_properties`` already chose its port.
+
+    Raises:
+      ValueError: the job-server jar is missing (names ``--spark_job_server_jar`` and the
+        install command), or ``--spark_master_url`` is malformed or does not answer.
+    """
+    spark = options.view_as(SparkRunnerOptions)
+    installed = versions.spark_job_server_jar()
+    spark.spark_job_server_jar = portable.check_job_server_jar(
+        spark.spark_job_server_jar, installed, "--spark_job_server_jar"
+    )
+    master = spark.spark_master_url.strip()
+    cores = _local_cores(master)
+    if cores is None:
+        _check_master(master)
+    portable.add_job_server_opens(options)
+    if spark.spark_job_server_jar == str(installed):
+        # The job server's jar names its classpath in its manifest, which executors never see:
+        # they load the same jars from the same install (on this host, or the same path on
+        # every worker of a remote cluster).
+        extra = f"-Dspark.executor.extraClassPath={installed.parent / 'lib'}/*"
+        _add_jvm_property(options, extra)
+    ui = None
+    if not any(p.startswith("-Dspark.ui.port=") for p in _jvm_properties(options)):
+        port = _free_port()
+        _add_jvm_property(options, f"-Dspark.ui.port={port}")
+        ui = f"http://127.0.0.1:{port}"
+    portable.use_worker_processes(options, cores or DEFAULT_CORES)
+    return ui
+
+
+def _jvm_properties(options: PipelineOptions) -> list[str]:
+    return list(options.view_as(JobServerOptions).job_server_jvm_properties or [])
+
+
+def _add_jvm_property(options: PipelineOptions, prop: str) -> None:
+    name = prop.split("=", 1)[0] + "="
+    properties = _jvm_properties(options)
+    if not any(p.startswith(name) for p in properties):
+        options.view_as(JobServerOptions).job_server_jvm_properties = [*properties, prop]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class SparkRunner(spark_runner.SparkRunner):
+    """Beam's SparkRunner with the installed job server and SDK workers in processes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._job_server = None
+
+    def default_job_server(self, options):
+        spark = options.view_as(SparkRunnerOptions)
+        if spark.spark_submit_uber_jar:
+            return super().default_job_server(options)
+        self._job_server = job_server.StopOnExitJobServer(spark_runner.SparkJarJobServer(options))
+        return self._job_server
+
+    def run_pipeline(self, pipeline: Pipeline, options: PipelineOptions) -> PipelineResult:
+        ui = prepare_spark_options(options)
+        result = super().run_pipeline(pipeline, options)
+        if self._job_server is not None:
+            portable.stop_job_server_after(result, self._job_server)
+        beam_job_id = getattr(result, "_job_id", "")
+        if ui is not None:
+            portable.watch_for_engine_job(lambda: _find_spark_app(ui), "Spark", beam_job_id)
+        return result
+
+
+def _find_spark_app(ui: str) -> tuple[str, str] | None:
+    # The job server is the application's driver: its UI lists the one application it runs.
+    apps = portable.http_json(f"{ui}/api/v1/applications")
+    if not isinstance(apps, list) or not apps:
+        return None
+    return apps[0]["id"], f"{ui}/jobs/"

@@ -1,0 +1,205 @@
+"""The pipeline on real Flink and Spark clusters started here, against the in-process runner.
+
+The clusters come from ``tests/fixtures/{flink,spark}_cluster.py`` (one of each per session) and
+the job servers from ``scripts/engines/install.sh``. To keep CI short, one build per engine
+covers ``--validation_fraction`` with ``--stratify_validation`` and ``--base``, with its
+TaskManager (Flink) or worker (Spark) killed half-way: every file must still be byte-identical
+to the in-process runner's. The option checks at the top need no cluster and no Java.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from beam_pipelines.engines import flink, spark
+from beam_pipelines.engines.local_clusters import (
+    FlinkCluster,
+    SparkCluster,
+    free_port,
+    is_running,
+    read_cluster,
+    start_flink_taskmanager,
+    start_spark_worker,
+)
+from beam_pipelines.engines.runners import FLINK_RUNNER, SPARK_RUNNER, resolve_runner_aliases
+from beam_pipelines.images_to_tfrecord import JobFailedError, run
+from tests.fixtures.images import make_image_tree
+from tests.test_engines import _PIPELINE_FLAGS, _dataset_files, engine_input  # noqa: F401
+
+_FLAGS = [*_PIPELINE_FLAGS, "--stratify_validation"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Runner names and option checks (no cluster, no Java)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("FlinkRunner", FLINK_RUNNER),
+        ("apache_beam.runners.portability.flink_runner.FlinkRunner", FLINK_RUNNER),
+        ("SparkRunner", SPARK_RUNNER),
+        ("apache_beam.runners.portability.spark_runner.SparkRunner", SPARK_RUNNER),
+    ],
+)
+def test_flink_and_spark_names_select_the_project_runners(name, expected):
+    assert resolve_runner_aliases(["--runner", name]) == ["--runner", expected]
+
+
+def test_a_missing_job_server_names_the_install_command_and_the_flag(tmp_path, monkeypatch):
+    monkeypatch.setenv("TFRECORD_ENGINES_HOME", str(tmp_path))
+    with pytest.raises(ValueError, match=r"scripts/engines/install.sh.*--flink_job_server_jar"):
+        flink.prepare_flink_options(PipelineOptions(["--flink_master", "[local]"]))
+    with pytest.raises(ValueError, match=r"scripts/engines/install.sh.*--spark_job_server_jar"):
+        spark.prepare_spark_options(PipelineOptions(["--spark_master_url", "local[2]"]))
+    missing = str(tmp_path / "nope.jar")
+    with pytest.raises(ValueError, match=f"--flink_job_server_jar '{missing}' does not exist"):
+        flink.prepare_flink_options(PipelineOptions(["--flink_job_server_jar", missing]))
+
+
+def _fake_jar(tmp_path: Path) -> str:
+    jar = tmp_path / "job-server.jar"
+    jar.write_bytes(b"")
+    return str(jar)
+
+
+def test_an_unreachable_cluster_is_named_with_the_command_that_starts_one(tmp_path):
+    address = f"127.0.0.1:{free_port()}"
+    jar = _fake_jar(tmp_path)
+    options = PipelineOptions(["--flink_master", address, "--flink_job_server_jar", jar])
+    with pytest.raises(ValueError, match=f"--flink_master {address} is not reachable.*cluster.py"):
+        flink.prepare_flink_options(options)
+    options = PipelineOptions(
+        ["--spark_master_url", f"spark://{address}", "--spark_job_server_jar", jar]
+    )
+    with pytest.raises(ValueError, match=f"spark://{address} is not reachable.*cluster.py"):
+        spark.prepare_spark_options(options)
+    options = PipelineOptions(["--spark_master_url", "yarn", "--spark_job_server_jar", jar])
+    with pytest.raises(ValueError, match="'yarn' is not a Spark master"):
+        spark.prepare_spark_options(options)
+
+
+def test_sdk_workers_run_as_one_process_per_slot_kept_for_the_job(tmp_path):
+    options = PipelineOptions(
+        ["--flink_master", "[local]", "--flink_job_server_jar", _fake_jar(tmp_path)]
+    )
+    flink.prepare_flink_options(options)
+    everything = options.get_all_options()
+    assert everything["parallelism"] == 2
+    assert everything["environment_type"] == "LOOPBACK"
+    assert "use_loopback_process_worker" in everything["experiments"]
+    assert everything["sdk_worker_parallelism"] == 2
+    assert everything["environment_cache_millis"] > 0
+    assert "--add-opens=java.base/java.nio=ALL-UNNAMED" in everything["job_server_jvm_properties"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The pipeline on the clusters
+
+
+@pytest.fixture(scope="module")
+def jvm_references(engine_input, tmp_path_factory):  # noqa: F811  (the imported fixture)
+    """In-process builds: a published base, and a grown input built on that base."""
+    root = tmp_path_factory.mktemp("jvm-engines")
+    base = root / "base"
+    assert run(["--input", str(engine_input), "--output", str(base), *_FLAGS]).published
+    grown = root / "grown"
+    shutil.copytree(engine_input, grown)
+    make_image_tree(grown, {"cat": 2, "owl": 3}, seed=5, extension=".new.jpg")
+    on_base = root / "on-base"
+    summary = run(["--input", str(grown), "--output", str(on_base), "--base", str(base), *_FLAGS])
+    assert summary.published and summary.metrics["images_reused"] >= 18  # the base's images
+    return {"base": base, "grown": grown, "on_base": on_base, "summary": summary}
+
+
+def _assert_identical(output: Path, reference: Path, engine: str) -> None:
+    files, expected = _dataset_files(output), _dataset_files(reference)
+    assert sorted(files) == sorted(expected)
+    for name, data in expected.items():
+        assert files[name] == data, f"{engine}: {name} differs from the in-process run"
+
+
+class _KillOnStaging:
+    """Kills a cluster process once the build has staged its first prepared records.
+
+    Staged record files appear while images are prepared, well before any shard is written, so
+    the kill lands half-way through the build. A replacement process is started after it, as
+    a supervisor would, so that the engine can run the job again.
+    """
+
+    def __init__(self, output: Path, victim: int, replace) -> None:
+        self.killed_at: float | None = None
+        self.replacement: int | None = None
+        self._output, self._victim, self._replace = output, victim, replace
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> _KillOnStaging:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._thread.join(timeout=120)
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + 240
+        records = self._output / ".staging" / "records"
+        while time.monotonic() < deadline:
+            if records.is_dir() and any(records.glob("*.tfrecord")):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._victim, signal.SIGKILL)
+                self.killed_at = time.monotonic()
+                time.sleep(2)
+                self.replacement = self._replace()
+                return
+            time.sleep(0.05)
+
+
+def _victim_and_replacement(cluster: FlinkCluster | SparkCluster):
+    if isinstance(cluster, FlinkCluster):
+        return cluster.taskmanager_pids[-1], lambda: start_flink_taskmanager(cluster)
+    return cluster.worker_pids[-1], lambda: start_spark_worker(cluster)
+
+
+@pytest.mark.slow
+@pytest.mark.jvm
+@pytest.mark.parametrize("engine", ["flink", "spark"])
+def test_engine_build_on_a_base_survives_a_killed_worker_byte_identical(
+    engine, jvm_references, tmp_path, request, caplog
+):
+    # One build per engine covers it all (CI time): --validation_fraction with
+    # --stratify_validation, --base, and a TaskManager / worker killed half-way through.
+    caplog.set_level("INFO", logger="beam_pipelines.engines")
+    cluster = request.getfixturevalue(f"{engine}_cluster")
+    # The cluster.json of the fixture lists replacements started by earlier tests too.
+    cluster = read_cluster(cluster.work_dir)
+    victim, replace = _victim_and_replacement(cluster)
+    output = tmp_path / engine
+    argv = ["--input", str(jvm_references["grown"]), "--output", str(output)]
+    argv += ["--base", str(jvm_references["base"]), *_FLAGS, *cluster.runner_args()]
+    with _KillOnStaging(output, victim, replace) as killer:
+        try:
+            summary = run(argv)
+            resumed = False
+        except JobFailedError:
+            # The engine gave up: nothing may be published, and --resume finishes the build.
+            assert not (output / "dataset.json").exists()
+            summary = run([*argv, "--resume"])
+            resumed = True
+    assert killer.killed_at is not None, "the build ended before any record was staged"
+    assert killer.replacement is not None
+    assert not is_running(victim)
+    assert summary.published, f"resumed={resumed}"
+    request.node.user_properties.append(("recovered_by", "--resume" if resumed else "engine retry"))
+    # The user is shown the engine's own job id and where to watch it.
+    linked = [r.getMessage() for r in caplog.records if r.getMessage().startswith(engine.title())]
+    assert linked and "http://127.0.0.1:" in linked[0], caplog.text
+    _assert_identical(output, jvm_references["on_base"], engine)
