@@ -18,9 +18,10 @@ Such inputs are rejected as ``over_budget`` (memory or time) or ``decoder_crashe
 died of a signal it was not sent). The child is started once and serves image after image, so
 an image costs a copy of its bytes each way, not a process.
 
-JPEG, PNG and WebP, the bulk of every dataset, are prepared in this process instead: their
-decoders learn the real size from the header, before any pixel memory is allocated, so the
-header check (``--max_pixels``) and Pillow's own checks bound them, and the worker's round trip
+JPEG, PNG and WebP, the bulk of every dataset, are prepared in this process instead (while
+``--max_pixels`` keeps one within the memory budget and Pillow's default limit): their decoders
+learn the real size from the header, before any pixel memory is allocated, so the header check
+(``--max_pixels``) and Pillow's own checks bound them, and the worker's round trip
 would cost them more than half again their CPU on this project's machines (measured by
 ``benchmarks.bench_decode_bounds``). Every other format, where plugins learn sizes late, goes to
 the worker.
@@ -56,6 +57,8 @@ __all__ = ["IN_PROCESS_FORMATS", "BoundedPreparer", "serve"]
 
 # Formats whose decoders allocate pixel memory only for the size their header declares.
 IN_PROCESS_FORMATS = frozenset({"JPEG", "PNG", "WEBP"})
+# What preparing an image may hold per declared pixel: the decoded RGBA and its resized copies.
+_BYTES_PER_PIXEL = 8
 
 _LENGTH = struct.Struct("!Q")  # a frame's length
 _HEAD = struct.Struct("!I")  # its JSON header's length
@@ -266,6 +269,12 @@ class BoundedPreparer:
     def __init__(self, options: ImageOptions) -> None:
         self._options = options
         self._child: _Child | None = None
+        # In process only while --max_pixels keeps such an image within the memory budget and
+        # within Pillow's own limit here (the worker sets that from --max_pixels).
+        pillow_limit = Image.MAX_IMAGE_PIXELS
+        self._in_process = options.max_pixels * _BYTES_PER_PIXEL <= (
+            options.decode_memory_mb << 20
+        ) and (pillow_limit is None or options.max_pixels <= 2 * pillow_limit)
 
     def prepare(self, data: bytes) -> PreparedImage:
         """``prepare_image(data, options)``, within the budgets.
@@ -275,7 +284,7 @@ class BoundedPreparer:
             more memory or time than its budget, ``decoder_crashed`` for one whose decode
             killed the worker.
         """
-        if sniff_format(data) in IN_PROCESS_FORMATS:
+        if self._in_process and sniff_format(data) in IN_PROCESS_FORMATS:
             return prepare_image(data, self._options)
         child = self._child or _Child(self._options)
         self._child = child
