@@ -69,7 +69,8 @@ class ExactEpochs(keras.callbacks.Callback):
 
     Raises:
       ValueError: if the dataset has no ``dataset.json``, the delivered set on disk is of
-        another split, or an argument is out of range.
+        another split, ``checkpoint`` exists but no delivered set kept is as old as it, or an
+        argument is out of range.
     """
 
     def __init__(
@@ -123,6 +124,13 @@ class ExactEpochs(keras.callbacks.Callback):
                 return self._empty, None, 0
             limit = os.stat(checkpoint).st_mtime_ns
             saved = [(n, path) for n, path in saved if os.stat(path).st_mtime_ns <= limit]
+            if not saved:
+                # Starting the epoch over would train some examples twice: refuse instead.
+                raise ValueError(
+                    f"no delivered set in {self.directory!r} is as old as the checkpoint "
+                    f"{checkpoint!r}: keep more of them (keep=, now {self._keep}) or restore "
+                    "a newer checkpoint"
+                )
         if not saved:
             return self._empty, None, 0
         batches, path = saved[-1]

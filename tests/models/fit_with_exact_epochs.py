@@ -1,6 +1,8 @@
 """Keras ``model.fit`` with ``BackupAndRestore`` and ``trainer.keras_fit.ExactEpochs``:
-``python -m tests.models.fit_with_exact_epochs DATA RUN_DIR EPOCHS`` (docs/training.md shows
-the same lines). Each trained batch waits a little, so a test can kill it mid-epoch.
+``python -m tests.models.fit_with_exact_epochs DATA RUN_DIR EPOCHS [model_checkpoint]``
+(docs/training.md shows the same lines). With ``model_checkpoint`` a
+``keras.callbacks.ModelCheckpoint`` also keeps a weights file per save, named by epoch and
+batch. Each trained batch waits a little, so a test can kill it mid-epoch.
 """
 
 import logging
@@ -20,7 +22,7 @@ class Slow(keras.callbacks.Callback):
         time.sleep(0.3)
 
 
-def main(data: str, run: Path, epochs: int) -> None:
+def main(data: str, run: Path, epochs: int, model_checkpoint: bool = False) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     exact = ExactEpochs(
         str(run / "delivered"),
@@ -40,16 +42,23 @@ def main(data: str, run: Path, epochs: int) -> None:
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         metrics=["accuracy"],
     )
-    backup = keras.callbacks.BackupAndRestore(str(run / "backup"), save_freq=2)
+    # ExactEpochs first, with the same save_freq: it saves just before the checkpoints.
+    callbacks: list[keras.callbacks.Callback] = [exact]
+    if model_checkpoint:
+        weights = run / "checkpoints" / "model-{epoch:02d}-{batch:02d}.weights.h5"
+        callbacks.append(
+            keras.callbacks.ModelCheckpoint(str(weights), save_weights_only=True, save_freq=2)
+        )
+    callbacks.append(keras.callbacks.BackupAndRestore(str(run / "backup"), save_freq=2))
     model.fit(
         dataset,
         epochs=epochs,
         steps_per_epoch=exact.steps_per_epoch,
-        callbacks=[exact, backup, Slow()],  # ExactEpochs first: it saves just before the backup
+        callbacks=[*callbacks, Slow()],
         verbose=0,
     )
     print("fit done", flush=True)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4:] == ["model_checkpoint"])
