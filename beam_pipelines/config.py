@@ -260,6 +260,8 @@ class PipelineConfig:
             "out_of_bounds": self.image.out_of_bounds,
             "accepted_formats": list(self.image.accepted_formats),
             "high_bit_depth": self.image.high_bit_depth,
+            "small_images": self.image.small_images,
+            "min_source_side": self.image.min_source_side,
             # Resampling and the encoders live in Pillow: another version may store other bytes.
             "image_library": f"Pillow {PIL.__version__}",
             "validation_fraction": self.validation_fraction,

@@ -126,7 +126,8 @@ class ShardResult(NamedTuple):
     hash (the index file is named after the shard, ``catalog.index_files.index_filename``).
 
     ``label_counts`` holds ``(label, examples)`` pairs in label order; it is empty when the
-    records carried no class (``PreparedRecord.meta`` None).
+    records carried no class (``PreparedRecord.meta`` None). ``upscaled`` counts the records
+    stored larger than their source (``shards.upscaled_count``).
     """
 
     split: str
@@ -141,3 +142,4 @@ class ShardResult(NamedTuple):
     index_bytes: int = 0
     index_sha256: str = ""
     label_counts: tuple[tuple[int, int], ...] = ()
+    upscaled: int = 0

@@ -144,8 +144,10 @@ class RunSummary:
 
     @property
     def upscaled(self) -> int:
-        """Examples stored larger than their source (the image step's ``upscaled`` counter)."""
-        return int(self.metrics.get("upscaled", 0))
+        """Examples stored larger than their source, as ``dataset.json`` counts them: every
+        written example, those a ``--resume`` or ``--base`` build did not prepare again too."""
+        counted = self.manifest.counts.upscaled
+        return int(self.metrics.get("upscaled", 0)) if counted is None else counted
 
     def _size_lines(self) -> list[str]:
         """What happened to sources smaller than the stored size: upscaled, or too small."""
@@ -195,7 +197,7 @@ class RunSummary:
             "not_published_because": list(self.not_published_because),
             "elapsed_s": round(self.elapsed_s, 3),
             "images_per_s": round(self.images_per_s, 3),
-            "counts": dataclasses.asdict(m.counts),
+            "counts": m.counts.to_dict(),
             "bad_fraction": self.bad_fraction,
             "max_bad_fraction": m.options.get("max_bad_fraction"),
             "rejected_by_reason": dict(self.rejected_by_reason),

@@ -203,7 +203,9 @@ class Counts:
     """Where every input went: ``input == written + rejected + duplicates``, exactly.
 
     ``skipped`` counts hidden and system files (``.DS_Store``, ``__MACOSX``...) that were never
-    inputs.
+    inputs. ``upscaled`` counts the written examples stored larger than their source (shorter
+    side), ``too_small`` the rejected sources below ``--min_source_side``; both are None in a
+    dataset made before they were recorded (and then left out of ``dataset.json``).
     """
 
     input: int
@@ -211,6 +213,8 @@ class Counts:
     rejected: int
     duplicates: int
     skipped: int = 0
+    upscaled: int | None = None
+    too_small: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("input", "written", "rejected", "duplicates", "skipped"):
@@ -220,6 +224,17 @@ class Counts:
                 f"counts do not add up: input {self.input} != written {self.written} + "
                 f"rejected {self.rejected} + duplicates {self.duplicates}"
             )
+        for name, total in (("upscaled", self.written), ("too_small", self.rejected)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            _require_int(name, value)
+            if value > total:
+                raise ValueError(f"counts.{name} {value} is more than its total {total}")
+
+    def to_dict(self) -> dict[str, int]:
+        """The counts as ``dataset.json`` holds them: the optional ones only when known."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -338,7 +353,7 @@ class Manifest:
                 }
                 for name, split in sorted(self.splits.items())
             },
-            "counts": dataclasses.asdict(self.counts),
+            "counts": self.counts.to_dict(),
             "rejected_file": self.rejected_file,
             "options": dict(self.options),
             **({"shard_root": self.shard_root} if self.shard_root is not None else {}),

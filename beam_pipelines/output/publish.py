@@ -59,6 +59,7 @@ DUPLICATES_NAME = "duplicates.jsonl"
 _UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
 # Rejected for this reason, a file is outside every class folder: not bad image data.
 _NO_LABEL = "no_label"
+_TOO_SMALL = "too_small"  # prepare.REASON_CODES; the manifest counts it on its own
 _SKIPPED_EXAMPLES = 3
 
 
@@ -270,6 +271,16 @@ class StagedResult:
         return sum(s.num_examples for s in self.shards)
 
     @property
+    def upscaled(self) -> int:
+        """Examples written that are stored larger than their source."""
+        return sum(s.upscaled for s in self.shards)
+
+    @property
+    def too_small(self) -> int:
+        """Sources rejected for a shorter side below ``--min_source_side``."""
+        return self.rejected_by_reason.get(_TOO_SMALL, 0)
+
+    @property
     def no_label(self) -> int:
         return self.rejected_by_reason.get(_NO_LABEL, 0)
 
@@ -399,6 +410,8 @@ def build_manifest(
             rejected=staged.rejected,
             duplicates=staged.duplicates,
             skipped=staged.skipped,
+            upscaled=staged.upscaled,
+            too_small=staged.too_small,
         ),
         image=image,
         rejected_file=REJECTED_NAME,

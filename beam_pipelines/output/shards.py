@@ -47,6 +47,7 @@ __all__ = [
     "fixed_shard_counts",
     "plan_shard_counts",
     "label_counts",
+    "upscaled_count",
     "dedupe_sorted",
     "write_shard_file",
     "write_frames",
@@ -136,6 +137,19 @@ def label_counts(records: Iterable[PreparedRecord | StagedRecord]) -> tuple[tupl
             return ()
         counts[record.meta.label] = counts.get(record.meta.label, 0) + 1
     return tuple(sorted(counts.items()))
+
+
+def upscaled_count(records: Iterable[PreparedRecord | StagedRecord]) -> int:
+    """How many records are stored larger than their source (shorter side against shorter
+    side, as ``prepare_image`` counts it). Counted from the records a shard holds, so a resumed
+    build and a ``--base`` build (reused examples carry their catalog row) count them too."""
+    count = 0
+    for record in records:
+        meta = record.meta
+        if meta is None or meta.source_height is None or meta.source_width is None:
+            continue  # not known: a base made before the catalog held source sizes
+        count += min(meta.height, meta.width) > min(meta.source_height, meta.source_width)
+    return count
 
 
 # Records the writer sorts and dedupes: prepared in memory (tests) or staged locations.
@@ -323,6 +337,7 @@ class WriteShardFn(beam.DoFn):
             index_bytes,
             index_sha256,
             label_counts(records),
+            upscaled_count(records),
         )
         # Last: what --resume trusts once it has checked the shard against it.
         write_done_record(self._output_dir, result, duplicates, keys_digest(records))

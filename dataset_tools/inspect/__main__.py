@@ -81,7 +81,8 @@ def _main(argv: Sequence[str] | None) -> int:
     counts = report.stats["counts"]
     print(
         f"{counts['written']:,} examples in {len(report.stats['label_names'])} classes; "
-        f"{counts['rejected']:,} rejected, {counts['duplicates']:,} duplicates; "
+        f"{counts['rejected']:,} rejected ({counts['too_small']:,} too small), "
+        f"{counts['duplicates']:,} duplicates, {counts['upscaled']:,} upscaled; "
         f"{near['pairs']:,} near-duplicate pairs, {near['leakage']:,} train-validation leakage"
     )
     print(f"report: {os.path.abspath(paths['html'])}")

@@ -64,6 +64,8 @@ _CATALOG_COLUMNS = [
     "shard",
     "offset",
     "length",
+    "height",
+    "width",
     "format",
     "source_format",
     "source_bytes",
@@ -472,7 +474,7 @@ def gather(dataset: str, *, per_class: int = 16, seed: int = 0) -> Report:
         "seed": seed,
         "per_class": per_class,
         "label_names": labels,
-        "counts": dataclasses.asdict(manifest.counts),
+        "counts": _counts(manifest, table, rejected_counts),
         "splits": _split_stats(manifest, table),
         "num_shards": len(manifest.all_shards()),
         "total_bytes": sum(s.num_bytes for s in manifest.all_shards()),
@@ -500,6 +502,23 @@ def gather(dataset: str, *, per_class: int = 16, seed: int = 0) -> Report:
         "bytes_read": int(sum(r["length"] for r in to_read)),
     }
     return Report(stats, samples, pairs, rejected, duplicates)
+
+
+def _counts(manifest: Manifest, table: pa.Table, rejected: dict[str, int]) -> dict[str, int]:
+    """``dataset.json``'s counts, with ``upscaled`` and ``too_small`` always there: a dataset
+    made before they were recorded gets them from its catalog and its rejected report."""
+    counts = manifest.counts.to_dict()
+    if "upscaled" not in counts:
+        stored = np.minimum(_numbers(table, "height"), _numbers(table, "width"))
+        source = np.minimum(_numbers(table, "source_height"), _numbers(table, "source_width"))
+        counts["upscaled"] = int(np.count_nonzero(stored > source))  # NaN (unknown) is False
+    counts.setdefault("too_small", rejected.get("too_small", 0))
+    return counts
+
+
+def _numbers(table: pa.Table, name: str) -> np.ndarray:
+    """A catalog column as floats, NaN where null."""
+    return np.asarray(table.column(name).to_numpy(zero_copy_only=False), np.float64)
 
 
 def _split_stats(manifest: Manifest, table: pa.Table) -> dict[str, dict[str, Any]]:

@@ -115,6 +115,8 @@ def _header(stats: dict[str, Any]) -> str:
             "label_conflicts",
             "leakage",
             "near_duplicate_threshold",
+            "small_images",
+            "min_source_side",
             "image_library",
         )
         if k in options
@@ -272,6 +274,7 @@ def _distributions(stats: dict[str, Any]) -> str:
         + "<h3>Source shorter side</h3>"
         + _bars(d["source_shorter_side"]["edges"], d["source_shorter_side"]["counts"], px)
         + summary(d["source_shorter_side"], px)
+        + _small_sources(stats)
         + "<h3>Source megapixels</h3>"
         + _bars(d["source_megapixels"]["edges"], d["source_megapixels"]["counts"], mp)
         + "<h3>Source file size</h3>"
@@ -284,6 +287,23 @@ def _distributions(stats: dict[str, Any]) -> str:
         + summary(d["shard_bytes"], _size)
         + f'<table><tr><th>shard</th><th class="num">examples</th><th class="num">size</th></tr>'
         f"{shards}</table>{more}</section>"
+    )
+
+
+def _small_sources(stats: dict[str, Any]) -> str:
+    """What happened to sources smaller than the stored size: the histogram alone hides it."""
+    counts, options = stats["counts"], stats["options"]
+    policy = options.get("small_images")
+    rule = (
+        f" (--small_images {_e(policy)}, --min_source_side {_e(options.get('min_source_side'))})"
+        if policy is not None
+        else ""
+    )
+    return (
+        f'<p id="small-sources"><b data-count="upscaled-note">{counts["upscaled"]:,}</b> '
+        f"example{'s' if counts['upscaled'] != 1 else ''} stored larger than the source "
+        f"(upscaled); {counts['too_small']:,} source{'s' if counts['too_small'] != 1 else ''} "
+        f"rejected as too small{rule}.</p>"
     )
 
 
