@@ -111,16 +111,32 @@ def _counters(result) -> dict[str, int]:
 
 
 def _check_input(config: PipelineConfig) -> None:
+    """Refuses an ``--input`` with nothing to read, before any work, saying which case it is.
+
+    Raises:
+      ValueError: if the listing or folder does not exist, or the folder holds no file.
+    """
     if is_listing(config.input):
         if not FileSystems.exists(config.input):
             raise ValueError(f"--input listing {config.input!r} does not exist")
         return
-    pattern = FileSystems.join(config.input.rstrip("/"), "**")
-    found = FileSystems.match([pattern], limits=[1])[0].metadata_list
-    if not found:
+    root = config.input.rstrip("/") or config.input
+    found = FileSystems.match([FileSystems.join(root, "**")], limits=[1])[0].metadata_list
+    if found:
+        return
+    try:
+        # On an object store a prefix with no object under it does not exist either.
+        exists = FileSystems.exists(root)
+    except Exception:  # each FileSystem reports "nothing there" its own way
+        exists = False
+    if not exists:
         raise ValueError(
-            f"--input {config.input!r} holds no files; expected <class name>/<image file> under it"
+            f"--input {config.input!r} does not exist; expected a folder holding "
+            "<class name>/<image file>, or a .csv or .jsonl listing"
         )
+    raise ValueError(
+        f"--input {config.input!r} holds no files; expected <class name>/<image file> under it"
+    )
 
 
 def _progress_mode(progress: str, options: PipelineOptions) -> str:

@@ -64,6 +64,14 @@ class ProgressReporter:
                 maxinterval=spec.interval_s,
             )
 
+    def set_total(self, total: int) -> None:
+        """Gives the bar the number of images to expect: it then shows a percentage and the
+        time left. Log lines are per process, and a worker's share is not known: no change."""
+        with self._lock:
+            if self._bar is not None and self._bar.total != total:
+                self._bar.total = total
+                self._bar.refresh()
+
     def add(self, *, prepared: int = 0, rejected: int = 0) -> None:
         """Counts images the image step has finished with."""
         if self._spec.mode == "off":

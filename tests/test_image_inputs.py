@@ -217,6 +217,29 @@ def test_eps_detail_says_why_and_how_to_accept_it():
     assert "Ghostscript" in rejected.detail and "--accepted_formats +EPS" in rejected.detail
 
 
+def _xpm_with_unknown_code(colours: int) -> bytes:
+    """A 4x2 XPM, two characters per pixel, whose last row uses a code ('  ') its colour table
+    lacks; above 256 colours Pillow decodes it as RGB (a KeyError), else as P (a ValueError)."""
+    codes = [chr(97 + i // 26) + chr(97 + i % 26) for i in range(colours)]
+    table = "\n".join(f'"{code} c #{i:06x}",' for i, code in enumerate(codes))
+    return (
+        f'/* XPM */\nstatic char *x[] = {{\n"4 2 {colours} 2",\n{table}\n'
+        f'"{codes[0] * 4}",\n"{codes[0]}  {codes[1] * 2}"\n}};\n'
+    ).encode()
+
+
+@pytest.mark.parametrize("colours", [2, 300])
+def test_an_xpm_pixel_outside_its_colour_table_is_said_in_words(colours):
+    options = ImageOptions(image_size=32, small_images="upscale")  # 4x2: decoded, not too small
+    rejected = _rejection(_xpm_with_unknown_code(colours), options)
+    assert rejected.reason == "decode_error"
+    assert rejected.detail.startswith("XPM: a pixel's code ")
+    assert rejected.detail.endswith(" is not in the file's colour table")
+    assert "b'" not in rejected.detail and "tuple" not in rejected.detail
+    if colours > 256:
+        assert "'  '" in rejected.detail  # the code itself, as text
+
+
 def test_narrowed_list_rejects_a_format_it_dropped():
     tga = format_zoo()["tga"][0]
     narrowed = ImageOptions(image_size=32, accepted_formats=parse_accepted_formats("-TGA"))

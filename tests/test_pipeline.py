@@ -389,7 +389,8 @@ def test_csv_listing_with_raw_center_crop(tmp_path):
     ("flags", "message"),
     [
         (["--output", "OUT"], "both --input and --output are required"),
-        (["--input", "IN/missing", "--output", "OUT"], "holds no files"),
+        (["--input", "IN/missing", "--output", "OUT"], "--input 'IN/missing' does not exist"),
+        (["--input", "IN/empty", "--output", "OUT"], "--input 'IN/empty' holds no files"),
         (["--input", "IN", "--output", "IN/dataset"], "must not be inside --input"),
         (["--input", "IN", "--output", "OUT", "--encoding", "raw"], "requires crop 'center'"),
         (
@@ -402,9 +403,11 @@ def test_csv_listing_with_raw_center_crop(tmp_path):
 def test_bad_flags_are_reported_before_anything_runs(tmp_path, capsys, flags, message):
     (tmp_path / "IN" / "a").mkdir(parents=True)
     (tmp_path / "IN" / "a" / "x.jpg").write_bytes(b"")
+    (tmp_path / "IN" / "empty").mkdir()
     flags = [
         f.replace("IN", str(tmp_path / "IN")).replace("OUT", str(tmp_path / "OUT")) for f in flags
     ]
     assert images_to_tfrecord.main(flags) == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message.replace("IN", str(tmp_path / "IN")) in err
     assert not (tmp_path / "OUT").exists()

@@ -175,8 +175,12 @@ class PrepareImageFn(beam.DoFn):
         if self._preparer is not None:
             self._preparer.close()
 
-    def process(self, element: SourceFile | bytes, label_names: tuple[str, ...]):
+    def process(
+        self, element: SourceFile | bytes, label_names: tuple[str, ...], total: int | None = None
+    ):
         # A packed batch of inputs (sources.ListSources' "batches") or one input.
+        if total is not None and self._reporter is not None:
+            self._reporter.set_total(total)
         sources = unpack_sources(element) if isinstance(element, bytes) else [element]
         index = self._label_index(label_names)
         for source in sources:
@@ -284,6 +288,8 @@ class PrepareImages(beam.PTransform):
       staging: the dataset directory whose staging area receives the examples.
       staging_file_bytes: commit a staging file once it holds this many bytes.
       base: a previous dataset to reuse examples from (``--base``).
+      total: a one-element PCollection holding how many inputs the step receives, for the
+        progress bar's total and time left; None: the bar counts without a total.
     """
 
     def __init__(
@@ -295,6 +301,7 @@ class PrepareImages(beam.PTransform):
         staging: str | None = None,
         staging_file_bytes: int = DEFAULT_FILE_BYTES,
         base: BaseSpec | None = None,
+        total=None,
     ):
         super().__init__()
         self._options = options
@@ -303,8 +310,10 @@ class PrepareImages(beam.PTransform):
         self._staging = staging
         self._staging_file_bytes = staging_file_bytes
         self._base = base
+        self._total = total
 
     def expand(self, sources):
+        total = {} if self._total is None else {"total": beam.pvalue.AsSingleton(self._total)}
         return sources | "Prepare" >> beam.ParDo(
             PrepareImageFn(
                 self._options,
@@ -314,6 +323,7 @@ class PrepareImages(beam.PTransform):
                 base=self._base,
             ),
             beam.pvalue.AsSingleton(self._label_names),
+            **total,
         ).with_outputs(REJECTED_TAG, main="records")
 
 
@@ -374,10 +384,16 @@ class ImagesToShards(beam.PTransform):
         # {split: num_shards}, one element; plan.json is saved before any shard is written
         to_prepare, reused = listed["batches"], []
         # bytes: packed batches of the sources, unpacked by the image step itself
+        counted = sources
         if resume.sidecars:
             earlier = pbegin | "StagedEarlier" >> StagedFromEarlierAttempts(resume.sidecars)
             split = sources | "ReuseStaged" >> SplitReusable(earlier)
             to_prepare, reused = split.sources, [split[REUSED_TAG]]
+            counted = split.sources
+        total = None
+        if self._progress is not None and self._progress.mode == "bar":
+            # Only a bar (in this process) shows it; other runs keep the graph they had.
+            total = counted | "CountForProgress" >> beam.combiners.Count.Globally()
         prepared = to_prepare | "PrepareImages" >> PrepareImages(
             config.image,
             label_names,
@@ -385,6 +401,7 @@ class ImagesToShards(beam.PTransform):
             staging=config.output,
             staging_file_bytes=int(config.staging_file_mb * 2**20),
             base=self._base,
+            total=total,
         )
         # StagedRecord, and Rejection on the rejected output
         records = prepared.records

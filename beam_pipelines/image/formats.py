@@ -26,6 +26,7 @@ __all__ = [
     "parse_accepted_formats",
     "why_not_accepted",
     "classify_error",
+    "error_text",
 ]
 
 # In the order they are tried: strong magic numbers first, TGA (which has none) last.
@@ -243,3 +244,27 @@ def classify_error(error: BaseException, *, stage: str) -> str:
     if isinstance(error, (EOFError, struct.error)) or _TRUNCATED.search(message):
         return "truncated"
     return "corrupt_header" if stage == "header" else "decode_error"
+
+
+def error_text(error: BaseException, fmt: str | None) -> str:
+    """What a Pillow exception says about the file, in words a reader of ``rejected.jsonl``
+    follows: some plugins fail on a lookup, whose message is the key alone (``b'  '``) or
+    ``tuple.index(x): x not in tuple``.
+
+    Args:
+      error: what was raised.
+      fmt: the file's format, when known.
+    """
+    message = str(error).strip()
+    lookup = isinstance(error, KeyError) or (
+        isinstance(error, ValueError) and message.endswith(("not in tuple", "not in list"))
+    )
+    if lookup:
+        found = error.args[0] if isinstance(error, KeyError) and error.args else None
+        if isinstance(found, bytes):
+            found = found.decode("latin-1")  # XPM codes are text: '  ' rather than b'  '
+        key = "" if found is None else f" {found!r}"
+        if fmt == "XPM":
+            return f"a pixel's code{key} is not in the file's colour table"
+        return f"the file refers to a value{key} it does not define ({type(error).__name__})"
+    return message or type(error).__name__

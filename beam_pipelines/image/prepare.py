@@ -39,6 +39,7 @@ from beam_pipelines.image.formats import (
     DEFAULT_ACCEPTED_FORMATS,
     NOT_DECODABLE,
     classify_error,
+    error_text,
     pillow_formats,
     sniff_format,
     why_not_accepted,
@@ -326,7 +327,7 @@ def open_image(
         fmt = _guess_format(data, sniffed)
         raise RejectedImage(
             classify_error(e, stage="header"),
-            f"{fmt} header unreadable: {e}{_header_error_detail(fmt, data)}",
+            f"{fmt} header unreadable: {error_text(e, fmt)}{_header_error_detail(fmt, data)}",
         ) from e
     fmt = image.format or "unknown"
     if fmt not in accepted_formats:
@@ -479,7 +480,7 @@ def decode_srgb(
         reason = classify_error(e, stage="pixels")
         if reason == "truncated":
             raise RejectedImage("truncated", f"{fmt} data ends early: {e}") from e
-        raise RejectedImage(reason, f"{fmt}: {e}") from e
+        raise RejectedImage(reason, f"{fmt}: {error_text(e, fmt)}") from e
     orientation = _orientation(image)
     try:
         eight, depth_events = reduce_bit_depth(
