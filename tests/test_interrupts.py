@@ -6,15 +6,11 @@ and end quietly (141) when the reader of their output goes away (``| head``)."""
 
 from __future__ import annotations
 
-import glob
 import os
-import pty
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -22,7 +18,7 @@ import pytest
 from beam_pipelines import images_to_tfrecord
 from cliflags.interrupts import BROKEN_PIPE, catch_interrupts, run_command
 from tests.fixtures.images import make_image_tree
-from tests.fixtures.processes import REPO, process_env
+from tests.fixtures.processes import REPO, process_env, run_in_terminal
 
 # Tiny staging files, so the first one is committed (the event the test waits for) early in a
 # run that has most of its images still to prepare.
@@ -57,57 +53,6 @@ def reference(images, tmp_path_factory) -> dict[str, bytes]:
     return _snapshot(output)
 
 
-def _run_in_terminal(argv: Sequence[str], *, wait_for: str, how: str) -> tuple[int, str, float]:
-    """Runs ``argv`` on a new pseudo-terminal; once ``wait_for`` (a glob) matches, types Ctrl-C
-    (the terminal then signals the whole foreground group, as for a user) or sends SIGTERM to
-    the command alone. Returns its exit status, its output and the seconds from the signal to
-    the exit."""
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: the command, with the terminal as its controlling one
-        os.chdir(REPO)
-        os.execve(sys.executable, [sys.executable, *argv], process_env())
-    output = bytearray()
-
-    def read() -> None:
-        while True:
-            try:
-                data = os.read(fd, 4096)
-            except OSError:  # the terminal closed with the last process on it
-                return
-            if not data:
-                return
-            output.extend(data)
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    done = None
-    try:
-        deadline = time.monotonic() + DEADLINE_S
-        while not glob.glob(wait_for):
-            if os.waitpid(pid, os.WNOHANG)[0]:
-                done = pid
-                pytest.fail(f"the command ended before {wait_for}:\n{output.decode()}")
-            assert time.monotonic() < deadline, f"no {wait_for} in {DEADLINE_S} s"
-            time.sleep(0.02)
-        sent = time.monotonic()
-        if how == "ctrl-c":
-            os.write(fd, b"\x03")
-        else:
-            os.kill(pid, signal.SIGTERM)
-        while not (finished := os.waitpid(pid, os.WNOHANG))[0]:
-            assert time.monotonic() < sent + DEADLINE_S, f"still running:\n{output.decode()}"
-            time.sleep(0.02)
-        done, elapsed = pid, time.monotonic() - sent
-    finally:
-        if done is None:  # a failed wait: the command must not outlive the test
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    reader.join(timeout=10)
-    os.close(fd)
-    text = output.decode(errors="replace").replace("\r\n", "\n")
-    return os.waitstatus_to_exitcode(finished[1]), text, elapsed
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("how", "runner", "status"),
@@ -123,10 +68,11 @@ def test_an_interrupted_build_says_how_to_resume_and_resumes_byte_identically(
 ):
     output = tmp_path / "dataset"
     argv = ["--input", str(images), "--output", str(output), *FLAGS, *runner]
-    code, text, elapsed = _run_in_terminal(
+    code, text, elapsed = run_in_terminal(
         ["-m", "beam_pipelines.images_to_tfrecord", *argv],
         wait_for=str(output / ".staging" / "records" / "*"),
         how=how,
+        deadline_s=DEADLINE_S,
     )
     assert code == status, text
     assert elapsed < FEW_SECONDS, text

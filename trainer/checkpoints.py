@@ -107,6 +107,7 @@ class Checkpointer:
         # Restores read model, optimiser and step only: ``plan_resume`` has read the delivered
         # set already, and a checkpoint written before exact epochs has none.
         self._restore_ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+        self._trained = {"model": model, "optimizer": optimizer, "step": step}
         if delivery is None:
             self._model_ckpt = self._restore_ckpt
         else:
@@ -153,11 +154,30 @@ class Checkpointer:
             json.dump(self._layout, f, indent=2, sort_keys=True)
         tf.io.gfile.rename(tmp, self._layout_path, overwrite=True)
 
+    def _model_restore_checkpoint(self, latest: str) -> tf.train.Checkpoint:
+        """What restores ``latest``: model, optimiser and step, and a delivered set if it
+        holds one.
+
+        ``plan_resume`` has read the delivered set already (the pipelines are built from it,
+        before the model exists). It is read again here into a copy the run does not use, so
+        that the restore accounts for every value the checkpoint holds: TensorFlow warns, as a
+        restore is collected, of each saved value it left behind.
+        """
+        import tensorflow as tf
+
+        if not any(name.startswith("delivered/") for name, _ in tf.train.list_variables(latest)):
+            return self._restore_ckpt
+        from tfrecord_io.delivery import DeliveredSet, DeliveryTracker
+
+        copy = DeliveryTracker(DeliveredSet.empty(1))
+        return tf.train.Checkpoint(**self._trained, delivered=copy)
+
     def _restore_model(self, latest: str) -> int:
         import tensorflow as tf
 
         try:
-            self._restore_ckpt.restore(latest).assert_existing_objects_matched()
+            checkpoint = self._model_restore_checkpoint(latest)
+            checkpoint.restore(latest).assert_existing_objects_matched()
         except (AssertionError, ValueError, tf.errors.OpError) as e:
             raise ValueError(
                 f"checkpoint {latest} does not fit this model (was it written with another "

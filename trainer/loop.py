@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import signal
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -174,9 +175,9 @@ class _StepLoop:
             while self.step < run.total_steps:
                 stop_votes = self._train_step(stop)
                 if stop_votes > 0:
-                    self._save()
-                    _log.warning("stopped at step %d on request; resume by rerunning", self.step)
-                    return stop.exit_code if stop.requested else 128 + 15
+                    # Quietly: the caller says in one line what was kept (trainer.train).
+                    self._save(quiet=True)
+                    return stop.exit_code if stop.requested else 128 + signal.SIGTERM
                 if self.step % config.checkpoint_every == 0 or self.step == run.total_steps:
                     self._save()
                 if has_eval and self._eval_every and self.step % self._eval_every == 0:
@@ -256,15 +257,17 @@ class _StepLoop:
         self.last_train = scalars
         _log.info("step %d/%d %s", self.step, total, _format(scalars))
 
-    def _save(self) -> None:
-        """Saves a checkpoint at the current step (the audit file first)."""
+    def _save(self, *, quiet: bool = False) -> None:
+        """Saves a checkpoint at the current step (the audit file first); logs it unless
+        ``quiet``."""
         if self._run.audit is not None:
             self._run.audit.flush()
         path = self._run.checkpointer.save(self.step)
         self._last_saved = self.step
         if path:
             self.last_checkpoint = path
-            _log.info("saved %s", path)
+            if not quiet:
+                _log.info("saved %s", path)
 
     def _evaluate(self) -> None:
         """Evaluates on the whole eval split and writes the results."""

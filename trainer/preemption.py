@@ -3,7 +3,8 @@
 The handler only sets a flag; the loop checks it after each step. With several workers the
 flag goes through the step's all-reduce, so every worker learns that one of them was told to
 stop, and all save at the same step (a synchronous save needs every worker). A second Ctrl-C
-interrupts at once.
+interrupts at once. The handler logs nothing: the command says in one line, once it has
+saved, what it kept and how to continue (``trainer.train``).
 """
 
 from __future__ import annotations
@@ -40,10 +41,7 @@ class StopSignal:
             raise KeyboardInterrupt
         if self.signum is None:
             self.signum = signum
-            _log.warning(
-                "received %s: saving a checkpoint after this step, then exiting",
-                signal.Signals(signum).name,
-            )
+            _log.debug("received %s: saving after this step", signal.Signals(signum).name)
 
     def __enter__(self) -> StopSignal:
         # Signal handlers can only be installed from the main thread; elsewhere (a test

@@ -1,8 +1,9 @@
 """``python -m trainer.train``: distributed training fed by the project's reader.
 
 Rerunning the same command resumes from the last checkpoint in ``--model_dir``, at the exact
-data position. SIGTERM (preemption) or Ctrl-C saves a checkpoint before exiting with
-128 + the signal number.
+data position. Ctrl-C (SIGINT) or SIGTERM (preemption) during training finishes the step,
+saves a checkpoint and exits with one line saying so (status 130 or 143, 128 + the signal's
+number); before the first step it exits at once, naming the checkpoint a rerun resumes from.
 
 Example (the quickstart's run; add ``--cpu_replicas 2`` for MirroredStrategy without a GPU)::
 
@@ -14,13 +15,17 @@ Example (the quickstart's run; add ``--cpu_replicas 2`` for MirroredStrategy wit
 from __future__ import annotations
 
 import argparse
+import glob
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
 from cliflags.dataclass_flags import add_dataclass_flags, flag_values
+from cliflags.interrupts import run_command, signal_name
 from trainer.config import (
     MODELS,
     DataConfig,
@@ -63,9 +68,24 @@ def _name_the_flag(message: str, parser: argparse.ArgumentParser) -> str:
     return message
 
 
+class _ShortUsageParser(StrictArgumentParser):
+    """Prints a two-line usage and the error, not the whole usage block (30 lines of flags,
+    which hide the one line that matters); ``--help`` prints everything."""
+
+    def format_usage(self) -> str:
+        return f"usage: {self.prog} --data DATA --model_dir DIR (--steps N | --epochs N) [flags]\n"
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        hint = (
+            "" if "--help" in message or "did you mean" in message else f"\nsee {self.prog} --help"
+        )
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line, generated from the config dataclasses, one help group each."""
-    p = StrictArgumentParser(
+    p = _ShortUsageParser(
         prog=command_name("trainer.train"),
         description="Train an image classifier on TFRecord shards, with exact resume.",
     )
@@ -89,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="INFO",
         choices=_LOG_LEVELS,
         help="the least severe log messages shown (default: %(default)s)",
+    )
+    runtime.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's start-up lines and C++ logs (hidden unless "
+        "TF_CPP_MIN_LOG_LEVEL is set)",
     )
     return p
 
@@ -130,44 +156,79 @@ def _follows_service(setting: bool | None, data_service: str | None) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs training; returns the process exit status."""
-    quiet_tensorflow()
-    config, log_level = parse_config(argv)
-    logging.basicConfig(
-        level=log_level,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
+    """Runs training; returns the process exit status (130 or 143 after Ctrl-C or SIGTERM).
+
+    Raises:
+      SystemExit: with status 2 on a bad flag.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Before anything imports TensorFlow (reading the flags may: the dataset's manifest).
+    quiet_tensorflow(verbose="--verbose" in argv)
+    root = logging.getLogger()
+    ours = not root.handlers  # a caller's logging (a test's, an application's) is left alone
+    if ours:
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model_dir: list[str] = []  # known once the flags are read
+
+    def body() -> int:
+        config, log_level = parse_config(argv)
+        model_dir.append(config.model_dir)
+        if ours:
+            root.setLevel(log_level)
+        return _train(config, log_level)
+
+    return run_command(
+        body, on_interrupt=lambda signum: _interrupted(signum, model_dir[0] if model_dir else None)
     )
+
+
+def _interrupted(signum: int, model_dir: str | None, step: int | None = None) -> str:
+    """The one line after a signal: what the run kept, and how to continue.
+
+    Args:
+      signum: the signal.
+      model_dir: the run's directory, or None when the flags were not read yet.
+      step: the step just saved, or None when the run stopped before it could save (the
+        latest checkpoint on disk is then what a rerun resumes from).
+    """
+    stopped = f"interrupted by {signal_name(signum)}"
+    if model_dir is None:
+        return f"{stopped}; nothing was written"
+    if step is not None:
+        return (
+            f"{stopped}; saved step {step} in {model_dir}; rerun the same command to resume "
+            f"from step {step}"
+        )
+    if "://" in model_dir:
+        return (
+            f"{stopped}; rerun the same command to resume from the last checkpoint in {model_dir}"
+        )
+    saved = [
+        int(m.group(1))
+        for path in glob.glob(os.path.join(glob.escape(model_dir), "checkpoints", "ckpt-*.index"))
+        if (m := re.search(r"ckpt-(\d+)\.index$", path))
+    ]
+    if not saved:
+        return f"{stopped} before the first checkpoint; rerun the same command to start again"
+    return (
+        f"{stopped}; the last checkpoint, step {max(saved)}, is in {model_dir}; rerun the same "
+        f"command to resume from step {max(saved)}"
+    )
+
+
+def _train(config: TrainConfig, log_level: str) -> int:
+    """Sets up the host and devices and trains; returns the exit status.
+
+    Raises:
+      KeyboardInterrupt: on Ctrl-C or SIGTERM before the first step (``run_command`` turns it
+        into the exit status and one line).
+    """
     # TensorFlow's Python logger reports every collective it builds at INFO.
     for noisy in ("tensorflow", "absl"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLevelName(log_level)))
     log = logging.getLogger("trainer.train")
     _explain_defaults(config, log)
-
-    service = config.data.data_service
-    if _follows_service(config.runtime.keep_freed_memory, service):
-        # Before TensorFlow starts any thread (see trainer/host_memory.py).
-        from trainer.host_memory import keep_freed_memory
-
-        if keep_freed_memory():
-            log.info("malloc keeps freed memory for reuse (one arena, no trimming)")
-        else:
-            log.warning("--keep_freed_memory needs glibc; the allocator is left as it is")
-
-    if _follows_service(config.runtime.bulk_reads, service):
-        # Before this process first uses gRPC (a multi-worker strategy's server, the service).
-        from tfrecord_io.service.client import enable_bulk_reads
-
-        if enable_bulk_reads():
-            log.info(
-                "gRPC reads large messages in bulk (GRPC_EXPERIMENTS=%s)",
-                os.environ["GRPC_EXPERIMENTS"],
-            )
-        else:
-            log.warning(
-                "--bulk_reads: GRPC_EXPERIMENTS=%s turns it off; left as it is",
-                os.environ.get("GRPC_EXPERIMENTS"),
-            )
+    _configure_host(config, log)
 
     # Devices are configured before anything else touches TensorFlow's runtime.
     from trainer.api import fit
@@ -202,7 +263,40 @@ def main(argv: Sequence[str] | None = None) -> int:
             _metrics_text(result.eval_metrics),
             result.checkpoint or "none written",
         )
+    else:
+        # Stopped by a signal after saving: printed, not logged, so --log_level cannot hide it.
+        signum = result.exit_code - 128
+        print(_interrupted(signum, config.model_dir, result.step), file=sys.stderr)
+        _quiet_teardown()
     return result.exit_code
+
+
+def _configure_host(config: TrainConfig, log: logging.Logger) -> None:
+    """The allocator and gRPC settings, before TensorFlow starts a thread or gRPC."""
+    service = config.data.data_service
+    if _follows_service(config.runtime.keep_freed_memory, service):
+        # Before TensorFlow starts any thread (see trainer/host_memory.py).
+        from trainer.host_memory import keep_freed_memory
+
+        if keep_freed_memory():
+            log.info("malloc keeps freed memory for reuse (one arena, no trimming)")
+        else:
+            log.warning("--keep_freed_memory needs glibc; the allocator is left as it is")
+
+    if _follows_service(config.runtime.bulk_reads, service):
+        # Before this process first uses gRPC (a multi-worker strategy's server, the service).
+        from tfrecord_io.service.client import enable_bulk_reads
+
+        if enable_bulk_reads():
+            log.info(
+                "gRPC reads large messages in bulk (GRPC_EXPERIMENTS=%s)",
+                os.environ["GRPC_EXPERIMENTS"],
+            )
+        else:
+            log.warning(
+                "--bulk_reads: GRPC_EXPERIMENTS=%s turns it off; left as it is",
+                os.environ.get("GRPC_EXPERIMENTS"),
+            )
 
 
 def _explain_defaults(config: TrainConfig, log: logging.Logger) -> None:
