@@ -10,8 +10,10 @@ The longer run, from the repository root (findings land in ``tests/fuzz_corpus/`
 
   python -m tests.fuzz_prepare --seconds 1800 --artifacts tests/fuzz_corpus
 
-Seeds: one small file per accepted format that Pillow writes or that is simple to make
-(``seed_files``), mutated from there.
+Seeds: one small file per accepted format (``seed_files``): written by Pillow, or framed by
+``tests/fixtures/odd_images.py`` for the formats Pillow only reads; mutated from there. The PCD
+seed is 768 KB (the format's fixed layout), so the fuzzer, limited to 64 KB inputs, mutates its
+header and first sectors.
 """
 
 from __future__ import annotations
@@ -55,10 +57,11 @@ def _made_by_hand(rgb) -> dict[str, bytes]:
 def seed_files() -> dict[str, bytes]:
     """name -> bytes: the fixtures' format zoo, the common formats and the hand-made ones."""
     from tests.fixtures.images import encode
-    from tests.fixtures.odd_images import format_zoo, zoo_rgb
+    from tests.fixtures.odd_images import format_zoo, unwritable_format_files, zoo_rgb
 
     rgb = zoo_rgb()
     seeds = {name: data for name, (data, _, _) in format_zoo().items()}
+    seeds.update((name, data) for name, (data, _) in unwritable_format_files().items())
     for fmt in ("JPEG", "PNG", "GIF", "WEBP", "BMP", "TIFF"):
         seeds[fmt.lower()] = encode(rgb, fmt)
     seeds.update(_made_by_hand(rgb))

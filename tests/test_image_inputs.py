@@ -37,6 +37,7 @@ from tests.fixtures.odd_images import (
     png_with_text_bomb,
     tiff_with_ifd_past_end,
     tiff_with_strip_past_end,
+    unwritable_format_files,
     zoo_rgb,
 )
 
@@ -238,6 +239,19 @@ def test_an_xpm_pixel_outside_its_colour_table_is_said_in_words(colours):
     assert "b'" not in rejected.detail and "tuple" not in rejected.detail
     if colours > 256:
         assert "'  '" in rejected.detail  # the code itself, as text
+
+
+def test_a_plugin_assertion_is_a_corrupt_header_not_an_internal_error():
+    """Found by fuzzing: the FTEX plugin asserts its file holds one format; two is a bad
+    header, said in words (tests/fuzz_corpus/crash-9a2185bc2a20…)."""
+    data = bytearray(unwritable_format_files()["ftex"][0])
+    data[20:24] = (2).to_bytes(4, "little")  # the count of formats
+    rejected = _rejection(bytes(data), ImageOptions(image_size=32, small_images="upscale"))
+    assert rejected.reason == "corrupt_header"
+    assert rejected.detail == (
+        "FTEX header unreadable: a check in Pillow's FTEX plugin failed (a field it does not "
+        "support)"
+    )
 
 
 def test_narrowed_list_rejects_a_format_it_dropped():

@@ -267,4 +267,6 @@ def error_text(error: BaseException, fmt: str | None) -> str:
         if fmt == "XPM":
             return f"a pixel's code{key} is not in the file's colour table"
         return f"the file refers to a value{key} it does not define ({type(error).__name__})"
+    if isinstance(error, AssertionError) and not message:
+        return f"a check in Pillow's {fmt or 'image'} plugin failed (a field it does not support)"
     return message or type(error).__name__

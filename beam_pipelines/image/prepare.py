@@ -110,8 +110,10 @@ _SHRINKABLE_MODES = ("L", "LA", "RGB", "RGBA", "RGBX", "CMYK", "I", "F")
 # are left on and untouched here: importing this module must not change them for the rest of a
 # program. The decode worker (bounds.py), a process of its own, sets them from --max_pixels.
 # Exceptions Pillow's plugins raise for bad files (anything else is internal_error). The AVIF
-# plugin raises RuntimeError for what libavif refuses.
+# plugin raises RuntimeError for what libavif refuses; some plugins check a header with
+# ``assert`` (FTEX: its count of formats, found by fuzzing).
 _PILLOW_ERRORS = (
+    AssertionError,
     OSError,
     SyntaxError,
     ValueError,
