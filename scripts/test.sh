@@ -37,6 +37,5 @@ else
 fi
 # One pytest worker per logical CPU (at most 4: each worker imports TensorFlow and Beam); a worker
 # that runs out of tests takes half of what another still has queued, so the long end-to-end
-# tests do not leave a core idle at the end. Pass -n 0 to run in one process. The 15 slowest
-# tests are listed at the end, to keep the suite's time in view.
-python -m pytest -n logical --maxprocesses 4 --dist worksteal --durations 15 "${markers[@]}" "$@"
+# tests do not leave a core idle at the end. Pass -n 0 to run in one process.
+python -m pytest -n logical --maxprocesses 4 --dist worksteal "${markers[@]}" "$@"
