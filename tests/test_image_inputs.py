@@ -254,6 +254,18 @@ def test_a_plugin_assertion_is_a_corrupt_header_not_an_internal_error():
     )
 
 
+def test_a_header_field_too_large_for_the_decoder_is_a_corrupt_header():
+    """Found by fuzzing: a McIDAS file with 1.5 billion bands makes a line stride that
+    overflows the C decoder's argument (OverflowError, tests/fuzz_corpus/crash-6b3b16e8…)."""
+    data = bytearray(unwritable_format_files()["mcidas"][0])
+    data[52:56] = (1_504_078_485).to_bytes(4, "big")  # word 14: bands
+    rejected = _rejection(bytes(data), ImageOptions(image_size=32, small_images="upscale"))
+    assert rejected.reason == "corrupt_header"
+    assert rejected.detail.startswith(
+        "MCIDAS: a header field is too large for Pillow's MCIDAS decoder ("
+    )
+
+
 def test_narrowed_list_rejects_a_format_it_dropped():
     tga = format_zoo()["tga"][0]
     narrowed = ImageOptions(image_size=32, accepted_formats=parse_accepted_formats("-TGA"))

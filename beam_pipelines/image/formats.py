@@ -243,6 +243,8 @@ def classify_error(error: BaseException, *, stage: str) -> str:
         return "unsupported_feature"
     if isinstance(error, (EOFError, struct.error)) or _TRUNCATED.search(message):
         return "truncated"
+    if isinstance(error, OverflowError):
+        return "corrupt_header"  # a header value beyond what the decoder takes
     return "corrupt_header" if stage == "header" else "decode_error"
 
 
@@ -267,6 +269,8 @@ def error_text(error: BaseException, fmt: str | None) -> str:
         if fmt == "XPM":
             return f"a pixel's code{key} is not in the file's colour table"
         return f"the file refers to a value{key} it does not define ({type(error).__name__})"
+    if isinstance(error, OverflowError):
+        return f"a header field is too large for Pillow's {fmt or 'image'} decoder ({message})"
     if isinstance(error, AssertionError) and not message:
         return f"a check in Pillow's {fmt or 'image'} plugin failed (a field it does not support)"
     return message or type(error).__name__

@@ -111,9 +111,11 @@ _SHRINKABLE_MODES = ("L", "LA", "RGB", "RGBA", "RGBX", "CMYK", "I", "F")
 # program. The decode worker (bounds.py), a process of its own, sets them from --max_pixels.
 # Exceptions Pillow's plugins raise for bad files (anything else is internal_error). The AVIF
 # plugin raises RuntimeError for what libavif refuses; some plugins check a header with
-# ``assert`` (FTEX: its count of formats, found by fuzzing).
+# ``assert`` (FTEX: its count of formats), and a header field too large for the C decoder's
+# arguments raises OverflowError (a McIDAS line stride): both found by fuzzing.
 _PILLOW_ERRORS = (
     AssertionError,
+    ArithmeticError,
     OSError,
     SyntaxError,
     ValueError,
