@@ -13,9 +13,14 @@ A mirrored copy is matched as ``near_duplicates`` matches it: ``min(d(a, b), d(a
 Recall at threshold ``t`` is the share of (original, copy) pairs within ``t`` bits; false pairs
 are pairs of distinct originals within ``t`` bits (flips included).
 
+``--false_pairs`` lists the false pairs at the largest threshold with how blank each side is
+(its share of dark pixels and of pixels near its median luma, on the hash's own sample), and
+how many originals are at least as dark: whether a rule that leaves near-blank images unpaired
+would remove them, and what else it would leave out.
+
 Usage::
 
-  python -m benchmarks.bench_near_dup_recall [--thresholds 4,6,8,10,12]
+  python -m benchmarks.bench_near_dup_recall [--thresholds 4,6,8,10,12] [--false_pairs]
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
 from beam_pipelines.image.options import ImageOptions
-from beam_pipelines.image.phash import perceptual_hash
+from beam_pipelines.image.phash import SAMPLE, perceptual_hash, source_sample
 from beam_pipelines.image.prepare import prepare_image
 from catalog.phash import flip_hash, hamming
 
@@ -112,15 +117,48 @@ def _distance(a: int, b: int) -> int:
     return min(hamming(a, b), hamming(a, flip_hash(b)))
 
 
+def _blankness(image: Image.Image) -> tuple[float, float]:
+    """(share of dark pixels, luma < 24; share within 8 of the median) of the hash's sample."""
+    sample = np.frombuffer(source_sample(image.convert("RGB")), np.uint8).astype(np.float64)
+    sample = sample.reshape(SAMPLE, SAMPLE)
+    return float(np.mean(sample < 24)), float(np.mean(np.abs(sample - np.median(sample)) < 8))
+
+
+def _print_false_pairs(
+    base: dict[str, Image.Image], hashes: dict[str, tuple[int, int]], threshold: int
+) -> None:
+    blank = {name: _blankness(image) for name, image in base.items()}
+    print(f"\nfalse pairs within {threshold} bits (source hash): dark share, flat share")
+    for a, b in itertools.combinations(sorted(base), 2):
+        d = _distance(hashes[a][0], hashes[b][0])
+        if d > threshold:
+            continue
+        print(
+            f"  {a} ({blank[a][0]:.0%} dark, {blank[a][1]:.0%} flat) ~ {b} "
+            f"({blank[b][0]:.0%} dark, {blank[b][1]:.0%} flat): {d} bits"
+        )
+        darkest = min(blank[a][0], blank[b][0])
+        others = sum(v[0] >= darkest for v in blank.values())
+        print(f"    originals at least {darkest:.0%} dark: {others} of {len(blank)}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--thresholds", default="4,6,8,10,12")
+    parser.add_argument(
+        "--false_pairs",
+        action="store_true",
+        help="only list the false pairs at the largest threshold and how blank each side is",
+    )
     args = parser.parse_args(argv)
     thresholds = [int(t) for t in args.thresholds.split(",")]
     options = ImageOptions(small_images="upscale")
     base = {name: image for name, image in originals().items() if min(image.size) >= 32}
     hashes = {name: _hashes(image, options) for name, image in base.items()}
     print(f"{len(base)} originals from {len(PHOTOS)} skimage photos (each whole + 3x3 crops)")
+    if args.false_pairs:
+        _print_false_pairs(base, hashes, max(thresholds))
+        return
     for way, k in (("source", 0), ("stored", 1)):
         values = [h[k] for h in hashes.values()]
         pair_d = [_distance(a, b) for a, b in itertools.combinations(values, 2)]
