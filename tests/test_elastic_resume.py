@@ -111,11 +111,17 @@ def test_sigkill_then_other_replicas_then_two_workers_sigterm_then_one_to_the_en
     codes = finish_all(workers)
     assert codes == [128 + signal.SIGTERM] * 2, workers[0].log + workers[1].log
     log = workers[0].log
-    assert "received SIGTERM: saving a checkpoint" in log, log
     assert "resume: elastic at step 10 (the input layout changed: num_workers 1 -> 2)" in log, log
     assert "epoch 0: 240 of 320 examples remain, 120 of them in this worker's pipeline" in log
     stopped = latest_checkpoint_step(run)
     assert stopped >= 30
+    # Both stop at the same step (the stop vote goes through the all-reduce), each with one
+    # line saying what was kept and how to go on.
+    for worker in workers:
+        assert (
+            f"interrupted by SIGTERM; saved step {stopped} in {run}; rerun the same command to "
+            f"resume from step {stopped}"
+        ) in worker.log, worker.log
 
     # One worker to the end of the epoch.
     last = _run([*args, "--epochs=1", "--checkpoint_every=100"])

@@ -8,6 +8,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 import signal
 import subprocess
 import sys
@@ -185,3 +187,23 @@ def test_missing_data_is_reported_without_training(tmp_path, caplog):
     assert code == 2
     assert str(tmp_path / "nothing") in caplog.text
     assert not (tmp_path / "m").exists()
+
+
+def test_a_small_dataset_gets_five_evaluations_one_resize_note_and_whole_epochs(
+    jpeg_dataset, tmp_path, caplog
+):
+    # 24 training examples in batches of 16: an epoch is 1.5 steps, and 10 epochs end within
+    # step 15 (240 examples).
+    argv = [f"--data={jpeg_dataset.root}", f"--model_dir={tmp_path}", "--image_size=32"]
+    argv += ["--global_batch_size=16", "--epochs=10", "--warmup_steps=2", "--log_every=100"]
+    with caplog.at_level(logging.INFO):
+        assert main(argv) == 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("15 steps (an epoch is 1.5 steps), evaluating every 3" in m for m in messages)
+    assert "epoch 9 complete at step 15: every example exactly once" in messages
+    evaluations = [m.split(" validation")[0] for m in messages if re.match(r"step \d+ valid", m)]
+    assert evaluations == [f"step {s}" for s in (3, 6, 9, 12, 15)]
+    # The stored side is 40: the reader says once that every image is resized, though it built
+    # a training and an eval dataset and evaluated five times.
+    resized = [m for m in messages if "differs" in m]
+    assert len(resized) == 1 and "every image is resized" in resized[0], resized

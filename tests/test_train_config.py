@@ -12,6 +12,7 @@ import pytest
 
 from trainer.audit import KeyAudit, audit_path
 from trainer.config import DataConfig, OptimConfig, RuntimeConfig, TrainConfig
+from trainer.evaluation import eval_interval
 from trainer.metrics import StepWindow
 from trainer.optim import learning_rate_at
 from trainer.preemption import StopSignal
@@ -113,11 +114,20 @@ def test_keras_schedule_matches_the_python_one():
 
 
 def test_plan_steps():
-    assert plan_steps(_config(steps=7), 100) == (7, 1)
-    assert plan_steps(_config(steps=None, epochs=3, global_batch_size=8), 100) == (36, 12)
+    assert plan_steps(_config(steps=7), 100) == (7, 100 / _config(steps=7).global_batch_size)
+    # Batches span epochs (the reader repeats, then batches): an epoch is 12.5 steps of 8, and
+    # 3 epochs end within step 38 (300 examples; 36 steps trained 288).
+    assert plan_steps(_config(steps=None, epochs=3, global_batch_size=8), 100) == (38, 12.5)
+    assert plan_steps(_config(steps=None, epochs=2, global_batch_size=10), 100) == (20, 10)
     assert plan_steps(_config(steps=7), None) == (7, None)
     with pytest.raises(ValueError, match="--epochs needs the number of training examples"):
         plan_steps(_config(steps=None, epochs=3), None)
+
+
+def test_eval_interval_gives_a_handful_of_evaluations_unless_told():
+    # A fifth of the run, rounded up: 5 evaluations (the last at the final step).
+    assert [eval_interval(None, total) for total in (1, 4, 5, 30, 400, 401)] == [1, 1, 1, 6, 80, 81]
+    assert eval_interval(7, 400) == 7  # --eval_every as given
 
 
 def test_audit_path_per_worker():
@@ -253,7 +263,8 @@ def test_help_lists_every_flag_with_a_help_line_and_its_default_once(capsys):
             action.option_strings,
             action.help,
         )
-    # Each config field is one flag (OptimConfig.momentum has none), plus --log_level.
+    # Each config field is one flag (OptimConfig.momentum has none), plus --log_level and
+    # --verbose.
     fields = {
         f.name
         for cls in (DataConfig, TrainConfig, OptimConfig, RuntimeConfig)
@@ -261,6 +272,6 @@ def test_help_lists_every_flag_with_a_help_line_and_its_default_once(capsys):
         if f.name not in ("data", "optim", "runtime", "momentum")
     }
     renamed = {"data": "source", "optimizer": "name", "lr_schedule": "schedule"}
-    flags = {renamed.get(a.dest, a.dest) for a in actions} - {"log_level"}
+    flags = {renamed.get(a.dest, a.dest) for a in actions} - {"log_level", "verbose"}
     assert flags == fields
     assert "(default: the side the dataset stores, from dataset.json's image; else 224)" in out

@@ -117,7 +117,7 @@ def _run(config: TrainConfig, dist: Any, inputs: MemoryInputs | None = None) -> 
     return run_training(config, dist, inputs or MemoryInputs(config.global_batch_size))
 
 
-def test_trains_logs_every_scalar_and_evaluates_every_epoch(tmp_path, one_device):
+def test_trains_logs_every_scalar_and_evaluates_five_times(tmp_path, one_device):
     # 48 examples in global batches of 12: 4 steps per epoch, 8 epochs.
     result = _run(_config(tmp_path, steps=None, epochs=8, eval_every=None), one_device)
     assert (result.start_step, result.step, result.exit_code) == (0, 32, 0)
@@ -139,7 +139,9 @@ def test_trains_logs_every_scalar_and_evaluates_every_epoch(tmp_path, one_device
         assert lr == pytest.approx(expected, rel=1e-6)
     assert all(0.0 <= v <= 1.0 for _, v in train["input_wait"])
     assert all(v > 0 for _, v in train["grad_norm"] + train["step_time"])
-    assert [s for s, _ in runs["validation"]["accuracy"]] == [4, 8, 12, 16, 20, 24, 28, 32]
+    # Without --eval_every, a fifth of the run (7 steps, rounded up) and the end: not once per
+    # epoch, which on a small dataset makes a run mostly evaluation.
+    assert [s for s, _ in runs["validation"]["accuracy"]] == [7, 14, 21, 28, 32]
 
 
 def test_resume_trains_on_the_same_examples_to_the_same_weights(tmp_path, one_device):

@@ -346,7 +346,10 @@ class TrainConfig:
     keep_checkpoints: int = dataclasses.field(default=3, metadata=flag("checkpoints kept on disk"))
     eval_every: int | None = dataclasses.field(
         default=None,
-        metadata=flag("steps between evaluations", default_text="once per epoch, and at the end"),
+        metadata=flag(
+            "steps between evaluations of the eval split",
+            default_text="a fifth of --steps (5 evaluations), and at the end",
+        ),
     )
     audit_keys: str | None = dataclasses.field(
         default=None,

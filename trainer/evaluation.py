@@ -9,7 +9,24 @@ from trainer.steps import TrainSteps
 if TYPE_CHECKING:
     import tensorflow as tf
 
-__all__ = ["evaluate"]
+__all__ = ["EVALUATIONS_PER_RUN", "eval_interval", "evaluate"]
+
+# How many evaluations a run makes by default: enough to see validation follow training, few
+# enough that a small dataset's run is not mostly evaluation (one per epoch of 191 examples
+# was 80 evaluations in a 400-step run).
+EVALUATIONS_PER_RUN = 5
+
+
+def eval_interval(eval_every: int | None, total_steps: int) -> int:
+    """Steps between evaluations: ``eval_every`` when given, else a fifth of the run, rounded
+    up (``EVALUATIONS_PER_RUN`` evaluations; the last one at the final step).
+
+    It depends on the step target alone, so a resumed run evaluates at the steps an
+    uninterrupted one would.
+    """
+    if eval_every is not None:
+        return eval_every
+    return max(1, -(-total_steps // EVALUATIONS_PER_RUN))
 
 
 def evaluate(steps: TrainSteps, dataset: tf.data.Dataset) -> dict[str, float]:

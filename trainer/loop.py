@@ -10,7 +10,7 @@ step, on every worker:
    worker agrees on metrics and on stopping after SIGTERM.
 3. Scalars are logged every ``log_every`` steps, checkpoints written every
    ``checkpoint_every``, and the model evaluated (``trainer.evaluation``) every
-   ``eval_every`` steps or epoch.
+   ``eval_every`` steps (by default a fifth of the run).
 
 Why not ``model.fit``: Keras 3's ``fit`` fails under ``MultiWorkerMirroredStrategy``
 ("Attempt to convert a value (PerReplica…)"). Why not ``distribute_datasets_from_function``:
@@ -102,6 +102,41 @@ def run_training(
       RuntimeError: if the training data runs out (the reader repeats forever, so this means a
         custom ``Inputs`` is finite).
     """
+    notes = _OncePerRun()
+    reader_log = logging.getLogger("tfrecord_io.reader")
+    reader_log.addFilter(notes)
+    try:
+        return _train(config, dist, inputs, model_fn=model_fn, objective=objective)
+    finally:
+        reader_log.removeFilter(notes)
+
+
+class _OncePerRun(logging.Filter):
+    """Lets each distinct message through once. The reader notes what it does with the data
+    (``image_size 24 differs ...: every image is resized``) each time a dataset is built: for
+    the training data, then for the eval data; once is what the run needs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: set[tuple[int, str]] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.levelno, record.getMessage())
+        if key in self._seen:
+            return False
+        self._seen.add(key)
+        return True
+
+
+def _train(
+    config: TrainConfig,
+    dist: Distribution,
+    inputs: Inputs,
+    *,
+    model_fn: Callable[..., Any] | None,
+    objective: Objective | None,
+) -> TrainResult:
+    """``run_training``'s work, while the reader's repeated notes are held back."""
     run = prepare_run(config, dist, inputs, model_fn=model_fn, objective=objective)
     writers = SummaryWriters(
         config.model_dir, is_chief=dist.is_chief, worker_index=dist.worker_index
@@ -152,7 +187,7 @@ class _StepLoop:
         self._run = run
         self._writers = writers
         self._gpu = gpu
-        self._eval_every = config.eval_every or run.steps_per_epoch
+        self._eval_every = run.eval_every
         self._window = StepWindow(config.global_batch_size)
         # The first call of each compiled variant traces it: its time is not a step's.
         self._traced: set[str] = set()
@@ -162,6 +197,8 @@ class _StepLoop:
         self.last_checkpoint = run.restored.checkpoint
         self._last_saved = self.step if run.restored.checkpoint else -1
         self._last_evaluated = self.step
+        # Built once: every evaluation is a fresh pass over the same dataset.
+        self._eval_data: Any = None
 
     def run(self) -> int:
         """Steps to the target; returns the exit code (128 + the signal's number if stopped).
@@ -180,7 +217,7 @@ class _StepLoop:
                     return stop.exit_code if stop.requested else 128 + signal.SIGTERM
                 if self.step % config.checkpoint_every == 0 or self.step == run.total_steps:
                     self._save()
-                if has_eval and self._eval_every and self.step % self._eval_every == 0:
+                if has_eval and self.step % self._eval_every == 0:
                     self._evaluate()
             if has_eval and self._last_evaluated != self.step:
                 self._evaluate()
@@ -272,7 +309,9 @@ class _StepLoop:
     def _evaluate(self) -> None:
         """Evaluates on the whole eval split and writes the results."""
         started = time.perf_counter()
-        result = evaluate(self._run.steps, self._inputs.eval_dataset(self._dist.input_context()))
+        if self._eval_data is None:
+            self._eval_data = self._inputs.eval_dataset(self._dist.input_context())
+        result = evaluate(self._run.steps, self._eval_data)
         self._last_evaluated = self.step
         self.last_eval = result
         scalars = {name: value for name, value in result.items() if name != "examples"}

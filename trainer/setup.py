@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from trainer.audit import KeyAudit, audit_path, close_previous_segments
 from trainer.checkpoints import Checkpointer, RestoreResult
 from trainer.config import MODELS, TrainConfig
+from trainer.evaluation import eval_interval
 from trainer.inputs import Inputs
 from trainer.models import build_model
 from trainer.optim import build_optimizer
@@ -44,27 +45,30 @@ __all__ = ["PreparedRun", "plan_steps", "prepare_run"]
 _log = logging.getLogger(__name__)
 
 
-def plan_steps(config: TrainConfig, train_examples: int | None) -> tuple[int, int | None]:
+def plan_steps(config: TrainConfig, train_examples: int | None) -> tuple[int, float | None]:
     """``(total_steps, steps_per_epoch)`` from ``--steps`` or ``--epochs``.
 
-    An epoch is ``train_examples // global_batch_size`` steps (training batches are full).
+    An epoch is ``train_examples / global_batch_size`` steps, a fraction when the batch does
+    not divide the split: the reader repeats before it batches, so a batch may hold the end of
+    one epoch and the start of the next. ``--epochs E`` trains the steps that complete E
+    epochs: ``ceil(E * train_examples / global_batch_size)``.
 
     Raises:
       ValueError: if ``--epochs`` is given but the number of examples is unknown.
     """
     per_epoch = None
     if train_examples is not None:
-        per_epoch = max(1, train_examples // config.global_batch_size)
+        per_epoch = train_examples / config.global_batch_size
     if config.steps is not None:
         return config.steps, per_epoch
-    if per_epoch is None:
+    if train_examples is None:
         raise ValueError(
             f"--epochs needs the number of training examples, but {config.data.source!r} has no "
             "dataset.json; pass --steps instead"
         )
     # TrainConfig holds exactly one of steps and epochs.
     assert config.epochs is not None
-    return config.epochs * per_epoch, per_epoch
+    return -(-config.epochs * train_examples // config.global_batch_size), per_epoch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +77,9 @@ class PreparedRun:
 
     Attributes:
       total_steps: the step to reach.
-      steps_per_epoch: steps in an epoch of the train split, or None when unknown.
+      steps_per_epoch: steps in an epoch of the train split (a fraction when the batch does
+        not divide it), or None when unknown.
+      eval_every: steps between evaluations (``evaluation.eval_interval``).
       worker_batch: the batch this worker's pipeline yields.
       loss_scaling: whether the loss is scaled (``mixed_float16``), which lets a step's
         non-finite loss pass: the optimiser skips that update and lowers the scale.
@@ -86,7 +92,8 @@ class PreparedRun:
     """
 
     total_steps: int
-    steps_per_epoch: int | None
+    steps_per_epoch: float | None
+    eval_every: int
     worker_batch: int
     loss_scaling: bool
     iterator: Any
@@ -135,7 +142,7 @@ def prepare_run(
     keras.utils.set_random_seed(config.seed)
     dataset, plan, tracker = _training_dataset(config, dist, inputs, worker_batch)
     image_spec, label_spec = _checked_element_spec(dataset, config.data.image_size)
-    _log_layout(config, dist, worker_batch, policy, total_steps, steps_per_epoch)
+    _log_layout(config, dist, worker_batch, policy, (total_steps, steps_per_epoch), inputs.has_eval)
     loss_scaling = policy == "mixed_float16"
     request = _ModelRequest(model_fn, inputs.num_classes, image_spec.dtype.name)
     model, optimizer = _build_model(config, dist, request, total_steps, loss_scaling)
@@ -162,6 +169,7 @@ def prepare_run(
     return PreparedRun(
         total_steps=total_steps,
         steps_per_epoch=steps_per_epoch,
+        eval_every=eval_interval(config.eval_every, total_steps),
         worker_batch=worker_batch,
         loss_scaling=loss_scaling,
         iterator=iterator,
@@ -344,14 +352,19 @@ def _log_layout(
     dist: Distribution,
     worker_batch: int,
     policy: str,
-    total_steps: int,
-    steps_per_epoch: int | None,
+    length: tuple[int, float | None],
+    has_eval: bool,
 ) -> None:
-    """Logs how the batch splits, the learning rate, the dtype policy and the run's length."""
+    """Logs how the batch splits, the learning rate, the dtype policy, the run's length and
+    how often it evaluates."""
+    total_steps, steps_per_epoch = length
+    evaluating = (
+        f", evaluating every {eval_interval(config.eval_every, total_steps)}" if has_eval else ""
+    )
     _log.info(
         "strategy %s: %d worker(s) x %d local replica(s), global batch %d = %d per worker = %d "
         "per replica; peak learning rate %.5g (base %.5g x %d / 256), %d warm-up steps; "
-        "dtype policy %s; %d steps%s",
+        "dtype policy %s; %d steps%s%s",
         dist.name,
         dist.num_workers,
         dist.local_replicas,
@@ -364,7 +377,8 @@ def _log_layout(
         config.optim.warmup_steps,
         policy,
         total_steps,
-        f" ({steps_per_epoch} per epoch)" if steps_per_epoch else "",
+        f" (an epoch is {steps_per_epoch:.4g} steps)" if steps_per_epoch else "",
+        evaluating,
     )
 
 

@@ -113,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.add_argument(
         "--verbose",
         action="store_true",
-        help="show TensorFlow's start-up lines and C++ logs (hidden unless "
-        "TF_CPP_MIN_LOG_LEVEL is set)",
+        help="show TensorFlow's start-up lines and C++ logs, hidden unless TF_CPP_MIN_LOG_LEVEL "
+        "is set (default: off)",
     )
     return p
 
@@ -300,20 +300,10 @@ def _configure_host(config: TrainConfig, log: logging.Logger) -> None:
 
 
 def _explain_defaults(config: TrainConfig, log: logging.Logger) -> None:
-    """Logs where the image size comes from, and warns of a warm-up the run never finishes."""
+    """Logs that the image size is the stored one, and warns of a warm-up the run never
+    finishes. A size that differs from the stored one the reader notes, once per run."""
     stored = _stored_image_size(config.data.source)
-    size = config.data.image_size
-    if stored is not None and stored[0] != size:
-        # Training below the stored size is common (random crops); above it, every image is
-        # scaled up, which is rarely meant.
-        (log.warning if size > stored[0] else log.info)(
-            "--image_size %d differs from what %s stores (%s): every image is %s",
-            size,
-            config.data.source,
-            stored[1],
-            "scaled up" if size > stored[0] else "resized",
-        )
-    elif stored is not None:
+    if stored is not None and stored[0] == config.data.image_size:
         log.info("image size %d, as the dataset stores it (%s)", stored[0], stored[1])
     warmup = config.optim.warmup_steps
     if config.steps is not None and warmup >= config.steps:
