@@ -207,3 +207,37 @@ def test_a_small_dataset_gets_five_evaluations_one_resize_note_and_whole_epochs(
     # a training and an eval dataset and evaluated five times.
     resized = [m for m in messages if "differs" in m]
     assert len(resized) == 1 and "every image is resized" in resized[0], resized
+
+
+# What TensorFlow's libraries and Python print when nobody keeps them quiet.
+NOISE = re.compile(
+    r"absl::InitializeLog|oneDNN|cpu_feature_guard|XLA|^[IWE]\d{4} |Warning|WARNING|"
+    r"Traceback|unrestored",
+    re.M,
+)
+
+
+@pytest.mark.slow
+def test_a_clean_run_its_resume_and_diagnose_print_no_tensorflow_noise_or_warning(
+    jpeg_dataset, tmp_path
+):
+    # A user's shell after `source .venv/bin/activate`: no TF_CPP_MIN_LOG_LEVEL of ours.
+    env = process_env()
+    del env["TF_CPP_MIN_LOG_LEVEL"]
+    argv = [sys.executable, "-m", "trainer.train", f"--data={jpeg_dataset.root}"]
+    argv += [f"--model_dir={tmp_path}", "--global_batch_size=8", "--warmup_steps=1"]
+    for steps, said in ((3, "resume: fresh start"), (5, "resume: exact at step 3")):
+        run = LoggedProcess([*argv, f"--steps={steps}"], env=env, name=f"to step {steps}")
+        assert run.finish() == 0, run.log
+        assert said in run.log and f"done at step {steps}" in run.log, run.log
+        assert not NOISE.findall(run.log), run.log
+    diagnosis = subprocess.run(
+        [sys.executable, "-m", "trainer.diagnose", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert diagnosis.returncode == 0, diagnosis.stderr
+    assert "validation" in diagnosis.stdout and not diagnosis.stderr, diagnosis.stderr
+    assert not NOISE.findall(diagnosis.stdout), diagnosis.stdout

@@ -7,12 +7,21 @@ with a model of your own.
 The public names are loaded on first use, so that ``import trainer`` (and ``trainer.diagnose``)
 does not pay for importing TensorFlow and Keras. The command modules (``trainer.train``,
 ``trainer.diagnose``) are imported by nothing here, so ``python -m`` runs them once.
+Importing the package keeps TensorFlow's start-up lines quiet (``cliflags.quiet_tensorflow``)
+unless ``TF_CPP_MIN_LOG_LEVEL`` is set.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from cliflags import quiet_tensorflow
+
+# TensorFlow's C++ start-up lines and info logs stay out of a user's output unless they set
+# TF_CPP_MIN_LOG_LEVEL themselves (or imported TensorFlow first); trainer.train's --verbose
+# undoes this before TensorFlow loads.
+quiet_tensorflow()
 
 __all__ = [
     # config
