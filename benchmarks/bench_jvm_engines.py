@@ -25,30 +25,234 @@ import argparse
 import contextlib
 import logging
 import os
+import shutil
+import subprocess
+import sys
 import tempfile
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+
+import psutil
 
 from beam_pipelines.engines.local_clusters import local_flink_cluster, local_spark_cluster
 from benchmarks.bench_engines import Row, measure_engine
+from benchmarks.bench_scale import CLASSES, SMALL_RECORDS, write_noise_pngs
 from benchmarks.steady_state import photo_sets
 
-__all__ = ["ENGINES", "main"]
+__all__ = ["ENGINES", "MEMORY_ROLES", "RolePeaks", "engine_cluster", "main", "process_role"]
 
 ENGINES = ("in_process", "flink", "spark")
 
 
-def _measure(engine: str, small: Path, large: Path, work: Path, repeats: int) -> Row:
+# Peak RSS per role, sampled across the launcher's process tree and the cluster's JVM trees.
+# (What each Java class name means: the process's role in the row.)
+_JAVA_ROLES = (
+    ("TaskManagerRunner", "TaskManager JVM"),
+    ("StandaloneSessionClusterEntrypoint", "JobManager JVM"),
+    ("JobServerDriver", "job server JVM"),
+    ("-job-server-", "job server JVM"),  # Beam starts it with java -jar
+    ("CoarseGrainedExecutorBackend", "executor JVM"),
+    ("deploy.worker.Worker", "Spark worker JVM"),
+    ("deploy.master.Master", "Spark master JVM"),
+)
+# The columns of the memory table, in order; "SDK workers" sums the launcher's Python children.
+MEMORY_ROLES = (
+    "launcher",
+    "SDK workers",
+    "job server JVM",
+    "TaskManager JVM",
+    "JobManager JVM",
+    "executor JVM",
+    "Spark worker JVM",
+    "Spark master JVM",
+)
+_SAMPLE_S = 0.2
+
+
+def process_role(proc: psutil.Process, launcher_pid: int) -> str | None:
+    """The column a process counts in: a JVM by its main class, the launcher, or an SDK worker
+    (any other Python process under the launcher); None for shells and the rest."""
+    if proc.pid == launcher_pid:
+        return "launcher"
+    try:
+        cmdline = " ".join(proc.cmdline())
+        name = proc.name()
+    except psutil.Error:
+        return None
+    if name == "java" or "java" in cmdline.split(" ", 1)[0]:
+        return next((role for key, role in _JAVA_ROLES if key in cmdline), None)
+    return "SDK workers" if name.startswith("python") else None
+
+
+class RolePeaks:
+    """Samples, in a thread, the RSS of every process under ``roots``, summed per role.
+
+    Attributes:
+      peaks: per role, the largest summed RSS seen in one sample, bytes.
+      counts: per role, the most processes seen at once.
+      cpu: per process, (role, CPU seconds user + system at its last sample).
+      peak_at: per role, when its peak was seen, as a fraction of the time sampled so far.
+    """
+
+    def __init__(self, launcher_pid: int, cluster_pids: Sequence[int]) -> None:
+        self._launcher = launcher_pid
+        self._roots = [launcher_pid, *cluster_pids]
+        self.peaks: dict[str, int] = {}
+        self.counts: dict[str, int] = {}
+        self.cpu: dict[int, tuple[str, float]] = {}
+        self._peak_s: dict[str, float] = {}
+        self._start = time.monotonic()
+        self._elapsed = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._roles: dict[int, str | None] = {}
+        self._thread.start()
+
+    def _processes(self) -> list[psutil.Process]:
+        procs = []
+        for pid in self._roots:
+            with contextlib.suppress(psutil.Error):
+                root = psutil.Process(pid)
+                procs += [root, *root.children(recursive=True)]
+        return procs
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            totals: dict[str, int] = {}
+            counts: dict[str, int] = {}
+            for proc in self._processes():
+                if proc.pid not in self._roles:
+                    self._roles[proc.pid] = process_role(proc, self._launcher)
+                role = self._roles[proc.pid]
+                if role is None:
+                    continue
+                with contextlib.suppress(psutil.Error):
+                    totals[role] = totals.get(role, 0) + proc.memory_info().rss
+                    counts[role] = counts.get(role, 0) + 1
+                    times = proc.cpu_times()
+                    self.cpu[proc.pid] = (role, times.user + times.system)
+            self._elapsed = time.monotonic() - self._start
+            for role, total in totals.items():
+                if total > self.peaks.get(role, 0):
+                    self.peaks[role], self._peak_s[role] = total, self._elapsed
+                self.counts[role] = max(self.counts.get(role, 0), counts[role])
+            self._stop.wait(_SAMPLE_S)
+
+    @property
+    def peak_at(self) -> dict[str, float]:
+        return {role: s / max(self._elapsed, 1e-9) for role, s in self._peak_s.items()}
+
+    def pids(self, role: str) -> list[int]:
+        """The processes seen so far in ``role``."""
+        return [pid for pid, (r, _) in self.cpu.items() if r == role]
+
+    def stop(self) -> None:
+        """Stops sampling (after the sample under way)."""
+        self._stop.set()
+        self._thread.join()
+
+
+@contextlib.contextmanager
+def engine_cluster(engine: str, work: Path) -> Iterator[tuple[str, list[str], tuple[int, ...]]]:
+    """Starts ``engine``'s cluster for the block (none in-process); yields its row label, the
+    pipeline options that send a job to it, and its JVMs' pids."""
     if engine == "in_process":
-        return measure_engine("in-process DirectRunner", 1, small, large, work, [], repeats)
-    with contextlib.ExitStack() as stack:
-        if engine == "flink":
-            cluster = stack.enter_context(local_flink_cluster(work / "flink", slots=2))
-            label, pids = "Flink 1.19, 2 slots", (*cluster.taskmanager_pids, cluster.jobmanager_pid)
-        else:
-            cluster = stack.enter_context(local_spark_cluster(work / "spark", cores=2))
-            label, pids = "Spark 3.5, 2 cores", (*cluster.worker_pids, cluster.master_pid)
-        return measure_engine(label, 2, small, large, work, cluster.runner_args(), repeats, pids)
+        yield "in-process DirectRunner", [], ()
+    elif engine == "flink":
+        with local_flink_cluster(work / "flink", slots=2) as flink:
+            pids = (*flink.taskmanager_pids, flink.jobmanager_pid)
+            yield "Flink 1.19, 2 slots", flink.runner_args(), pids
+    else:
+        with local_spark_cluster(work / "spark", cores=2) as spark:
+            yield "Spark 3.5, 2 cores", spark.runner_args(), (*spark.worker_pids, spark.master_pid)
+
+
+def _measure(engine: str, small: Path, large: Path, work: Path, repeats: int) -> Row:
+    with engine_cluster(engine, work) as (label, runner_args, pids):
+        workers = 1 if engine == "in_process" else 2
+        return measure_engine(label, workers, small, large, work, runner_args, repeats, pids)
+
+
+def _memory_run(engine: str, images: Path, work: Path) -> tuple[str, RolePeaks, float]:
+    """One build of ``images`` on a fresh cluster of ``engine``, sampled; (label, peaks, wall s).
+
+    Raises:
+      RuntimeError: the build failed (with the end of its log).
+    """
+    with engine_cluster(engine, work / f"{engine}-{images.name}") as (label, runner_args, pids):
+        out, log = work / f"out-{engine}", work / f"{engine}-{images.name}.log"
+        args = [
+            "--input", str(images), "--output", str(out), "--max_bad_fraction", "0",
+            "--overwrite", "--progress", "off", *SMALL_RECORDS, *runner_args,
+        ]  # fmt: skip
+        start = time.perf_counter()
+        with log.open("wb") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "beam_pipelines.images_to_tfrecord", *args],
+                stdout=subprocess.DEVNULL,
+                stderr=stderr,
+                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+                start_new_session=True,
+            )
+            sampler = RolePeaks(proc.pid, pids)
+            code = proc.wait()
+        sampler.stop()
+        wall = time.perf_counter() - start
+        shutil.rmtree(out, ignore_errors=True)
+    if code != 0:
+        tail = log.read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"{label} on {images} failed ({code}):\n{tail}")
+    return label, sampler, wall
+
+
+def _memory(engines: Sequence[str], sizes: Sequence[int], work: Path) -> str:
+    """Builds ``sizes`` tiny PNGs on each engine; returns the table of peak RSS per role."""
+    largest = max(sizes)
+    write_noise_pngs(work / "images", largest)
+    rows: list[tuple[int, str, RolePeaks, float]] = []
+    for n in sizes:
+        subset = work / f"images-{n}"
+        for name in CLASSES:
+            (subset / name).mkdir(parents=True, exist_ok=True)
+            for path in sorted((work / "images" / name).iterdir())[: n // len(CLASSES)]:
+                os.link(path, subset / name / path.name)
+        for engine in engines:
+            label, peaks, wall = _memory_run(engine, subset, work)
+            rows.append((n, label, peaks, wall))
+            each = ", ".join(
+                f"{role} {mb / 2**20:,.0f} (at {peaks.peak_at[role]:.0%})"
+                for role, mb in peaks.peaks.items()
+            )
+            print(f"  {n:,} {label}: {wall:.0f} s; peak MB {each}; {_load()}", flush=True)
+    roles = [r for r in MEMORY_ROLES if any(r in peaks.peaks for _, _, peaks, _ in rows)]
+    lines = [
+        "| images | engine | wall s | " + " | ".join(f"{r} MB" for r in roles) + " |",
+        "|---:|---|---:|" + "---:|" * len(roles),
+    ]
+    for n, label, peaks, wall in rows:
+        cells = [
+            f"{peaks.peaks[r] / 2**20:,.0f}"
+            + (f" ({peaks.counts[r]})" if peaks.counts[r] > 1 else "")
+            if r in peaks.peaks
+            else "-"
+            for r in roles
+        ]
+        lines.append(f"| {n:,} | {label} | {wall:.0f} | " + " | ".join(cells) + " |")
+    for label in dict.fromkeys(label for _, label, _, _ in rows):
+        mine = [peaks for _, lab, peaks, _ in rows if lab == label]
+        growth = ", ".join(
+            f"{r} {mine[-1].peaks[r] / mine[0].peaks[r]:.2f}x"
+            for r in roles
+            if r in mine[0].peaks and r in mine[-1].peaks
+        )
+        lines.append(f"\n{label}, peak at {largest:,} / peak at {min(sizes):,}: {growth}")
+    return "\n".join(lines)
+
+
+def _load() -> str:
+    return f"load average {os.getloadavg()[0]:.2f}"
 
 
 def _table(rows: list[Row], n: int) -> str:
@@ -79,6 +283,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=1, help="timings per size, fastest kept")
     parser.add_argument("--workdir", default=None, help="where to put images and outputs")
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated rows")
+    parser.add_argument(
+        "--memory",
+        default=None,
+        metavar="SIZES",
+        help="instead of throughput: peak RSS per process role for these image counts "
+        "(e.g. 16000,32000,64000), a fresh cluster per build",
+    )
     args = parser.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
     if unknown := sorted(set(engines) - set(ENGINES)):
@@ -87,6 +298,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if n < 1 or args.repeats < 1:
         parser.error(f"--n and --repeats must be >= 1, got {n} and {args.repeats}")
     logging.getLogger("apache_beam").setLevel(logging.ERROR)
+    if args.memory:
+        try:
+            sizes = sorted(int(s) for s in args.memory.split(","))
+        except ValueError:
+            parser.error(f"--memory: expected comma-separated image counts, got {args.memory!r}")
+        print(f"memory: tiny PNGs, 12 KB records (RAW 64x64); {_load()} at start", flush=True)
+        with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+            print(_memory(engines, sizes, Path(tmp)))
+        print(f"{_load()} at end")
+        return 0
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
         _, _, mean_kb = photo_sets(work, n)

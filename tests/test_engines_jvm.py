@@ -32,6 +32,7 @@ from beam_pipelines.engines.local_clusters import (
 )
 from beam_pipelines.engines.runners import FLINK_RUNNER, SPARK_RUNNER, resolve_runner_aliases
 from beam_pipelines.images_to_tfrecord import JobFailedError, run
+from benchmarks.profile_jvm_engines import stack_categories, task_thread_states
 from tests.fixtures.images import make_image_tree
 from tests.test_engines import _PIPELINE_FLAGS, _dataset_files, engine_input  # noqa: F401
 
@@ -100,6 +101,40 @@ def test_sdk_workers_run_as_one_process_per_slot_kept_for_the_job(tmp_path):
     assert everything["sdk_worker_parallelism"] == 2
     assert everything["environment_cache_millis"] > 0
     assert "--add-opens=java.base/java.nio=ALL-UNNAMED" in everything["job_server_jvm_properties"]
+
+
+def test_the_engine_profile_sorts_python_stacks_and_jvm_task_threads():
+    # py-spy --format raw: root-first frames, then the sample count; the innermost frame that
+    # names a category decides.
+    raw = "\n".join(
+        [
+            "run (apache_beam/runners/worker/sdk_worker.py:9);"
+            "process (beam_pipelines/image/prepare.py:40);resize (PIL/Image.py:2200) 30",
+            "run (apache_beam/runners/worker/sdk_worker.py:9);"
+            "encode (apache_beam/coders/coder_impl.py:7) 5",
+            "_read (apache_beam/runners/worker/data_plane.py:3);wait (threading.py:320) 4",
+            "<module> (<string>:1) 1",
+        ]
+    )
+    assert stack_categories(raw) == {
+        "pipeline's own work": 30,
+        "Beam coders": 5,
+        "Fn API data plane, gRPC": 4,
+        "other (interpreter, stdlib)": 1,
+    }
+    dump = (
+        '"MapPartition (Prepare) (1/2)#0" #80 prio=5\n'
+        "   java.lang.Thread.State: WAITING (parking)\n"
+        "\tat jdk.internal.misc.Unsafe.park(Native Method)\n"
+        "\tat org.apache.beam.sdk.fn.data.BeamFnDataInboundObserver.awaitCompletion(X.java:1)\n"
+        "\n"
+        '"flink-pekko.actor.default-dispatcher-5" #20\n'
+        "   java.lang.Thread.State: RUNNABLE\n"
+        "\tat org.apache.flink.Foo.bar(Foo.java:1)\n"
+    )
+    assert task_thread_states(dump) == {
+        "WAITING at org.apache.beam.sdk.fn.data.BeamFnDataInboundObserver.awaitCompletion": 1
+    }
 
 
 # ---------------------------------------------------------------------------------------------
