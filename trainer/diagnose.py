@@ -3,7 +3,7 @@
 Prints one verdict per training-health check (step-time jitter, input wait, accelerator use,
 gradient norm, loss curve, validation; see ``trainer.diagnosis``) for a training run's
 TensorBoard logs, with the numbers behind it. The exit status is 0 whatever the verdicts, and
-non-zero only when the logs cannot be read.
+non-zero only when the logs cannot be read (2) or Ctrl-C or SIGTERM stopped it (130, 143).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from cliflags.interrupts import run_command
 from trainer.diagnosis import (
     WARN,
     LogsUnreadable,
@@ -65,6 +66,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         thresholds = Thresholds(**overrides)
     except ValueError as e:
         parser.error(str(e))
+    # Ctrl-C or SIGTERM ends it with one line and 130 or 143; `| head` quietly with 141.
+    return run_command(lambda: _report(args.model_dir, thresholds, as_json=args.json))
+
+
+def _report(model_dir: str, thresholds: Thresholds, *, as_json: bool) -> int:
+    """Prints the verdicts for ``model_dir``; returns 0, or 2 when its logs cannot be read."""
     if "tensorflow" not in sys.modules:
         # TensorBoard's own protobuf reader is enough and starts in a fraction of the time
         # TensorFlow takes to import; this is the switch TensorBoard's no-TF build uses.
@@ -72,18 +79,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("notf"))
     try:
-        runs = read_scalars(args.model_dir)
+        runs = read_scalars(model_dir)
     except LogsUnreadable as e:
         print(f"diagnose: {e}", file=sys.stderr)
         return 2
     verdicts = diagnose_run(runs, thresholds)
-    if args.json:
+    if as_json:
         print(json.dumps([dataclasses.asdict(v) for v in verdicts], indent=2))
         return 0
     train = runs.get("train", {})
     steps = sorted({s for series in train.values() for s, _ in series})
     span = f"steps {steps[0]}-{steps[-1]}" if steps else "no training steps"
-    print(f"{args.model_dir}: {len(steps)} logged training points, {span}")
+    print(f"{model_dir}: {len(steps)} logged training points, {span}")
     print(format_table(verdicts))
     warnings = sum(v.status == WARN for v in verdicts)
     print(f"{warnings} warning(s)" if warnings else "no warnings")
