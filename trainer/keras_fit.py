@@ -26,8 +26,12 @@ before the checkpoint is written; a restore takes the newest one not newer than
 
 Keras counts epochs in steps: after a mid-epoch resume its first epoch finishes the data epoch
 and runs on into the next. The delivered set, not Keras' epoch number, says where the data is.
-One worker only: Keras 3's ``fit`` fails under ``MultiWorkerMirroredStrategy`` (see
-docs/training.md); the trainer's own loop (``trainer.fit``) resumes exactly on any number.
+On several workers (``MultiWorkerMirroredStrategy``) give ``strategy=`` and call
+``attach(model)`` after ``compile``: Keras 3.15's ``fit`` fails there without it
+(keras-team/keras#20585, docs/training.md), and the train step it installs gathers every
+worker's positions, so each worker records the global batch. Each worker keeps its own
+directory (``BackupAndRestore`` writes one per worker). The trainer's own loop
+(``trainer.fit``) needs none of this and resumes on another number of workers.
 """
 
 from __future__ import annotations
@@ -36,19 +40,66 @@ import dataclasses
 import logging
 import os
 import re
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import keras
+import numpy as np
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
     from tfrecord_io.read_config import ReadConfig
 
-__all__ = ["ExactEpochs"]
+__all__ = ["POSITIONS", "ExactEpochs", "gathering_train_step"]
 
 _log = logging.getLogger(__name__)
 _FILE = re.compile(r"^delivered-(\d+)\.bin$")
+POSITIONS = "exact_epochs_positions"  # the train step's log of the global batch's positions
+
+
+def _multi_worker(strategy: Any) -> bool:
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+
+
+def gathering_train_step(
+    train_step: Callable[[Any], dict[str, Any]], *, replicas: int, replica_batch: int
+) -> Callable[[Any], dict[str, Any]]:
+    """Wraps a Keras ``train_step`` for ``(images, labels, positions)`` batches.
+
+    The wrapped step trains on ``(images, labels)`` and adds to its logs ``POSITIONS``: the
+    positions of every replica's batch, gathered, so that each worker sees the global batch.
+    Its metrics come out of a ``[1]`` shape and the positions out of ``[1, n]``: Keras 3.15
+    reduces train-step outputs across workers with ``strategy.reduce("MEAN", value, axis=0)``,
+    which fails on a scalar; the mean over that axis gives the scalar back, and the same
+    gathered positions, identical on every replica.
+
+    Args:
+      train_step: the model's own ``train_step``.
+      replicas: replicas in sync over all workers.
+      replica_batch: examples in each replica's batch.
+    """
+    import tensorflow as tf
+
+    def step(data: Any) -> dict[str, Any]:
+        images, labels, positions = data
+        logs = train_step((images, labels))
+        context = tf.distribute.get_replica_context()
+        # A gather as a sum over replica slots, as trainer/steps.py does: all_gather fails
+        # under the multi-worker strategy. float64 holds positions exactly below 2**53.
+        slots = tf.scatter_nd(
+            [[context.replica_id_in_sync_group]],
+            [tf.cast(positions, tf.float64)],
+            [replicas, replica_batch],
+        )
+        gathered = context.all_reduce(tf.distribute.ReduceOp.SUM, tf.reshape(slots, [-1]))
+        out = {name: tf.reshape(value, [1]) for name, value in logs.items()}
+        out[POSITIONS] = gathered[tf.newaxis]
+        return out
+
+    return step
 
 
 class ExactEpochs(keras.callbacks.Callback):
@@ -66,6 +117,8 @@ class ExactEpochs(keras.callbacks.Callback):
       read_config: other reading options (``exclude`` is set here).
       audit: a file to which each trained batch's positions are appended, one line per batch.
       keep: delivered sets kept.
+      strategy: a ``tf.distribute.MultiWorkerMirroredStrategy`` to train on several workers
+        (then call ``attach(model)`` before ``fit``); None on one worker.
 
     Raises:
       ValueError: if the dataset has no ``dataset.json``, the delivered set on disk is of
@@ -87,6 +140,7 @@ class ExactEpochs(keras.callbacks.Callback):
         read_config: ReadConfig | None = None,
         audit: str | None = None,
         keep: int = 3,
+        strategy: tf.distribute.Strategy | None = None,
     ) -> None:
         super().__init__()
         from tfrecord_io.delivery import DeliveredSet, DeliveryTracker, split_digest
@@ -107,6 +161,7 @@ class ExactEpochs(keras.callbacks.Callback):
         self.global_batch_size, self.seed, self.image_size = global_batch_size, seed, image_size
         self.save_freq, self._keep, self._audit = save_freq, keep, audit
         self._read_config = read_config
+        self._strategy = strategy if _multi_worker(strategy) else None
         self.steps_per_epoch = max(1, self._empty.num_examples // global_batch_size)
         origin, self.restored_from, self.batches = self._restore(checkpoint)
         self.origin = origin
@@ -158,15 +213,22 @@ class ExactEpochs(keras.callbacks.Callback):
             (int(m.group(1)), os.path.join(self.directory, name)) for m, name in found if m
         )
 
-    def dataset(self) -> tf.data.Dataset:
+    def dataset(self) -> tf.data.Dataset | tf.distribute.DistributedDataset:
         """Endless ``(images, labels)`` batches from the restored position: the rest of its
-        epoch, then whole epochs, each example once per epoch."""
+        epoch, then whole epochs, each example once per epoch.
+
+        On several workers, a distributed dataset of ``(images, labels, positions)``: each
+        worker reads its own part of every global batch, and the train step ``attach`` gives
+        the model takes the positions out.
+        """
         import tensorflow as tf
 
         from tfrecord_io.read_config import ReadConfig
         from tfrecord_io.reader import make_dataset
 
         read = dataclasses.replace(self._read_config or ReadConfig(), exclude=self.origin)
+        if self._strategy is not None:
+            return self._distributed_dataset(read)
         batches = make_dataset(
             self.source,
             self.split,
@@ -188,6 +250,56 @@ class ExactEpochs(keras.callbacks.Callback):
 
         return batches.enumerate().map(tap)
 
+    def _distributed_dataset(self, read: ReadConfig) -> tf.distribute.DistributedDataset:
+        from tfrecord_io.reader import make_dataset
+
+        assert self._strategy is not None
+
+        def per_worker(context: tf.distribute.InputContext) -> tf.data.Dataset:
+            batches = make_dataset(
+                self.source,
+                self.split,
+                global_batch_size=self.global_batch_size,
+                image_size=self.image_size,
+                seed=self.seed,
+                input_context=context,
+                read_config=read,
+            )
+            return batches.map(lambda *element: (element[0], element[1], element[-1]))
+
+        return self._strategy.distribute_datasets_from_function(per_worker)
+
+    def attach(self, model: keras.Model) -> None:
+        """Readies a compiled model for ``fit`` on several workers; a no-op on one.
+
+        Call it under the strategy's scope, after ``compile``, before ``fit``, and call
+        ``fit`` under the scope too. It works around Keras 3.15's ``fit`` under
+        ``MultiWorkerMirroredStrategy``, which fails before the first step (keras-team/keras
+        #20585: ``strategy.reduce`` is given a tuple of ``PerReplica`` batches, then scalar
+        metrics with ``axis=0``), and gives the model a train step that gathers every
+        worker's positions, so each worker records the whole global batch.
+
+        Raises:
+          ValueError: if the model is not built or not compiled.
+        """
+        if self._strategy is None:
+            return
+        if model.optimizer is None or not model.built:
+            raise ValueError(
+                f"ExactEpochs.attach needs a built, compiled model; {model.name} is "
+                f"{'built' if model.built else 'not built'} and "
+                f"{'compiled' if model.optimizer is not None else 'not compiled'}"
+            )
+        # Keras reduces the first batch before building (the first failure) only when the
+        # model remembers a strategy; without one it uses the scope's, and builds when traced.
+        model._distribute_strategy = None
+        model.optimizer.build(model.trainable_variables)
+        model.train_step = gathering_train_step(
+            model.train_step,
+            replicas=self._strategy.num_replicas_in_sync,
+            replica_batch=self.global_batch_size // self._strategy.num_replicas_in_sync,
+        )
+
     # keras.callbacks.Callback
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self._trained = 0
@@ -195,9 +307,16 @@ class ExactEpochs(keras.callbacks.Callback):
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._trained += 1
         self.batches += 1
-        positions = self._produced.pop(self._trained - 1)
-        for stale in [n for n in self._produced if n < self._trained]:
-            del self._produced[stale]
+        if self._strategy is not None:
+            if logs is None or POSITIONS not in logs:
+                raise ValueError(
+                    "the train step gave no positions: call ExactEpochs.attach(model) before fit"
+                )
+            positions = np.rint(np.asarray(logs.pop(POSITIONS))).astype(np.int64).reshape(-1)
+        else:
+            positions = self._produced.pop(self._trained - 1)
+            for stale in [n for n in self._produced if n < self._trained]:
+                del self._produced[stale]
         result = self.tracker.add(positions)
         if result.duplicates or result.stale:
             _log.error(
@@ -220,6 +339,8 @@ class ExactEpochs(keras.callbacks.Callback):
             self.save()
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        if logs is not None:
+            logs.pop(POSITIONS, None)  # the last step's, when Keras passes those on
         if self.save_freq == "epoch":
             self.save()
 
