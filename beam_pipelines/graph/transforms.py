@@ -361,6 +361,14 @@ class ImagesToShards(beam.PTransform):
         self._resume = resume or ResumeState()
         self._base = base
 
+    def _progress_total(self, counted):
+        """How many inputs the image step receives (one element), for a progress bar; None
+        for other progress modes: only a bar, in this process, shows it, and runs without one
+        keep the graph they had."""
+        if self._progress is None or self._progress.mode != "bar":
+            return None
+        return counted | "CountForProgress" >> beam.combiners.Count.Globally()
+
     def expand(self, pbegin):
         config = self._config
         listed = pbegin | "ListSources" >> ListSources(config.input)
@@ -390,10 +398,7 @@ class ImagesToShards(beam.PTransform):
             split = sources | "ReuseStaged" >> SplitReusable(earlier)
             to_prepare, reused = split.sources, [split[REUSED_TAG]]
             counted = split.sources
-        total = None
-        if self._progress is not None and self._progress.mode == "bar":
-            # Only a bar (in this process) shows it; other runs keep the graph they had.
-            total = counted | "CountForProgress" >> beam.combiners.Count.Globally()
+        total = self._progress_total(counted)
         prepared = to_prepare | "PrepareImages" >> PrepareImages(
             config.image,
             label_names,
