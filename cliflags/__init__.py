@@ -19,6 +19,7 @@ from cliflags.dataclass_flags import (
 )
 from cliflags.strict import (
     StrictArgumentParser,
+    add_verbose_flag,
     command_name,
     quiet_tensorflow,
     suggest_flag,
@@ -32,6 +33,7 @@ __all__ = [
     "FlagContainer",
     "StrictArgumentParser",
     "add_dataclass_flags",
+    "add_verbose_flag",
     "command_name",
     "field_docs",
     "flag",

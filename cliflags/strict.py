@@ -193,6 +193,17 @@ class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def add_verbose_flag(parser: argparse.ArgumentParser) -> None:
+    """Adds ``--verbose``, which shows what ``quiet_tensorflow`` hides (a tool calls
+    ``quiet_tensorflow(verbose=args.verbose)`` right after parsing)."""
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="show TensorFlow's start-up lines and info logs (hidden unless TF_CPP_MIN_LOG_LEVEL "
+        "is set)",
+    )
+
+
 def quiet_tensorflow(*, verbose: bool = False) -> None:
     """Keeps TensorFlow's C++ start-up lines and info and warning logs out of the output,
     unless the user asked for them (``verbose``, or their own ``TF_CPP_MIN_LOG_LEVEL``).

@@ -34,7 +34,7 @@ from typing import Any
 
 from catalog.index_files import format_index, index_filename
 from catalog.table import build_table, catalog_filename, table_bytes
-from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from cliflags import StrictArgumentParser, add_verbose_flag, command_name, quiet_tensorflow
 from cliflags.interrupts import run_command, signal_name
 from dataset_tools.foreign import ADOPTED_OPTION, ForeignRecord, parse_foreign
 from schemas import (
@@ -363,12 +363,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "--split", default="train", help="split of shards not named <split>-NNNNN-of-NNNNN"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset.json")
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="show TensorFlow's start-up lines and info logs (hidden unless TF_CPP_MIN_LOG_LEVEL "
-        "is set)",
-    )
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
     # TensorFlow's start-up lines would bury the report; --verbose or the user's level shows them.
     quiet_tensorflow(verbose=args.verbose)

@@ -43,7 +43,7 @@ import pyarrow.compute as pc
 
 from catalog.keys import key_prefixes
 from catalog.table import catalog_filename, read_table
-from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from cliflags import StrictArgumentParser, add_verbose_flag, command_name, quiet_tensorflow
 from cliflags.interrupts import run_command
 from schemas import (
     KEY_CHANNELS,
@@ -732,12 +732,7 @@ def _main(argv: Sequence[str] | None) -> int:
         action="store_true",
         help="exit 1 when anything differs (for CI gates); by default exit 0 whenever it ran",
     )
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="show TensorFlow's start-up lines and info logs (hidden unless TF_CPP_MIN_LOG_LEVEL "
-        "is set)",
-    )
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
     # TensorFlow's start-up lines would bury the report; --verbose or the user's level shows them.
     quiet_tensorflow(verbose=args.verbose)

@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from cliflags import StrictArgumentParser, add_verbose_flag, command_name, quiet_tensorflow
 from cliflags.interrupts import run_command, signal_name
 from dataset_tools.inspect.inspection import gather
 from dataset_tools.inspect.report_html import write_report
@@ -60,12 +60,7 @@ def _main(argv: Sequence[str] | None) -> int:
         action="store_true",
         help="exit 1 when a validation example has a near-duplicate in train",
     )
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="show TensorFlow's start-up lines and info logs (hidden unless TF_CPP_MIN_LOG_LEVEL "
-        "is set)",
-    )
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
     # TensorFlow's start-up lines would bury the report; --verbose or the user's level shows them.
     quiet_tensorflow(verbose=args.verbose)

@@ -17,7 +17,7 @@ import posixpath
 import sys
 from collections.abc import Sequence
 
-from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
+from cliflags import StrictArgumentParser, add_verbose_flag, command_name, quiet_tensorflow
 from cliflags.interrupts import run_command
 from dataset_tools.verify.report import VerifyReport
 from dataset_tools.verify.verification import verify_dataset, verify_keys
@@ -111,12 +111,7 @@ def _main(argv: Sequence[str] | None) -> int:
         help="check only the example with key K (repeatable): found in the catalog, read by "
         "its byte range, intact and holding that key",
     )
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="show TensorFlow's start-up lines and info logs (hidden unless TF_CPP_MIN_LOG_LEVEL "
-        "is set)",
-    )
+    add_verbose_flag(parser)
     args = parser.parse_args(argv)
     # TensorFlow's start-up lines would bury the report; --verbose or the user's level shows them.
     quiet_tensorflow(verbose=args.verbose)
