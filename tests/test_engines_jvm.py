@@ -89,7 +89,10 @@ def test_an_unreachable_cluster_is_named_with_the_command_that_starts_one(tmp_pa
         spark.prepare_spark_options(options)
 
 
-def test_sdk_workers_run_as_one_process_per_slot_kept_for_the_job(tmp_path):
+def test_sdk_workers_run_as_one_process_per_slot_kept_for_the_job(tmp_path, monkeypatch):
+    # setenv first so that monkeypatch restores whatever was there, set or not.
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "unset")
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
     options = PipelineOptions(
         ["--flink_master", "[local]", "--flink_job_server_jar", _fake_jar(tmp_path)]
     )
@@ -101,6 +104,8 @@ def test_sdk_workers_run_as_one_process_per_slot_kept_for_the_job(tmp_path):
     assert everything["sdk_worker_parallelism"] == 2
     assert everything["environment_cache_millis"] > 0
     assert "--add-opens=java.base/java.nio=ALL-UNNAMED" in everything["job_server_jvm_properties"]
+    # The workers inherit it: their malloc arenas otherwise grew with the number of images.
+    assert os.environ["MALLOC_ARENA_MAX"] == "2"
 
 
 def test_the_engine_profile_sorts_python_stacks_and_jvm_task_threads():
