@@ -241,3 +241,12 @@ def test_a_clean_run_its_resume_and_diagnose_print_no_tensorflow_noise_or_warnin
     assert diagnosis.returncode == 0, diagnosis.stderr
     assert "validation" in diagnosis.stdout and not diagnosis.stderr, diagnosis.stderr
     assert not NOISE.findall(diagnosis.stdout), diagnosis.stdout
+    # --verbose shows them (a run that stops once TensorFlow is up: there is no such data).
+    loud = LoggedProcess(
+        [sys.executable, "-m", "trainer.train", f"--data={tmp_path / 'none'}", "--verbose"]
+        + [f"--model_dir={tmp_path / 'loud'}", "--steps=1"],
+        env=env,
+        name="--verbose",
+    )
+    assert loud.finish() == 2, loud.log
+    assert re.search(r"absl::InitializeLog|oneDNN|cpu_feature_guard", loud.log), loud.log

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib
 import logging
 import os
 import re
@@ -162,7 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
       SystemExit: with status 2 on a bad flag.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    # Before anything imports TensorFlow (reading the flags may: the dataset's manifest).
+    # Importing tfrecord_io quiets TensorFlow (once, as the package loads): --verbose undoes
+    # that after it, and before anything imports TensorFlow (reading the flags may).
+    importlib.import_module("tfrecord_io")
     quiet_tensorflow(verbose="--verbose" in argv)
     root = logging.getLogger()
     ours = not root.handlers  # a caller's logging (a test's, an application's) is left alone
