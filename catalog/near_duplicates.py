@@ -36,6 +36,12 @@ __all__ = [
     "brute_force_pairs",
     "classify",
     "leakage_moves",
+    "bucket_layout",
+    "bucket_values",
+    "BucketPairs",
+    "search_bucket",
+    "bucket_blocks",
+    "find_pairs_by_buckets",
 ]
 
 # Chosen from the measured recall/precision (README, "Near-duplicates"): 10 keeps every
@@ -385,3 +391,313 @@ def leakage_moves(pairs: Pairs, splits: Sequence[str] | np.ndarray) -> np.ndarra
         if r in has_train and split[i] != "train"
     ]
     return np.asarray(sorted(moving), dtype=np.int64)
+
+
+def bucket_layout(threshold: int) -> list[tuple[int, int]]:
+    """``(low bit, width)`` of the ``threshold + 1`` chunks a bucketed search keys on.
+
+    Two hashes within ``threshold`` bits differ in at most ``threshold`` chunks, so they agree
+    exactly on at least one of ``threshold + 1`` (pigeonhole): each chunk's value is a bucket,
+    and every near pair meets in one. Widths differ by at most one bit.
+
+    Raises:
+      ValueError, TypeError: for a threshold ``find_pairs`` refuses.
+    """
+    _check(np.zeros(0, np.uint64), threshold)
+    chunks = threshold + 1
+    width, extra = divmod(HASH_BITS, chunks)
+    layout, low = [], 0
+    for i in range(chunks):
+        w = width + (1 if i < extra else 0)
+        layout.append((low, w))
+        low += w
+    return layout
+
+
+def bucket_values(value: int, layout: Sequence[tuple[int, int]]) -> list[int]:
+    """The chunk values of one unsigned 64-bit hash, as signed 64-bit ints (Beam's int coder
+    holds those; only a 64-bit chunk, at threshold 0, can exceed ``2**63 - 1``)."""
+    values = []
+    for low, width in layout:
+        v = (value >> low) & ((1 << width) - 1)
+        values.append(v - (1 << 64) if v >= 1 << 63 else v)
+    return values
+
+
+def _chunk_equal(x: np.ndarray, layout: Sequence[tuple[int, int]]) -> np.ndarray:
+    """``(chunks, n)``: where the XOR ``x`` is zero on each chunk (the two hashes agree)."""
+    out = np.empty((len(layout), x.shape[0]), bool)
+    for j, (low, width) in enumerate(layout):
+        mask = np.uint64((1 << width) - 1) if width < 64 else np.uint64(2**64 - 1)
+        out[j] = ((x >> np.uint64(low)) & mask) == 0
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class BucketPairs:
+    """Pairs one bucket emits, as rows of its entries, sorted by ``(key[row_a], key[row_b])``.
+
+    Attributes:
+      row_a, row_b: int64 rows into the bucket's entries, ``key[row_a] < key[row_b]``.
+      distance: uint8, the smaller of plain and mirrored distance when searched with flips.
+      flipped: True where the pair is closer mirrored than as is.
+    """
+
+    row_a: np.ndarray
+    row_b: np.ndarray
+    distance: np.ndarray
+    flipped: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.row_a.shape[0])
+
+
+def _owned(
+    a: np.ndarray,
+    b: np.ndarray,
+    h: np.ndarray,
+    mirrored: np.ndarray,
+    keys: np.ndarray,
+    chunk: int,
+    threshold: int,
+    flips: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which entry pairs ``(a, b)`` this bucket owns, and their distance and flip.
+
+    A pair of examples may meet in several buckets (plainly on one chunk, mirrored on another,
+    or mirrored in two buckets of one chunk). It is owned by the lowest chunk on which it meets
+    by a kind within the threshold; plainly if it can, else in the bucket of the smaller
+    ``(chunk value, key)`` of its two plain entries. Everything is a function of the two hashes
+    and keys, so each pair is emitted by exactly one bucket with no second shuffle.
+    """
+    ha, hb = h[a], h[b]
+    x0 = ha ^ hb
+    d = np.bitwise_count(x0).astype(np.int64)
+    plain_ok = d <= threshold
+    agree = _chunk_equal(x0, bucket_layout(threshold)) & plain_ok
+    if flips:
+        x1 = x0 ^ np.uint64(FLIP_MASK)
+        dm = np.bitwise_count(x1).astype(np.int64)
+        mirror_agree = _chunk_equal(x1, bucket_layout(threshold)) & (dm <= threshold)
+        first = np.argmax(agree | mirror_agree, axis=0)
+    else:
+        dm = np.full(d.shape, HASH_BITS + 1, np.int64)
+        first = np.argmax(agree, axis=0)
+    ma, mb = mirrored[a], mirrored[b]
+    plain_pair = ~ma & ~mb
+    keep = (first == chunk) & ~(ma & mb) & (keys[a] != keys[b])
+    keep &= np.where(plain_pair, agree[chunk], ~agree[chunk])
+    if flips:
+        # A mirrored meeting: one plain entry P, one mirrored M; owned by the bucket of the
+        # smaller (chunk value, key) of the two plain hashes.
+        low, width = bucket_layout(threshold)[chunk]
+        mask = np.uint64((1 << width) - 1) if width < 64 else np.uint64(2**64 - 1)
+        p, m = np.where(ma, b, a), np.where(ma, a, b)
+        pv, mv = (h[p] >> np.uint64(low)) & mask, (h[m] >> np.uint64(low)) & mask
+        smaller = (pv < mv) | ((pv == mv) & (keys[p] < keys[m]))
+        keep &= plain_pair | smaller
+    distance = np.minimum(d, dm)
+    return keep, distance.astype(np.uint8), dm < d
+
+
+def search_bucket(
+    chunk: int,
+    hashes: np.ndarray,
+    keys: np.ndarray,
+    mirrored: np.ndarray,
+    threshold: int = DEFAULT_THRESHOLD,
+    *,
+    blocks: np.ndarray | None = None,
+    flips: bool = True,
+    max_pairs: int | None = None,
+) -> BucketPairs:
+    """The pairs one bucket of a bucketed search owns (``bucket_layout``), exactly.
+
+    A bucket holds the entries whose hash (or, for a ``mirrored`` entry, mirrored hash) has
+    one value on chunk ``chunk``. The entries' effective hashes (mirrored where ``mirrored``)
+    are collapsed to distinct values, ``find_pairs`` finds the distinct values within the
+    threshold, and member pairs are expanded in bounded pieces: a bucket of many identical
+    hashes (blank images) costs one distinct value plus its pairs. Over every bucket of a set
+    of hashes, the owned pairs are the pairs ``find_pairs`` finds, each exactly once.
+
+    Args:
+      chunk: the bucket's chunk index in ``bucket_layout(threshold)``.
+      hashes: uint64 hash of each entry's example (as is, never mirrored).
+      keys: int64 example ids, one entry per example and kind; pairs are ordered by them.
+      mirrored: bool, the entry stands for the mirrored hash.
+      threshold: as for ``find_pairs``.
+      blocks: when the bucket is one block pair of a split bucket, each entry's block: only
+        pairs across two blocks are owned (a block's own pairs are its pair with itself).
+      flips: as for ``find_pairs``.
+      max_pairs: keep only the first this many pairs in key order (None: all).
+
+    Returns:
+      ``BucketPairs`` sorted by key.
+
+    Raises:
+      ValueError: for a chunk outside the layout or arrays of different lengths.
+    """
+    h = _check(hashes, threshold)
+    keys = np.asarray(keys, np.int64)
+    mirrored = np.asarray(mirrored, bool)
+    if not 0 <= chunk <= threshold:
+        raise ValueError(f"chunk must be in [0, {threshold}] for threshold {threshold}: {chunk}")
+    if not h.shape == keys.shape == mirrored.shape:
+        raise ValueError(
+            f"hashes, keys, mirrored differ: {h.shape}, {keys.shape}, {mirrored.shape}"
+        )
+    virtual = np.where(mirrored, h ^ np.uint64(FLIP_MASK), h)
+    unique, inverse = np.unique(virtual, return_inverse=True)
+    inverse = inverse.ravel()
+    near = find_pairs(unique, threshold, flips=False)
+    order = np.argsort(inverse, kind="stable")  # entries grouped by distinct value
+    offsets = np.zeros(unique.shape[0] + 1, np.int64)
+    np.cumsum(np.bincount(inverse, minlength=unique.shape[0]), out=offsets[1:])
+    sizes = np.diff(offsets)
+    # Queries in grouped order: each entry with the rest of its group, and each member of a
+    # distinct pair's first group with all of its second group.
+    group_of = inverse[order]
+    positions = np.arange(order.shape[0], dtype=np.int64)
+    q_same, s_same = positions, positions + 1
+    c_same = offsets[group_of + 1] - positions - 1
+    g1, g2 = near.first, near.second
+    q_near = np.repeat(offsets[g1], sizes[g1]) + _ranks(sizes[g1])
+    s_near = np.repeat(offsets[g2], sizes[g1])
+    c_near = np.repeat(sizes[g2], sizes[g1])
+    out = _Owned(h, mirrored, keys, chunk, threshold, flips, blocks, order, max_pairs)
+    for queries, starts, counts in ((q_same, s_same, c_same), (q_near, s_near, c_near)):
+        _expand_rows(queries, starts, counts, out)
+    return out.result()
+
+
+def _ranks(sizes: np.ndarray) -> np.ndarray:
+    """``0..s-1`` for each ``s`` in ``sizes``, concatenated."""
+    total = int(sizes.sum())
+    starts = np.repeat(np.cumsum(sizes) - sizes, sizes)
+    return np.arange(total, dtype=np.int64) - starts
+
+
+def _expand_rows(queries, starts, counts, out: _Owned) -> None:
+    """Pairs each grouped position ``queries[i]`` with ``counts[i]`` positions from
+    ``starts[i]``, ``_EXPAND_LIMIT`` candidates at a time."""
+    nonzero = np.flatnonzero(counts)
+    queries, starts, counts = queries[nonzero], starts[nonzero], counts[nonzero]
+    totals = np.cumsum(counts)
+    begin = 0
+    while begin < counts.shape[0]:
+        base = totals[begin - 1] if begin else 0
+        stop = max(begin + 1, int(np.searchsorted(totals, base + _EXPAND_LIMIT, side="right")))
+        c = counts[begin:stop]
+        ends = totals[begin:stop] - base
+        partners = np.arange(ends[-1], dtype=np.int64)
+        partners += np.repeat(starts[begin:stop] - (ends - c), c)
+        out.add(np.repeat(queries[begin:stop], c), partners)
+        begin = stop
+
+
+class _Owned:
+    """Collects the owned pairs of one bucket, keeping at most ``max_pairs`` (the first in
+    key order) so that memory stays bounded however many pairs the bucket holds."""
+
+    def __init__(self, h, mirrored, keys, chunk, threshold, flips, blocks, order, max_pairs):
+        self._args = (h, mirrored, keys, chunk, threshold, flips)
+        self._keys, self._blocks, self._order = keys, blocks, order
+        self._max = max_pairs
+        self._parts: list[tuple[np.ndarray, ...]] = []
+        self._held = 0
+
+    def add(self, grouped_a: np.ndarray, grouped_b: np.ndarray) -> None:
+        a, b = self._order[grouped_a], self._order[grouped_b]
+        if self._blocks is not None:
+            cross = self._blocks[a] != self._blocks[b]
+            a, b = a[cross], b[cross]
+        keep, distance, flipped = _owned(a, b, *self._args)
+        a, b = a[keep], b[keep]
+        swap = self._keys[a] > self._keys[b]
+        a, b = np.where(swap, b, a), np.where(swap, a, b)
+        self._parts.append((a, b, distance[keep], flipped[keep]))
+        self._held += a.shape[0]
+        if self._max is not None and self._held > 2 * self._max:
+            self._parts = [self._sorted()]
+            self._held = self._parts[0][0].shape[0]
+
+    def _sorted(self) -> tuple[np.ndarray, ...]:
+        if not self._parts:
+            empty = np.zeros(0, np.int64)
+            return empty, empty, np.zeros(0, np.uint8), np.zeros(0, bool)
+        a, b, distance, flipped = (np.concatenate(c) for c in zip(*self._parts, strict=True))
+        order = np.lexsort((self._keys[b], self._keys[a]))[: self._max]
+        return a[order], b[order], distance[order], flipped[order]
+
+    def result(self) -> BucketPairs:
+        return BucketPairs(*self._sorted())
+
+
+def bucket_blocks(entries: int, max_bucket_entries: int) -> int:
+    """How many blocks a bucket of ``entries`` is searched in: 1 up to ``max_bucket_entries``,
+    else ``ceil(2 * entries / max_bucket_entries)``, so that a pair of blocks (what one worker
+    holds) has about ``max_bucket_entries`` entries."""
+    if max_bucket_entries < 2:
+        raise ValueError(f"max_bucket_entries must be >= 2, got {max_bucket_entries}")
+    if entries <= max_bucket_entries:
+        return 1
+    return -(-2 * entries // max_bucket_entries)
+
+
+def find_pairs_by_buckets(
+    hashes: np.ndarray,
+    threshold: int = DEFAULT_THRESHOLD,
+    *,
+    flips: bool = True,
+    max_bucket_entries: int = 1 << 16,
+) -> tuple[Pairs, int]:
+    """``find_pairs`` as the bucketed search runs it on an engine, in one process.
+
+    Every hash goes to one bucket per chunk of ``bucket_layout`` (and, with ``flips``, to one
+    more for its mirrored hash); a bucket over ``max_bucket_entries`` is split into blocks by
+    position and searched as pairs of blocks; ``search_bucket`` searches each. For tests and
+    benchmarks: the engine's transform (``beam_pipelines.graph.near_duplicate_search``) runs
+    the same functions, keyed by a shuffle.
+
+    Returns:
+      ``(pairs, largest)``: the pairs, equal to ``find_pairs``' (sorted, complete), and the
+      most entries one search held.
+    """
+    h = _check(hashes, threshold)
+    layout = bucket_layout(threshold)
+    n = h.shape[0]
+    rows = np.arange(n, dtype=np.int64)
+    kinds = (False, True) if flips else (False,)
+    found: list[tuple[np.ndarray, ...]] = []
+    largest = 0
+    for chunk, (low, width) in enumerate(layout):
+        mask = np.uint64((1 << width) - 1) if width < 64 else np.uint64(2**64 - 1)
+        values = np.concatenate(
+            [((h ^ np.uint64(FLIP_MASK if m else 0)) >> np.uint64(low)) & mask for m in kinds]
+        )
+        entry_rows = np.tile(rows, len(kinds))
+        entry_mirrored = np.repeat(np.array(kinds), n)
+        order = np.argsort(values, kind="stable")
+        bounds = np.flatnonzero(np.diff(values[order])) + 1
+        for members in np.split(order, bounds):
+            r, m = entry_rows[members], entry_mirrored[members]
+            k = bucket_blocks(members.shape[0], max_bucket_entries)
+            block = r % k
+            for p, q in itertools.combinations_with_replacement(range(k), 2):
+                sel = (block == p) | (block == q)
+                largest = max(largest, int(sel.sum()))
+                got = search_bucket(
+                    chunk,
+                    h[r[sel]],
+                    r[sel],
+                    m[sel],
+                    threshold,
+                    blocks=block[sel] if p != q else None,
+                    flips=flips,
+                )
+                found.append((r[sel][got.row_a], r[sel][got.row_b], got.distance, got.flipped))
+    if not found:
+        return Pairs.empty(), largest
+    first, second, distance, flipped = (np.concatenate(c) for c in zip(*found, strict=True))
+    order = np.lexsort((second, first))
+    return Pairs(first[order], second[order], distance[order], flipped[order]), largest

@@ -1,8 +1,9 @@
 """Near-duplicates across the dataset at build time: the report, and moving leakage to train.
 
-Every example's perceptual hash (``CatalogMeta.phash``) is gathered, as a few fixed-size
-numbers per example, into one step that runs ``catalog.near_duplicates.find_pairs`` over all of
-them. What comes out:
+Every example's perceptual hash (``CatalogMeta.phash``), as a few fixed-size numbers per
+example, is searched on the engine bucket by bucket (``near_duplicate_search``: chunks of
+multi-index hashing as shuffle keys), with the pairs ``catalog.near_duplicates.find_pairs``
+would find over all of them. What comes out:
 
 * ``near_duplicates.jsonl``: one line per pair within ``--near_duplicate_threshold`` bits,
   train-validation leakage first, then pairs joining two classes, then the rest; each line names
@@ -15,8 +16,10 @@ them. What comes out:
 Byte-identical copies are one example here (the shard writer keeps one); a content filed under
 two classes (a label conflict, already in ``duplicates.jsonl``) is left out.
 
-Memory: the search step holds 25 bytes per example (it needs every hash at once); nothing else
-of a record is held back for the report. The report is written once the split catalogs are
+Memory: no step holds every hash; a bucket search holds at most about
+``DEFAULT_MAX_BUCKET_ENTRIES`` entries, and the last step at most ``MAX_REPORTED_PAIRS`` pairs
+(the gathered search, kept as the reference, holds 25 bytes per example in one worker).
+Nothing else of a record is held back for the report. The report is written once the split catalogs are
 merged, and names the examples of each pair from them (the copy kept, in the split written),
 reading one batch of catalog rows at a time: a second pass over every record, waiting for the
 search, would make the runner keep every record in memory until the search is done.
@@ -36,6 +39,12 @@ import pyarrow.compute as pc
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from beam_pipelines.graph.near_duplicate_search import (
+    MAX_REPORTED_PAIRS,
+    SearchNearDuplicates,
+    hash_entry,
+    key_number,
+)
 from beam_pipelines.output.catalog_io import CatalogResult, read_catalog_batches
 from beam_pipelines.output.publish import write_text
 from beam_pipelines.output.shards import METRICS_NAMESPACE, TRAIN, VALIDATION
@@ -61,9 +70,6 @@ __all__ = [
 
 NEAR_DUPLICATES_NAME = "near_duplicates.jsonl"
 LEAKAGE_ACTIONS = ("report", "move_to_train")
-# A set holding thousands of copies of one image has millions of pairs: the search stops here.
-MAX_REPORTED_PAIRS = 1_000_000
-_SPLIT_CODES = {TRAIN: 0, VALIDATION: 1}
 _MEMBER_COLUMNS = ("key", "uri", "label", "text", "source_width", "source_height")
 _SAME_ASPECT = 0.01  # relative: sources whose aspect ratios differ more were cropped
 # What the search finds among no examples.
@@ -78,16 +84,6 @@ NOTHING_FOUND: dict[str, Any] = {
     "examples": 0,
     "complete": True,
 }
-
-
-def _signed(value: int) -> int:
-    # Beam's integer coder holds signed 64-bit values: the same 64 bits, read as signed.
-    return value - (1 << 64) if value >= 1 << 63 else value
-
-
-def key_number(sha256: str) -> int:
-    """The first 64 bits of an example's key, as a signed int: what the search step carries."""
-    return _signed(int(sha256[:16], 16))
 
 
 class NearDuplicateMember(NamedTuple):
@@ -149,14 +145,6 @@ class _Columns(beam.CombineFn):
 
     def extract_output(self, acc):
         return acc
-
-
-def _entry(element) -> tuple[int, int, int, int] | None:
-    split, record = element
-    meta = record.meta
-    if meta is None or meta.phash is None or split not in _SPLIT_CODES:
-        return None
-    return (key_number(record.sha256), _signed(meta.phash), _SPLIT_CODES[split], meta.label)
 
 
 def search_columns(columns, threshold: int, move: bool) -> dict[str, Any]:
@@ -323,31 +311,47 @@ class FindNearDuplicates(beam.PTransform):
     Records are ``PreparedRecord`` or ``StagedRecord`` (anything with ``sha256`` and ``meta``).
     The dict holds the pairs by key number and ``moved``, the key numbers
     ``MoveLeakageToTrain`` moves; read it with ``found_side_input``, which stands in for an
-    empty search. Only 25 bytes per example reach the search step; nothing else of a record is
-    kept (``ReportNearDuplicates`` names the examples from the catalogs).
+    empty search. Only 25 bytes per example leave this step's first map; nothing else of a
+    record is kept (``ReportNearDuplicates`` names the examples from the catalogs).
+
+    The search runs on the engine, bucket by bucket (``SearchNearDuplicates``); with
+    ``gathered=True`` every hash is gathered in one worker and searched there
+    (``search_columns``), the reference the bucketed search is tested against. Both give the
+    same result while the pairs stay under ``MAX_REPORTED_PAIRS``.
 
     Args:
       threshold: the largest Hamming distance that makes a pair.
       action: ``"report"`` or ``"move_to_train"`` (one of ``LEAKAGE_ACTIONS``).
+      gathered: search every hash in one worker instead of bucket by bucket.
 
     Raises:
       ValueError: for an action out of range, naming the flag.
     """
 
-    def __init__(self, *, threshold: int = DEFAULT_THRESHOLD, action: str = "report") -> None:
+    def __init__(
+        self, *, threshold: int = DEFAULT_THRESHOLD, action: str = "report", gathered: bool = False
+    ) -> None:
         super().__init__()
         if action not in LEAKAGE_ACTIONS:
             raise ValueError(f"--leakage must be one of {LEAKAGE_ACTIONS}, got {action!r}")
         self._threshold = threshold
         self._action = action
+        self._gathered = gathered
 
     def expand(self, by_split):
         threshold, move = self._threshold, self._action == "move_to_train"
-        return (
+        entries = (
             by_split
-            | "HashEntries" >> beam.Map(_entry)
+            | "HashEntries" >> beam.Map(hash_entry)
             | "WithHash" >> beam.Filter(lambda entry: entry is not None)
             # (key number, phash, split code, label)
+        )
+        if not self._gathered:
+            return entries | "SearchByBucket" >> SearchNearDuplicates(
+                threshold=threshold, move=move
+            )
+        return (
+            entries
             # Without defaults: a default would be injected through a side input, which the
             # in-process runner keeps (all the columns) until the pipeline ends.
             | "Columns" >> beam.CombineGlobally(_Columns()).without_defaults()
