@@ -22,10 +22,16 @@ Cost rows:
   per image is larger still, with Beam's own overhead: ``bench_pipeline``);
 * search: ``find_pairs`` over N uniform random hashes, CPU seconds (uniform hashes are the
   worst case for chance pairs and a fair one for bucket sizes).
+* bucketed search (``--buckets``): the engine's search (``find_pairs_by_buckets``: every
+  bucket of ``bucket_layout`` searched with ``search_bucket``, as the Beam transform's workers
+  do, here one after another) over the same hashes, checked pair for pair against
+  ``find_pairs``; its CPU over all buckets, the largest bucket, and a worker's memory: the peak
+  RSS of a fresh process searching the largest bucket (before and during the search).
 
 Usage::
 
-  python -m benchmarks.bench_near_duplicates [--n 1000] [--search 100000,1000000] [--quick]
+  python -m benchmarks.bench_near_duplicates [--n 1000] [--search 100000,1000000]
+      [--buckets 1000000,3000000] [--quick]
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from __future__ import annotations
 import argparse
 import io
 import math
+import multiprocessing
+import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -44,7 +52,13 @@ from beam_pipelines.image import phash as image_hash
 from beam_pipelines.image import prepare as images
 from beam_pipelines.image.prepare import ImageOptions, prepare_image
 from beam_pipelines.samples import scene_rgb
-from catalog.near_duplicates import find_pairs
+from catalog.near_duplicates import (
+    FLIP_MASK,
+    bucket_layout,
+    find_pairs,
+    find_pairs_by_buckets,
+    search_bucket,
+)
 
 VARIANTS = (
     "jpeg_q50",
@@ -192,6 +206,70 @@ def search_cost(n: int, threshold: int) -> tuple[float, int]:
     return time.process_time() - start, len(pairs)
 
 
+def _uniform(n: int) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    return rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+
+
+def _largest_bucket(hashes: np.ndarray, threshold: int) -> tuple[int, np.ndarray, np.ndarray]:
+    """``(chunk, rows, mirrored)`` of the bucket with the most entries."""
+    best: tuple[int, np.ndarray, np.ndarray] = (0, np.zeros(0, np.int64), np.zeros(0, bool))
+    n = hashes.shape[0]
+    for chunk, (low, width) in enumerate(bucket_layout(threshold)):
+        mask = np.uint64((1 << width) - 1)
+        values = np.concatenate(
+            [((hashes ^ np.uint64(m)) >> np.uint64(low)) & mask for m in (0, FLIP_MASK)]
+        )
+        top = np.bincount(values.astype(np.int64)).argmax()
+        members = np.flatnonzero(values == np.uint64(top))
+        if members.shape[0] > best[1].shape[0]:
+            best = (chunk, members % n, members >= n)
+    return best
+
+
+def _worker_memory(n: int, threshold: int, queue) -> None:
+    hashes = _uniform(n)
+    chunk, rows, mirrored = _largest_bucket(hashes, threshold)
+    bucket = hashes[rows].copy(), rows.astype(np.int64), mirrored
+    del hashes, rows
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    search_bucket(chunk, bucket[0], bucket[1], bucket[2], threshold)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    queue.put((int(bucket[0].shape[0]), before / 1024, peak / 1024))
+
+
+def bucket_cost(n: int, threshold: int) -> dict:
+    """The bucketed search over ``n`` uniform hashes against ``find_pairs``: equality, CPU
+    seconds of both, the largest bucket and a worker's peak RSS (MB) searching it."""
+    hashes = _uniform(n)
+    start = time.process_time()
+    exact = find_pairs(hashes, threshold)
+    exact_cpu = time.process_time() - start
+    start = time.process_time()
+    bucketed, largest = find_pairs_by_buckets(hashes, threshold)
+    bucket_cpu = time.process_time() - start
+    same = all(
+        np.array_equal(getattr(exact, f), getattr(bucketed, f))
+        for f in ("first", "second", "distance", "flipped")
+    )
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    worker = context.Process(target=_worker_memory, args=(n, threshold, queue))
+    worker.start()
+    entries, before, peak = queue.get()
+    worker.join()
+    return {
+        "pairs": len(exact),
+        "same": same,
+        "exact_cpu": exact_cpu,
+        "bucket_cpu": bucket_cpu,
+        "largest": largest,
+        "worker_entries": entries,
+        "rss_before": before,
+        "rss_peak": peak,
+    }
+
+
 def chance_pairs(n: int, threshold: int, flips: bool = True) -> float:
     """Expected pairs among ``n`` independent uniform 64-bit hashes within ``threshold``."""
     within = sum(math.comb(64, k) for k in range(threshold + 1)) / 2.0**64
@@ -205,11 +283,40 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--search", default="100000,1000000", help="hash counts for the search rows"
     )
+    parser.add_argument(
+        "--buckets", default="1000000,3000000", help="hash counts for the bucketed search rows"
+    )
+    parser.add_argument("--skip_quality", action="store_true", help="only the search rows")
     parser.add_argument("--quick", action="store_true", help="a smoke run")
     args = parser.parse_args(argv)
     if args.quick:
-        args.n, args.cost_n, args.search = 30, 30, "20000"
+        args.n, args.cost_n, args.search, args.buckets = 30, 30, "20000", "20000"
     sizes = [int(s) for s in args.search.split(",") if s]
+    if not args.skip_quality:
+        _quality_and_cost(args)
+    _search_rows(sizes)
+    _bucket_rows([int(s) for s in args.buckets.split(",") if s])
+    return 0
+
+
+def _bucket_rows(sizes: list[int]) -> None:
+    print("\nbucketed search (the engine's, buckets one after another; uniform hashes, t=8):")
+    print(
+        "| hashes | pairs | equal to find_pairs | find_pairs CPU s | buckets CPU s "
+        "| largest bucket | worker RSS before / peak MB |"
+    )
+    print("|---:|---:|:---:|---:|---:|---:|---:|")
+    for n in sizes:
+        row = bucket_cost(n, 8)
+        print(
+            f"| {n:,} | {row['pairs']:,} | {'yes' if row['same'] else 'NO'} | "
+            f"{row['exact_cpu']:.1f} | {row['bucket_cpu']:.1f} | {row['largest']:,} | "
+            f"{row['rss_before']:.0f} / {row['rss_peak']:.0f} |"
+        )
+        sys.stdout.flush()
+
+
+def _quality_and_cost(args) -> None:
 
     print(f"near-duplicates of {args.n} distinct scenes, flips on (recall / precision):")
     rows = quality_rows(args.n)
@@ -231,6 +338,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{(sample + batch) / whole:.1%} of prepare_image"
     )
 
+
+def _search_rows(sizes: list[int]) -> None:
     print("\nsearch (find_pairs, uniform random hashes, flips on):")
     print("| hashes | threshold | CPU s | pairs found | chance pairs expected |")
     print("|---:|---:|---:|---:|---:|")
@@ -242,7 +351,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{chance_pairs(n, threshold):,.0f} |"
             )
             sys.stdout.flush()
-    return 0
 
 
 if __name__ == "__main__":
