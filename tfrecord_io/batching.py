@@ -60,7 +60,7 @@ def pipeline_options(
     """The ``tf.data.Options`` of a reader pipeline.
 
     Args:
-      config: the reader's configuration (threads and RAM budget).
+      config: the reader's configuration (threads, RAM budget, symbolic checkpointing).
       deterministic: whether the pipeline keeps its order.
       sharded_here: whether the reader itself shards the data among input pipelines.
       service: the tf.data service the pipeline runs on, or None.
@@ -76,6 +76,9 @@ def pipeline_options(
     options.threading.max_intra_op_parallelism = 1
     options.experimental_optimization.map_parallelization = True
     options.experimental_optimization.parallel_batch = True
+    if config.symbolic_checkpoint:
+        # Checkpoints hold positions; what the decode and prefetch buffered is recomputed.
+        options.experimental_symbolic_checkpoint = True
     if sharded_here or service is not None:
         # This reader (or the tf.data service) already decided who reads what.
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF

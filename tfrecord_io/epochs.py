@@ -552,11 +552,17 @@ def exact_epoch_dataset(
     """``make_dataset``'s pipeline when ``config.exclude`` is set (see ``make_dataset``).
 
     Raises:
-      ValueError: if the source has no manifest, or ``exclude`` was taken on another split.
+      ValueError: if the source has no manifest, ``exclude`` was taken on another split, or
+        ``symbolic_checkpoint`` is asked of streamed shards.
     """
     exclude = config.exclude
     assert exclude is not None
     _check_exclude(exclude, resolved)
+    if config.symbolic_checkpoint and resolved.streamed:
+        raise ValueError(
+            f"symbolic_checkpoint=True reads local shards only; {resolved.source} is streamed "
+            "through the shard cache (pass symbolic_checkpoint=False)"
+        )
     if service is not None or input_context is None:
         pipeline_id, num_pipelines = 0, 1
     else:

@@ -89,6 +89,15 @@ class ReadConfig:
         ``dataset.json`` and ``training=True`` without ``cache``; ``sharding`` does not apply
         (pipelines split each epoch by example, evenly), and ``num_epochs`` counts from
         epoch 0.
+      symbolic_checkpoint: iterator checkpoints hold positions, not buffered data: tf.data's
+        symbolic checkpointing, which recomputes on restore what the parallel decode and the
+        prefetch held (decoded batches, several times the encoded records' size). What is
+        left is the record shuffle buffer, of encoded records (at most the pipeline's share of
+        the split). Needs ``exclude`` and local shards, and not ``skip_corrupt``: it reads
+        without ``ignore_errors``, which tf.data cannot checkpoint symbolically, so a record
+        whose CRC fails raises TensorFlow's ``DataLossError`` (``corrupted record at N``)
+        without the shard's name; a shard that is missing or of another size still fails
+        naming it.
 
     Raises:
       ValueError: naming the bad value, if any attribute is invalid.
@@ -109,11 +118,13 @@ class ReadConfig:
     threads: int | None = None
     jpeg_dct_method: str = "INTEGER_FAST"
     exclude: DeliveredSet | None = None
+    symbolic_checkpoint: bool = False
 
     def __post_init__(self) -> None:
         _flag("with_keys", self.with_keys)
         _flag("deterministic", self.deterministic, optional=True)
         _flag("skip_corrupt", self.skip_corrupt)
+        _flag("symbolic_checkpoint", self.symbolic_checkpoint)
         _positive("num_epochs", self.num_epochs, optional=True)
         _positive("shuffle_buffer", self.shuffle_buffer, optional=True)
         _positive("cycle_length", self.cycle_length, optional=True)
@@ -139,6 +150,28 @@ class ReadConfig:
                 raise ValueError(
                     f"exclude (exact epochs) reads without a record cache; got cache={self.cache!r}"
                 )
+        if self.symbolic_checkpoint:
+            _check_symbolic(self)
+
+
+def _check_symbolic(config: ReadConfig) -> None:
+    """Checks ``config`` can be checkpointed symbolically.
+
+    Raises:
+      ValueError: without ``exclude`` (the plain pipeline's repeated, reshuffled file order
+        does not restore symbolically), or with ``skip_corrupt`` (skipping damage needs
+        ``ignore_errors``, which cannot).
+    """
+    if config.exclude is None:
+        raise ValueError(
+            "symbolic_checkpoint=True needs exact epochs (exclude=DeliveredSet...); got "
+            "exclude=None"
+        )
+    if config.skip_corrupt:
+        raise ValueError(
+            "symbolic_checkpoint=True reads without ignore_errors, so it cannot skip damage; "
+            "got skip_corrupt=True (pass symbolic_checkpoint=False to skip damaged shards)"
+        )
 
 
 _READ_FIELDS = frozenset(f.name for f in dataclasses.fields(ReadConfig))

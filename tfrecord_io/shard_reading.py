@@ -224,6 +224,9 @@ class ShardReader:
         ``present_shards``).
       counts_known: every shard's record count is known (a manifest gives it).
       readahead: records each open file reads ahead (``file_readahead``).
+      end_on_error: read errors end a local file early, so that its end marker names it
+        (``ignore_errors``). False under symbolic checkpointing, which ``ignore_errors`` does
+        not support: a CRC failure then raises TensorFlow's ``DataLossError``.
     """
 
     resolved: ResolvedSource
@@ -233,6 +236,7 @@ class ShardReader:
     guard_missing: bool
     counts_known: bool
     readahead: int
+    end_on_error: bool = True
 
     @classmethod
     def for_shards(
@@ -253,6 +257,7 @@ class ShardReader:
             guard_missing=guard_missing,
             counts_known=all(s.num_examples >= 0 for s in shards),
             readahead=file_readahead(shards),
+            end_on_error=not config.symbolic_checkpoint,
         )
 
     def read(
@@ -337,7 +342,10 @@ class ShardReader:
         records = tf.data.TFRecordDataset(names, buffer_size=self.read_buffer_bytes)
         if file_skip is not None:
             records = records.skip(file_skip)
-        return records.ignore_errors()
+        # A missing file still reads as 0 bytes (the guard above) and a resized one fails when
+        # the pipeline is built (present_shards), so without ignore_errors only a CRC failure
+        # goes unnamed.
+        return records.ignore_errors() if self.end_on_error else records
 
     def _scan_step(self, path: tf.Tensor, num_bytes: tf.Tensor, num_examples: tf.Tensor) -> Any:
         """The scan function that counts what was read of one shard and checks it at the

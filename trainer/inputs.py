@@ -130,6 +130,22 @@ class ReaderInputs:
         no record cache."""
         return self.split_digest is not None and self.data.cache is None
 
+    @property
+    def symbolic_checkpoint(self) -> bool:
+        """Whether the training iterator's checkpoints hold positions rather than buffered
+        batches (``ReadConfig.symbolic_checkpoint``): exact epochs read in this process from
+        local shards, without ``skip_corrupt``. A checkpoint then holds the record shuffle
+        buffer (encoded records) and positions, instead of also the several decoded batches the
+        parallel decode and the prefetch buffer."""
+        from tfrecord_io.source import is_remote
+
+        return (
+            self.exact_epochs
+            and self.checkpointable
+            and not self.data.skip_corrupt
+            and not is_remote(self.data.source)
+        )
+
     @classmethod
     def from_config(cls, data: DataConfig, *, global_batch_size: int, seed: int) -> ReaderInputs:
         """Reads the manifest (if any) and checks the data fits the run.
@@ -222,6 +238,7 @@ class ReaderInputs:
                 sharding=self.sharding,
                 exclude=exclude,
                 skip_corrupt=self.data.skip_corrupt,
+                symbolic_checkpoint=exclude is not None and self.symbolic_checkpoint,
             ),
             service=service,
         )
@@ -251,4 +268,7 @@ class ReaderInputs:
             "seed": self.seed,
             "cache": self.data.cache,
             "sharding": self.sharding,
+            # A checkpoint of one kind does not restore into a pipeline of the other: a run
+            # whose kind changed resumes from its delivered set instead.
+            "input_checkpoint": "positions" if self.symbolic_checkpoint else "buffers",
         }
