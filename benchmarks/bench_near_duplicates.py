@@ -40,7 +40,6 @@ import argparse
 import io
 import math
 import multiprocessing
-import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -227,15 +226,21 @@ def _largest_bucket(hashes: np.ndarray, threshold: int) -> tuple[int, np.ndarray
     return best
 
 
-def _worker_memory(n: int, threshold: int, queue) -> None:
-    hashes = _uniform(n)
-    chunk, rows, mirrored = _largest_bucket(hashes, threshold)
-    bucket = hashes[rows].copy(), rows.astype(np.int64), mirrored
-    del hashes, rows
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def _worker_memory(chunk: int, bucket: tuple[np.ndarray, ...], threshold: int, queue) -> None:
+    # A fresh process holding only its bucket, as a worker does after the shuffle.
+    before = _high_water_mb()
     search_bucket(chunk, bucket[0], bucket[1], bucket[2], threshold)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    queue.put((int(bucket[0].shape[0]), before / 1024, peak / 1024))
+    queue.put((int(bucket[0].shape[0]), before, _high_water_mb()))
+
+
+def _high_water_mb() -> float:
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork and exec, so a spawned child
+    # would report its parent's peak.
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmHWM in /proc/self/status: the worker memory row needs Linux")
 
 
 def bucket_cost(n: int, threshold: int) -> dict:
@@ -254,7 +259,9 @@ def bucket_cost(n: int, threshold: int) -> dict:
     )
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    worker = context.Process(target=_worker_memory, args=(n, threshold, queue))
+    chunk, rows, mirrored = _largest_bucket(hashes, threshold)
+    bucket = (hashes[rows], rows.astype(np.int64), mirrored)
+    worker = context.Process(target=_worker_memory, args=(chunk, bucket, threshold, queue))
     worker.start()
     entries, before, peak = queue.get()
     worker.join()
