@@ -137,14 +137,16 @@ class ReaderInputs:
         local shards, without ``skip_corrupt``. A checkpoint then holds the record shuffle
         buffer (encoded records) and positions, instead of also the several decoded batches the
         parallel decode and the prefetch buffer."""
+        return self.checkpointable and self._positions_readable
+
+    @property
+    def _positions_readable(self) -> bool:
+        """Whether the training pipeline, read in this process, can be checkpointed
+        symbolically; the layout records it whatever the service, so that moving a run to the
+        tf.data service changes the layout only in ``service``."""
         from tfrecord_io.source import is_remote
 
-        return (
-            self.exact_epochs
-            and self.checkpointable
-            and not self.data.skip_corrupt
-            and not is_remote(self.data.source)
-        )
+        return self.exact_epochs and not self.data.skip_corrupt and not is_remote(self.data.source)
 
     @classmethod
     def from_config(cls, data: DataConfig, *, global_batch_size: int, seed: int) -> ReaderInputs:
@@ -270,5 +272,5 @@ class ReaderInputs:
             "sharding": self.sharding,
             # A checkpoint of one kind does not restore into a pipeline of the other: a run
             # whose kind changed resumes from its delivered set instead.
-            "input_checkpoint": "positions" if self.symbolic_checkpoint else "buffers",
+            "input_checkpoint": "positions" if self._positions_readable else "buffers",
         }
