@@ -14,7 +14,7 @@ from typing import Any
 import PIL
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_pipelines.graph.leakage import LEAKAGE_ACTIONS
+from beam_pipelines.graph.leakage import LEAKAGE_ACTIONS, SEARCH_METHODS
 from beam_pipelines.image.options import ImageOptions
 from beam_pipelines.output.shards import LABEL_CONFLICT_POLICIES
 from catalog.near_duplicates import DEFAULT_THRESHOLD, MAX_THRESHOLD
@@ -67,6 +67,10 @@ class PipelineConfig:
         (``leakage``): ``report`` them in ``near_duplicates.jsonl`` only, or ``move_to_train``.
       near_duplicate_threshold: the largest Hamming distance between perceptual hashes (of 64
         bits) that makes two examples near-duplicates.
+      near_duplicate_search: ``gathered``, every hash searched in one worker (25 bytes an
+        example, the least work), or ``bucketed``, chunk buckets searched on the engine's
+        workers (no worker holds every hash; about 2(t+1) entries an example cross a shuffle).
+        The same pairs below ``MAX_REPORTED_PAIRS``.
       base: a previous dataset (or a versions root with ``latest``) whose stored examples are
         reused for unchanged source bytes when the image options match (``base``); None for a
         clean build. It is only read, and never recorded in ``manifest_options``: an
@@ -179,6 +183,16 @@ class PipelineConfig:
             group="quality gates",
         ),
     )
+    near_duplicate_search: str = dataclasses.field(
+        default="gathered",
+        metadata=flag(
+            help="where the near-duplicate search runs: gathered, every hash in one worker (25 "
+            "bytes an example); bucketed, chunk buckets on the engine's workers, for datasets "
+            "whose hashes do not fit one worker (%(default)s; the same pairs)",
+            group="quality gates",
+            choices=SEARCH_METHODS,
+        ),
+    )
     base: str | None = dataclasses.field(
         default=None,
         metadata=flag(
@@ -224,6 +238,11 @@ class PipelineConfig:
             raise ValueError(
                 f"--near_duplicate_threshold must be an int in [0, {MAX_THRESHOLD}] bits, "
                 f"got {threshold!r}"
+            )
+        if self.near_duplicate_search not in SEARCH_METHODS:
+            raise ValueError(
+                f"--near_duplicate_search must be one of {', '.join(SEARCH_METHODS)}, "
+                f"got {self.near_duplicate_search!r}"
             )
         out = self.output.rstrip("/")
         if out == self.input.rstrip("/") or out.startswith(self.input.rstrip("/") + "/"):
@@ -272,6 +291,8 @@ class PipelineConfig:
             "stratify_validation": self.stratify_validation,
             "leakage": self.leakage,
             "near_duplicate_threshold": self.near_duplicate_threshold,
+            # Past MAX_REPORTED_PAIRS the two keep different pairs (see leakage.py).
+            "near_duplicate_search": self.near_duplicate_search,
         }
 
 

@@ -140,3 +140,34 @@ def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="chunk must be in"):
         search_bucket(9, np.zeros(2, np.uint64), np.arange(2), np.zeros(2, bool), 8)
     assert bucket_blocks(10, 10) == 1 and bucket_blocks(11, 10) == 3
+
+
+@pytest.mark.slow
+def test_a_bucketed_build_writes_the_gathered_builds_dataset(sample_datasets, tmp_path) -> None:
+    """``--near_duplicate_search bucketed`` on the sample set (a planted leakage pair moved to
+    train, a cross-class pair) writes what the default gathered build wrote: the same shards
+    and the same report; ``dataset.json`` differs only in the option it records."""
+    import json
+
+    from beam_pipelines import images_to_tfrecord
+
+    gathered = sample_datasets.moved.path
+    out = tmp_path / "bucketed"
+    summary = images_to_tfrecord.run(
+        [
+            "--input", str(sample_datasets.images), "--output", str(out),
+            "--validation_fraction", "0.2", "--max_bad_fraction", "0.2",
+            "--leakage", "move_to_train", "--near_duplicate_search", "bucketed",
+        ]
+    )  # fmt: skip
+    assert summary.published, summary.describe()
+    assert summary.near_duplicates["moved_to_train"] >= 1
+    names = sorted(p.name for p in gathered.iterdir() if p.is_file())
+    assert names == sorted(p.name for p in out.iterdir() if p.is_file())
+    for name in names:
+        if name != "dataset.json":
+            assert (out / name).read_bytes() == (gathered / name).read_bytes(), name
+    old, new = (json.loads((d / "dataset.json").read_text()) for d in (gathered, out))
+    assert old["options"].pop("near_duplicate_search") == "gathered"
+    assert new["options"].pop("near_duplicate_search") == "bucketed"
+    assert old == new

@@ -423,7 +423,9 @@ class ImagesToShards(beam.PTransform):
         # (split, StagedRecord)
         near_threshold, leakage = config.near_duplicate_threshold, config.leakage
         found = by_split | "FindNearDuplicates" >> FindNearDuplicates(
-            threshold=near_threshold, action=leakage
+            threshold=near_threshold,
+            action=leakage,
+            gathered=config.near_duplicate_search == "gathered",
         )
         # {"a", "b", ..., "moved"}: the pairs by key number, one element
         if config.leakage == "move_to_train":
