@@ -14,9 +14,15 @@ CPU milliseconds per image count every process: this one, the launchers and what
 executors). Targets (issue 30): each engine >= 1.7x in-process, CPU per image within 15 %.
 Besides the steady-state rows the table gives t(N): the fixed cost of one job on the engine.
 
+``--memory 16000,32000,64000`` measures memory instead: one build per size of tiny noise PNGs
+(``bench_scale memory``'s 12 KB records) on a fresh cluster, with the peak RSS of each kind of
+process (launcher, SDK workers, job server, TaskManager/JobManager, executor/worker/master JVMs)
+sampled every 0.2 s, and each one's growth from the smallest size to the largest.
+
 Usage::
 
   python -m benchmarks.bench_jvm_engines [--n 200] [--quick] [--engines in_process,flink,spark]
+  python -m benchmarks.bench_jvm_engines --memory 16000,32000,64000 [--engines flink,spark]
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ views of it:
   * CPU seconds per process role (launcher, job server JVM, each SDK worker, TaskManager or
     executor JVM, ...), from ``/proc`` sampled every 0.2 s, and each role's share of the wall
     time (1.0 = one core busy for the whole build);
-  * the SDK workers' Python stacks, sampled with py-spy (``requirements-dev.txt``) at 100 Hz
+  * the SDK workers' Python stacks (in-process: the launcher's), sampled with py-spy (``requirements-dev.txt``) at 100 Hz
     while they run on a CPU, grouped by what the sampled frame is doing: the pipeline's own
     work (``beam_pipelines``, Pillow, NumPy, hashing), Beam's coders, the Fn API data plane and
     gRPC, the rest of Beam's harness, other;
@@ -17,7 +17,7 @@ views of it:
 
 Usage::
 
-  python -m benchmarks.profile_jvm_engines flink [--n 3000] [--workdir DIR]
+  python -m benchmarks.profile_jvm_engines flink [--n 3000] [--workdir DIR] [--images DIR]
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def task_thread_states(dump: str) -> collections.Counter[str]:
 class _Watchers:
     """Starts py-spy on each SDK worker and takes JVM thread dumps, while a build runs."""
 
-    def __init__(self, sampler: RolePeaks, out: Path) -> None:
-        self._sampler, self._out = sampler, out
+    def __init__(self, sampler: RolePeaks, out: Path, python_role: str) -> None:
+        self._sampler, self._out, self._role = sampler, out, python_role
         self.spies: dict[int, tuple[subprocess.Popen, Path]] = {}
         self.dumps: collections.Counter[str] = collections.Counter()
         self.dump_count = 0
@@ -107,7 +107,7 @@ class _Watchers:
         spy = shutil.which("py-spy")
         next_dump = time.monotonic()
         while not self._stop.wait(0.2):
-            for pid in self._sampler.pids("SDK workers"):
+            for pid in self._sampler.pids(self._role):
                 if spy and pid not in self.spies:
                     path = self._out / f"py-spy-{pid}.txt"
                     cmd = [spy, "record", "--pid", str(pid), "--rate", "100", "--format", "raw"]
@@ -157,7 +157,13 @@ def _build(images: Path, out: Path, runner_args: Sequence[str], log: Path) -> su
 
 
 def _report(
-    label: str, n: int, wall: float, sampler: RolePeaks, spy: collections.Counter, watch: _Watchers
+    label: str,
+    n: int,
+    wall: float,
+    sampler: RolePeaks,
+    spy: collections.Counter,
+    watch: _Watchers,
+    python_role: str,
 ) -> Iterator[str]:
     yield f"{label}: {n} images in {wall:.1f} s ({n / wall:.1f} images/s, fixed costs included)"
     yield "| process | CPU s | CPU ms/image | busy share of the wall time |"
@@ -168,11 +174,14 @@ def _report(
         yield f"| {role} (pid {pid}) | {cpu:.1f} | {1000 * cpu / n:.2f} | {cpu / wall:.2f} |"
     yield f"| all | {total:.1f} | {1000 * total / n:.2f} | {total / wall:.2f} |"
     if spy:
+        # py-spy falls behind on a loaded machine and counts every busy thread: its shares are
+        # what it tells, and the CPU they split is the one /proc measured.
         samples = sum(spy.values())
-        yield f"\nSDK workers on CPU, py-spy at 100 Hz ({samples} samples):"
+        cpu_ms = 1000 * sum(c for r, c in sampler.cpu.values() if r == python_role) / n
+        yield f"\nPython work ({python_role}, {cpu_ms:.2f} CPU ms/image), py-spy shares:"
         for category, count in spy.most_common():
             share = count / samples
-            yield f"  {category}: {share:.0%} ({10 * count / n:.2f} ms/image)"
+            yield f"  {category}: {share:.0%} ({share * cpu_ms:.2f} ms/image)"
     if watch.dump_count:
         threads = sum(watch.dumps.values())
         yield f"\nengine task threads, {watch.dump_count} dumps ({threads} thread samples):"
@@ -186,28 +195,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("engine", choices=("flink", "spark", "in_process"))
     parser.add_argument("--n", type=int, default=3000, help="images in the profiled build")
     parser.add_argument("--workdir", default=None, help="where to put images, outputs, stacks")
+    parser.add_argument(
+        "--images", default=None, help="build these images (a folder of class folders) instead"
+    )
     args = parser.parse_args(argv)
     if args.n < 1:
         parser.error(f"--n must be >= 1, got {args.n}")
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
         write_imagenet_like_jpegs(work / "warm", 50, seed=1)
-        write_imagenet_like_jpegs(work / "images", args.n, seed=2)
+        images = work / "images"
+        if args.images:
+            images = Path(args.images)
+            args.n = sum(1 for p in images.rglob("*") if p.is_file())
+        else:
+            write_imagenet_like_jpegs(images, args.n, seed=2)
         print(f"load average {os.getloadavg()[0]:.2f} at start", flush=True)
         with engine_cluster(args.engine, work) as (label, runner_args, pids):
             if _build(work / "warm", work / "out", runner_args, work / "warm.log").wait():
                 raise RuntimeError((work / "warm.log").read_text(errors="replace")[-3000:])
             start = time.perf_counter()
-            proc = _build(work / "images", work / "out", runner_args, work / "build.log")
+            proc = _build(images, work / "out", runner_args, work / "build.log")
             sampler = RolePeaks(proc.pid, pids)
-            watch = _Watchers(sampler, work)
+            # In-process the launcher does the Python work; on an engine its SDK workers do.
+            role = "launcher" if args.engine == "in_process" else "SDK workers"
+            watch = _Watchers(sampler, work, role)
             code = proc.wait()
             wall = time.perf_counter() - start
             sampler.stop()
             spy = watch.stop()
         if code:
             raise RuntimeError((work / "build.log").read_text(errors="replace")[-3000:])
-        print("\n".join(_report(label, args.n, wall, sampler, spy, watch)))
+        print("\n".join(_report(label, args.n, wall, sampler, spy, watch, role)))
     print(f"load average {os.getloadavg()[0]:.2f} at end")
     return 0
 
