@@ -121,8 +121,11 @@ def test_the_trainer_checkpoints_positions_where_it_can(dataset):
         config = DataConfig(source=str(dataset.root), **data)  # type: ignore[arg-type]
         return ReaderInputs.from_config(config, global_batch_size=BATCH, seed=1)
 
-    plain = inputs()
+    # The split (~350 KB) is smaller than four decoded batches of 16 at 64 px (786 KB)...
+    plain = inputs(image_size=SIZE)
     assert plain.symbolic_checkpoint and plain.layout()["input_checkpoint"] == "positions"
+    # ... but not than four of 16 at 32 px (197 KB): an explicit checkpoint is the smaller.
+    assert inputs(image_size=32).layout()["input_checkpoint"] == "buffers"
     skipping = inputs(skip_corrupt=True)
     assert not skipping.symbolic_checkpoint
     assert skipping.layout()["input_checkpoint"] == "buffers"
