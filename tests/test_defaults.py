@@ -105,3 +105,36 @@ def test_damaged_shards_have_a_trainer_flag_and_the_reader_names_it(raw16, tmp_p
     shard.write_bytes(shard.read_bytes()[:-10])
     with pytest.raises(ValueError, match="the trainer's --skip_corrupt"):
         make_dataset(broken, global_batch_size=2, training=False)
+
+
+def test_a_damaged_record_stops_training_with_one_line_naming_the_shard(raw16, tmp_path, caplog):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for path in raw16.iterdir():
+        if path.is_file():
+            (broken / path.name).write_bytes(path.read_bytes())
+    (shard,) = broken.glob("train-*.tfrecord")
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # inside a record's bytes: its CRC fails, its size holds
+    shard.write_bytes(bytes(data))
+    caplog.set_level("ERROR", logger="trainer.train")
+    argv = ["--data", str(broken), "--model_dir", str(tmp_path / "run"), "--steps", "4"]
+    status = train.main([*argv, "--global_batch_size", "2", "--eval_every", "100"])
+    assert status == 2
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert line.startswith("damaged, missing or unreadable TFRecord shard"), line
+    assert str(shard) in line and line.endswith("rerun with --skip_corrupt to train past it")
+
+
+def test_tensorflows_data_loss_error_gets_the_command_that_names_the_shard() -> None:
+    # Positions-only input checkpoints (a small local split) read without tf.data's error
+    # skipping, so TensorFlow's own error, which names no file, reaches the trainer.
+    import tensorflow as tf
+
+    error = tf.errors.DataLossError(None, None, "corrupted record at 1234")
+    message = train._damaged_shard_message(error, "out/photos")
+    assert message == (
+        "a shard of --data out/photos is damaged (corrupted record at 1234): run "
+        "tfrecord-verify out/photos to name it, or pass --skip_corrupt to train past it"
+    )
+    assert train._damaged_shard_message(ValueError("other"), "out/photos") is None

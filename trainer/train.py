@@ -258,6 +258,13 @@ def _train(config: TrainConfig, log_level: str) -> int:
         log.error("%s", e)
         _quiet_teardown()
         return 1
+    except Exception as e:
+        message = _damaged_shard_message(e, config.data.source)
+        if message is None:
+            raise
+        log.error("%s", message)
+        _quiet_teardown()
+        return 2
     if result.exit_code == 0:
         log.info(
             "done at step %d; train: %s; validation: %s; checkpoint %s",
@@ -323,6 +330,29 @@ def _metrics_text(metrics: dict[str, float] | None) -> str:
     if not metrics:
         return "-"
     return ", ".join(f"{name} {value:.4g}" for name, value in sorted(metrics.items()))
+
+
+_DAMAGED = "damaged, missing or unreadable TFRecord shard"
+
+
+def _damaged_shard_message(error: Exception, data: str) -> str | None:
+    """One line for an input error that says a shard is damaged, or None for any other error.
+
+    The reader's own check names the shard (an assertion inside a tf.data function, raised as
+    ``InvalidArgumentError``); a small local split read with positions-only input checkpoints
+    cannot use that check, and TensorFlow's ``DataLossError`` names no file.
+    """
+    text = str(error)
+    if _DAMAGED in text:
+        named = text[text.index(_DAMAGED) :].split("]\n", 1)[0].split("\n", 1)[0]
+        return f"{named.rstrip(']')}; rerun with --skip_corrupt to train past it"
+    if type(error).__name__ == "DataLossError":
+        first = text.splitlines()[0] if text else type(error).__name__
+        return (
+            f"a shard of --data {data} is damaged ({first}): run tfrecord-verify {data} to "
+            "name it, or pass --skip_corrupt to train past it"
+        )
+    return None
 
 
 def _quiet_teardown() -> None:
