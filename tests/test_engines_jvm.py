@@ -158,7 +158,13 @@ def jvm_references(engine_input, tmp_path_factory):  # noqa: F811  (the imported
     on_base = root / "on-base"
     summary = run(["--input", str(grown), "--output", str(on_base), "--base", str(base), *_FLAGS])
     assert summary.published and summary.metrics["images_reused"] >= 18  # the base's images
-    return {"base": base, "grown": grown, "on_base": on_base, "summary": summary}
+    return {
+        "base_input": engine_input,
+        "base": base,
+        "grown": grown,
+        "on_base": on_base,
+        "summary": summary,
+    }
 
 
 def _assert_identical(output: Path, reference: Path, engine: str) -> None:
@@ -243,3 +249,15 @@ def test_engine_build_on_a_base_survives_a_killed_worker_byte_identical(
     linked = [r.getMessage() for r in caplog.records if r.getMessage().startswith(engine.title())]
     assert linked and "http://127.0.0.1:" in linked[0], caplog.text
     _assert_identical(output, jvm_references["on_base"], engine)
+
+
+@pytest.mark.slow
+@pytest.mark.jvm
+def test_embedded_flink_writes_the_in_process_dataset(jvm_references, tmp_path):
+    """``--flink_master [local]``: Flink's MiniCluster inside the job server, no cluster, two
+    SDK worker processes; the dataset equals the in-process one."""
+    output = tmp_path / "flink-local"
+    argv = ["--input", str(jvm_references["base_input"]), "--output", str(output), *_FLAGS]
+    argv += ["--runner", "FlinkRunner", "--flink_master", "[local]", "--parallelism", "2"]
+    assert run(argv).published
+    _assert_identical(output, jvm_references["base"], "flink [local]")

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -38,6 +39,7 @@ __all__ = [
     "check_reachable",
     "http_json",
     "stop_job_server_after",
+    "stop_sdk_workers",
     "use_worker_processes",
     "watch_for_engine_job",
 ]
@@ -136,6 +138,32 @@ def use_worker_processes(options: PipelineOptions, parallelism: int) -> None:
         os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
 
 
+def stop_sdk_workers() -> int:
+    """Ends this process's LOOPBACK SDK worker processes (its children running Beam's
+    ``SdkHarness``) with SIGTERM, once their job is over; returns how many. Linux (``/proc``)
+    only; elsewhere they end with this process, as Beam leaves them."""
+    if not os.path.isdir("/proc"):
+        return 0
+    me, ended = os.getpid(), 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                # pid (comm) state ppid ...: comm may hold spaces, so split after its ')'.
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            if ppid != me:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if b"SdkHarness" not in f.read():
+                    continue
+            os.kill(int(entry), signal.SIGTERM)
+            ended += 1
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to read
+    return ended
+
+
 def stop_job_server_after(result, job_server) -> None:
     """Stops ``job_server`` as soon as the job ends, after reading the job's metrics.
 
@@ -148,6 +176,9 @@ def stop_job_server_after(result, job_server) -> None:
             result.metrics()
         except Exception as e:  # the job server may already be gone; metrics are then empty
             _log.warning("could not read the job's metrics: %s", e)
+        # The job is over: its SDK workers would only print a traceback each when the job
+        # server (with an embedded Flink, their data plane's other end) goes away.
+        stop_sdk_workers()
         job_server.stop()
 
     # PipelineResult runs these callbacks once, when the job reaches a terminal state.
