@@ -20,7 +20,9 @@ if [ ! -f "$_stamp" ]; then
   fi
   _uv=("$_venv/bin/uv" pip install --python "$_venv/bin/python" --native-tls --quiet)
   "${_uv[@]}" -r "$_req" -c constraints.txt
-  "${_uv[@]}" --no-deps --no-build-isolation -e .
+  # compat: a .pth file naming this checkout, the one editable mode setuptools does not
+  # announce with a notice on every install.
+  "${_uv[@]}" --no-deps --no-build-isolation -e . --config-settings editable_mode=compat
   touch "$_stamp"
 fi
 case "$_venv" in
