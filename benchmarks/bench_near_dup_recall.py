@@ -1,6 +1,6 @@
 """Benchmark: near-duplicate recall per transformation, and false pairs among distinct photos.
 
-Photos the team did not make: scikit-image's bundled sample photos (``skimage.data``), each
+Photos not made for this project: scikit-image's bundled sample photos (``skimage.data``), each
 whole and cut into a 3x3 grid of crops, which multiplies the set. Every original is
 transformed (resize 50-90 %, JPEG quality 30-70, crop 5-10 %, mirror, brightness +-10 %, and
 pairs of these); originals and copies go through the pipeline's own ``prepare_image`` (256 px
