@@ -149,6 +149,25 @@ def test_launcher_killed_at_each_stage_then_resumed_is_byte_identical(
         assert got[name] == data, f"{name} differs after a kill at {event!r} and --resume"
 
 
+def test_temporaries_an_interrupted_build_left_are_removed(images, reference, tmp_path):
+    # A build killed between creating a shard's temporary and renaming it leaves the hidden
+    # temporary beside the outputs; the next build, resumed or not, deletes it.
+    expected, _ = reference
+    for resume in (False, True):
+        output = tmp_path / f"resume-{resume}"
+        output.mkdir()
+        stale = output / f".validation-00000-of-00001.tfrecord.tmp-{'4e69d243' * 4}"
+        stale.write_bytes(b"")
+        other = output / ".notes.tmp-kept"  # not a name the pipeline makes: left alone
+        other.write_bytes(b"mine")
+        argv = ["--input", str(images), "--output", str(output), *FLAGS]
+        summary = images_to_tfrecord.run([*argv, "--resume"] if resume else argv)
+        assert summary.published
+        assert not stale.exists()
+        other.unlink()
+        assert _snapshot(output) == expected
+
+
 def test_staged_examples_are_not_decoded_again_and_done_shards_not_written_again(
     images, reference, tmp_path
 ):

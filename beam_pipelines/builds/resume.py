@@ -24,11 +24,12 @@ import dataclasses
 import io
 import json
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystem import BeamIOError, CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.elements import Duplicate
@@ -65,6 +66,7 @@ __all__ = [
     "StagedFromEarlierAttempts",
     "SplitReusable",
     "REUSED_TAG",
+    "remove_stale_temporaries",
     "remove_staging",
 ]
 
@@ -73,6 +75,8 @@ REUSED_TAG = "reused"
 _UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
 _DELETE_BATCH = 1000
 _log = logging.getLogger(__name__)
+# objstore.atomic.temporary_path's names: ".<name>.tmp-" and 32 hex digits.
+_TEMPORARY = re.compile(r"^\..+\.tmp-[0-9a-f]{32}$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +152,7 @@ def start_build(
       ValueError: from ``load_resume_state`` (a build with other options).
     """
     state = ResumeState()
+    remove_stale_temporaries(output_dir)
     if resume:
         state = load_resume_state(output_dir, options)
         _log.warning(state.describe())
@@ -327,6 +332,26 @@ class SplitReusable(beam.PTransform):
             # (uri, {"sources": [SourceFile], "staged": [StagedRecord]})
             | "Pair" >> beam.FlatMap(_pair_by_uri).with_outputs(REUSED_TAG, main="sources")
         )
+
+
+def remove_stale_temporaries(output_dir: str) -> int:
+    """Deletes the temporaries an interrupted build left beside its outputs; returns how many.
+
+    Every output is written under a hidden temporary name and renamed
+    (``objstore.atomic.temporary_path``: ``.<name>.tmp-<hex>``); a build killed between the two
+    leaves the temporary behind. A new build starts only once the earlier one is gone, so none
+    of them is still being written.
+    """
+    pattern = FileSystems.join(output_dir, ".*.tmp-*")
+    try:
+        stale = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list]
+    except BeamIOError:  # an output directory not made yet holds nothing
+        return 0
+    stale = [path for path in stale if _TEMPORARY.search(path.rsplit("/", 1)[-1])]
+    if stale:
+        FileSystems.delete(stale)
+        _log.info("removed %d temporary file(s) an interrupted build left", len(stale))
+    return len(stale)
 
 
 def remove_staging(output_dir: str) -> int:
