@@ -22,6 +22,7 @@ import pytest
 
 from tests.fixtures.images import make_image_tree
 from tests.fixtures.processes import REPO
+from tests.test_first_day import NOISE
 
 README = REPO / "README.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.M | re.S)
@@ -105,6 +106,8 @@ def test_the_reader_snippet_runs_as_written(own_images: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "read (32, " in done.stdout
+    # As a user's shell runs it: no TensorFlow start-up line and no warning.
+    assert not NOISE.findall(done.stdout + done.stderr), done.stderr[-3000:]
 
 
 def test_the_pipeline_synopsis_names_real_flags() -> None:
