@@ -11,6 +11,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh dev
+# TensorFlow's C++ info lines off in the processes tests and benchmarks start by hand (the
+# commands keep them out themselves, unless this is set by the user).
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 logs="${BENCH_SMOKE_LOGS:-$(mktemp -d -t bench-smoke-XXXX)}"
 mkdir -p "$logs"
 

@@ -29,4 +29,3 @@ case "$_venv" in
   /*) export PATH="$_venv/bin:$PATH" ;;
   *) export PATH="$PWD/$_venv/bin:$PATH" ;;
 esac
-export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"

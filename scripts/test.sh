@@ -25,6 +25,9 @@ if [ "$fast" = 0 ] && { ! command -v java >/dev/null || ! command -v mvn >/dev/n
   $_sudo apt-get update -qq && $_sudo apt-get install -y -qq openjdk-17-jdk-headless maven >/dev/null
 fi
 source scripts/bootstrap.sh dev
+# TensorFlow's C++ info lines off in the processes tests and benchmarks start by hand (the
+# commands keep them out themselves, unless this is set by the user).
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 # Flink, Spark and Beam's job servers for them, pinned, outside .venv (once; then a second).
 [ "$fast" = 1 ] || bash scripts/engines/install.sh
 ruff check .
