@@ -159,12 +159,12 @@ def hash_cost(n: int, rounds: int = 5) -> tuple[float, float, float]:
     """CPU microseconds per image: ``prepare_image``, the luma sample taken inside it, and the
     hash of the samples computed all at once (as the pipeline does per staging file).
 
-    The sample is timed where the pipeline takes it (inside ``prepare_image``, right after the
-    JPEG encoder ran) by wrapping the call; medians over the rounds.
+    The sample is timed where the pipeline takes it (inside ``prepare_image``, from the decoded
+    source: ``phash.source_sample``) by wrapping the call; medians over the rounds.
     """
     sources = [_jpeg(scene_rgb((500, 375), seed=s)) for s in range(n)]
     options = ImageOptions()
-    real = images.luma_sample
+    real = images.source_sample
     spent = [0.0]
 
     def timed(image):
@@ -183,7 +183,7 @@ def hash_cost(n: int, rounds: int = 5) -> tuple[float, float, float]:
 
     prepare_all()  # warm caches and imports
     whole, sampled, hashed = [], [], []
-    images.luma_sample = timed
+    images.source_sample = timed
     try:
         for _ in range(rounds):
             spent[0] = 0.0
@@ -191,7 +191,7 @@ def hash_cost(n: int, rounds: int = 5) -> tuple[float, float, float]:
             sampled.append(spent[0])
             hashed.append(_cpu(lambda: image_hash.perceptual_hashes(prepared)))
     finally:
-        images.luma_sample = real
+        images.source_sample = real
     per_image = [float(np.median(v)) / n * 1e6 for v in (whole, sampled, hashed)]
     return per_image[0], per_image[1], per_image[2]
 
