@@ -44,19 +44,20 @@ __all__ = ["load_images_module", "throughput_rows", "memory_rows", "main"]
 
 
 def load_images_module(rev: str | None, name: str) -> ModuleType:
-    """``beam_pipelines/image/prepare.py`` at git revision ``rev`` (None: the working tree), as a module."""
+    """``beam_pipelines/image/prepare.py`` at git revision ``rev`` (None: the working tree), as a
+    module; revisions before the packages by stage had it at ``beam_pipelines/images.py``."""
     if rev is None:
-        path = REPO / "beam_pipelines" / "images.py"
+        return importlib.import_module("beam_pipelines.image.prepare")
+    for where in ("beam_pipelines/image/prepare.py", "beam_pipelines/images.py"):
+        shown = subprocess.run(
+            ["git", "show", f"{rev}:{where}"], cwd=REPO, capture_output=True, text=True
+        )
+        if shown.returncode == 0:
+            break
     else:
-        source = subprocess.run(
-            ["git", "show", f"{rev}:beam_pipelines/image/prepare.py"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        path = Path(tempfile.mkdtemp()) / f"{name}.py"
-        path.write_text(source)
+        raise SystemExit(f"--baseline_rev {rev}: no image module at that revision")
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
+    path.write_text(shown.stdout)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the class is built
