@@ -233,9 +233,14 @@ def _expand(
 ) -> None:
     """Pairs each query (a sorted position) with the ``counts[i]`` sorted positions from
     ``starts[i]``, in bounded pieces."""
+    for query_positions, candidates in _expanded(queries, starts, counts):
+        out.add(sorted_hashes[query_positions], query_positions, candidates, sorted_hashes, order)
+
+
+def _expanded(queries, starts, counts):
+    """Yields ``(queries repeated, positions)``: each ``queries[i]`` beside the ``counts[i]``
+    positions from ``starts[i]``, at most about ``_EXPAND_LIMIT`` pairs at a time."""
     nonzero = np.flatnonzero(counts)
-    if nonzero.size == 0:
-        return
     queries, starts, counts = queries[nonzero], starts[nonzero], counts[nonzero]
     totals = np.cumsum(counts)
     begin = 0
@@ -244,10 +249,9 @@ def _expand(
         stop = max(begin + 1, int(np.searchsorted(totals, base + _EXPAND_LIMIT, side="right")))
         c = counts[begin:stop]
         ends = totals[begin:stop] - base
-        candidates = np.arange(ends[-1], dtype=np.int64)
-        candidates += np.repeat(starts[begin:stop] - (ends - c), c)
-        query_positions = np.repeat(queries[begin:stop], c)
-        out.add(sorted_hashes[query_positions], query_positions, candidates, sorted_hashes, order)
+        positions = np.arange(ends[-1], dtype=np.int64)
+        positions += np.repeat(starts[begin:stop] - (ends - c), c)
+        yield np.repeat(queries[begin:stop], c), positions
         begin = stop
 
 
@@ -580,19 +584,8 @@ def _ranks(sizes: np.ndarray) -> np.ndarray:
 def _expand_rows(queries, starts, counts, out: _Owned) -> None:
     """Pairs each grouped position ``queries[i]`` with ``counts[i]`` positions from
     ``starts[i]``, ``_EXPAND_LIMIT`` candidates at a time."""
-    nonzero = np.flatnonzero(counts)
-    queries, starts, counts = queries[nonzero], starts[nonzero], counts[nonzero]
-    totals = np.cumsum(counts)
-    begin = 0
-    while begin < counts.shape[0]:
-        base = totals[begin - 1] if begin else 0
-        stop = max(begin + 1, int(np.searchsorted(totals, base + _EXPAND_LIMIT, side="right")))
-        c = counts[begin:stop]
-        ends = totals[begin:stop] - base
-        partners = np.arange(ends[-1], dtype=np.int64)
-        partners += np.repeat(starts[begin:stop] - (ends - c), c)
-        out.add(np.repeat(queries[begin:stop], c), partners)
-        begin = stop
+    for grouped, partners in _expanded(queries, starts, counts):
+        out.add(grouped, partners)
 
 
 class _Owned:
