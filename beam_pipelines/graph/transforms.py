@@ -369,6 +369,33 @@ class ImagesToShards(beam.PTransform):
             return None
         return counted | "CountForProgress" >> beam.combiners.Count.Globally()
 
+    def _prepare(self, pbegin, listed, label_names):
+        """The image step over what an earlier attempt did not stage; returns its outputs and
+        every ``StagedRecord``, the reused ones included."""
+        config, resume, sources = self._config, self._resume, listed["sources"]
+        to_prepare, reused = listed["batches"], []
+        # bytes: packed batches of the sources, unpacked by the image step itself
+        counted = sources
+        if resume.sidecars:
+            earlier = pbegin | "StagedEarlier" >> StagedFromEarlierAttempts(resume.sidecars)
+            split = sources | "ReuseStaged" >> SplitReusable(earlier)
+            to_prepare, reused = split.sources, [split[REUSED_TAG]]
+            counted = split.sources
+        prepared = to_prepare | "PrepareImages" >> PrepareImages(
+            config.image,
+            label_names,
+            self._progress,
+            staging=config.output,
+            staging_file_bytes=int(config.staging_file_mb * 2**20),
+            base=self._base,
+            total=self._progress_total(counted),
+        )
+        # StagedRecord, and Rejection on the rejected output
+        records = prepared.records
+        if reused:
+            records = (records, *reused) | "WithReused" >> beam.Flatten()
+        return prepared, records
+
     def expand(self, pbegin):
         config = self._config
         listed = pbegin | "ListSources" >> ListSources(config.input)
@@ -390,28 +417,7 @@ class ImagesToShards(beam.PTransform):
             options=config.manifest_options(),
         )
         # {split: num_shards}, one element; plan.json is saved before any shard is written
-        to_prepare, reused = listed["batches"], []
-        # bytes: packed batches of the sources, unpacked by the image step itself
-        counted = sources
-        if resume.sidecars:
-            earlier = pbegin | "StagedEarlier" >> StagedFromEarlierAttempts(resume.sidecars)
-            split = sources | "ReuseStaged" >> SplitReusable(earlier)
-            to_prepare, reused = split.sources, [split[REUSED_TAG]]
-            counted = split.sources
-        total = self._progress_total(counted)
-        prepared = to_prepare | "PrepareImages" >> PrepareImages(
-            config.image,
-            label_names,
-            self._progress,
-            staging=config.output,
-            staging_file_bytes=int(config.staging_file_mb * 2**20),
-            base=self._base,
-            total=total,
-        )
-        # StagedRecord, and Rejection on the rejected output
-        records = prepared.records
-        if reused:
-            records = (records, *reused) | "WithReused" >> beam.Flatten()
+        prepared, records = self._prepare(pbegin, listed, label_names)
         done = None
         if resume.done_records:
             done = pbegin | "DoneShards" >> VerifyDoneShards(config.output, resume.done_records)
