@@ -224,19 +224,11 @@ class ExactEpochs(keras.callbacks.Callback):
         import tensorflow as tf
 
         from tfrecord_io.read_config import ReadConfig
-        from tfrecord_io.reader import make_dataset
 
         read = dataclasses.replace(self._read_config or ReadConfig(), exclude=self.origin)
         if self._strategy is not None:
             return self._distributed_dataset(read)
-        batches = make_dataset(
-            self.source,
-            self.split,
-            global_batch_size=self.global_batch_size,
-            image_size=self.image_size,
-            seed=self.seed,
-            read_config=read,
-        )
+        batches = self._batches(read)
 
         def record(number: tf.Tensor, positions: tf.Tensor) -> tf.Tensor:
             self._produced[int(number)] = positions.numpy()
@@ -250,21 +242,27 @@ class ExactEpochs(keras.callbacks.Callback):
 
         return batches.enumerate().map(tap)
 
-    def _distributed_dataset(self, read: ReadConfig) -> tf.distribute.DistributedDataset:
+    def _batches(
+        self, read: ReadConfig, context: tf.distribute.InputContext | None = None
+    ) -> tf.data.Dataset:
+        """The reader's batches of the split (one worker's share under ``context``)."""
         from tfrecord_io.reader import make_dataset
 
+        return make_dataset(
+            self.source,
+            self.split,
+            global_batch_size=self.global_batch_size,
+            image_size=self.image_size,
+            seed=self.seed,
+            input_context=context,
+            read_config=read,
+        )
+
+    def _distributed_dataset(self, read: ReadConfig) -> tf.distribute.DistributedDataset:
         assert self._strategy is not None
 
         def per_worker(context: tf.distribute.InputContext) -> tf.data.Dataset:
-            batches = make_dataset(
-                self.source,
-                self.split,
-                global_batch_size=self.global_batch_size,
-                image_size=self.image_size,
-                seed=self.seed,
-                input_context=context,
-                read_config=read,
-            )
+            batches = self._batches(read, context)
             return batches.map(lambda *element: (element[0], element[1], element[-1]))
 
         return self._strategy.distribute_datasets_from_function(per_worker)
