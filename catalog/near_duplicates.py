@@ -156,6 +156,11 @@ def _chunk_layout(n: int, chunks: int | None) -> list[tuple[int, int]]:
         # About log2(N) bits per chunk: buckets then hold ~1 hash each (Norouzi et al.).
         chunks = round(HASH_BITS / max(math.log2(max(n, 2)), 1.0))
     chunks = max(3, min(int(chunks), 16))  # >= 3: chunk tables of at most 2**22 buckets
+    return _even_chunks(chunks)
+
+
+def _even_chunks(chunks: int) -> list[tuple[int, int]]:
+    """``(low bit, width)`` of ``chunks`` chunks of the hash, widths differing by at most one."""
     width, extra = divmod(HASH_BITS, chunks)
     layout, low = [], 0
     for i in range(chunks):
@@ -408,14 +413,7 @@ def bucket_layout(threshold: int) -> list[tuple[int, int]]:
       ValueError, TypeError: for a threshold ``find_pairs`` refuses.
     """
     _check(np.zeros(0, np.uint64), threshold)
-    chunks = threshold + 1
-    width, extra = divmod(HASH_BITS, chunks)
-    layout, low = [], 0
-    for i in range(chunks):
-        w = width + (1 if i < extra else 0)
-        layout.append((low, w))
-        low += w
-    return layout
+    return _even_chunks(threshold + 1)
 
 
 def bucket_values(value: int, layout: Sequence[tuple[int, int]]) -> list[int]:
