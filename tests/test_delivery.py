@@ -44,8 +44,10 @@ def _read(
     batch: int = 8,
     seed: int = 3,
     only: int | None = None,
+    order: str = "buffer",
 ) -> list[list[tuple[np.ndarray, np.ndarray]]]:
-    """Per pipeline (or only pipeline ``only``), ``steps`` batches of (keys, positions)."""
+    """Per pipeline (or only pipeline ``only``), ``steps`` batches of (keys, positions), read
+    with ``ReadConfig.epoch_order`` ``order``."""
     out = []
     for p in range(pipelines) if only is None else [only]:
         ds = make_dataset(
@@ -54,7 +56,7 @@ def _read(
             input_context=tf.distribute.InputContext(pipelines, p, pipelines),
             image_size=8,
             seed=seed,
-            read_config=ReadConfig(with_keys=True, exclude=exclude),
+            read_config=ReadConfig(with_keys=True, exclude=exclude, epoch_order=order),
         )
         out.append([(b[2].numpy(), b[3].numpy()) for b in ds.take(steps)])
     return out
@@ -197,13 +199,16 @@ def test_service_messages_of_exact_epochs_hold_at_most_a_64th_of_an_epoch():
 # --- the reader ---------------------------------------------------------------------------
 
 
+ORDERS = pytest.mark.parametrize("order", ["buffer", "permutation"])
+
+
+@ORDERS
 @pytest.mark.parametrize("pipelines", [1, 3])
-def test_every_example_once_per_epoch_over_any_number_of_pipelines(dataset, pipelines):
+def test_every_example_once_per_epoch_over_any_number_of_pipelines(dataset, pipelines, order):
     batch = 6 if pipelines == 3 else 8
     steps = 2 * N // batch + 2  # two epochs and a bit
-    batches = _read(
-        dataset, DeliveredSet.empty(N, seed=3), pipelines=pipelines, steps=steps, batch=batch
-    )
+    empty = DeliveredSet.empty(N, seed=3)
+    batches = _read(dataset, empty, pipelines=pipelines, steps=steps, batch=batch, order=order)
     epochs, indices = decode_positions(_positions(batches), N)
     for epoch in (0, 1):
         assert sorted(indices[epochs == epoch].tolist()) == list(range(N)), epoch
@@ -218,40 +223,44 @@ def test_every_example_once_per_epoch_over_any_number_of_pipelines(dataset, pipe
     assert max(ends) - min(ends) <= 1
 
 
-def test_exclude_reads_the_rest_of_the_epoch_then_full_epochs(dataset):
+@ORDERS
+def test_exclude_reads_the_rest_of_the_epoch_then_full_epochs(dataset, order):
     digest = _digest(dataset)
-    first = _read(dataset, DeliveredSet.empty(N, seed=3, split=digest), pipelines=2, steps=5)
+    empty = DeliveredSet.empty(N, seed=3, split=digest)
+    first = _read(dataset, empty, pipelines=2, steps=5, order=order)
     done = _positions(first) % N  # 40 of epoch 0, on 2 pipelines
     delivered = DeliveredSet.from_indices(N, done, seed=3, split=digest)
-    rest = _read(dataset, delivered, pipelines=3, steps=14, batch=6)
+    rest = _read(dataset, delivered, pipelines=3, steps=14, batch=6, order=order)
     epochs, indices = decode_positions(_positions(rest), N)
     assert sorted(indices[epochs == 0].tolist()) == sorted(set(range(N)) - set(done.tolist()))
     assert sorted(indices[epochs == 1].tolist()) == list(range(N))
     # The same history and seed give the same order; another seed another one.
-    again = _read(dataset, delivered, pipelines=3, steps=4, batch=6, only=0)
+    again = _read(dataset, delivered, pipelines=3, steps=4, batch=6, only=0, order=order)
     assert np.array_equal(_positions(again), _positions([rest[0][:4]]))
-    other = _read(dataset, delivered, pipelines=3, steps=4, batch=6, seed=4, only=0)
+    other = _read(dataset, delivered, pipelines=3, steps=4, batch=6, seed=4, only=0, order=order)
     assert not np.array_equal(_positions(other), _positions(again))
 
 
-def test_a_global_seed_changes_neither_building_nor_order(dataset):
+@ORDERS
+def test_a_global_seed_changes_neither_building_nor_order(dataset, order):
     digest = _digest(dataset)
     delivered = DeliveredSet.empty(N, seed=3, split=digest)
-    plain = _read(dataset, delivered, pipelines=1, steps=9)
+    plain = _read(dataset, delivered, pipelines=1, steps=9, order=order)
     for global_seed in (0, 42):  # 0 once failed to build (a seed tensor compared as a bool)
         tf.random.set_seed(global_seed)
         try:
-            seeded = _read(dataset, delivered, pipelines=1, steps=9)
+            seeded = _read(dataset, delivered, pipelines=1, steps=9, order=order)
         finally:
             tf.random.set_seed(None)
         assert np.array_equal(_positions(seeded), _positions(plain)), global_seed
 
 
-def test_a_begun_next_epoch_is_filtered_too(dataset):
+@ORDERS
+def test_a_begun_next_epoch_is_filtered_too(dataset, order):
     tracker = DeliveryTracker(DeliveredSet.empty(N, seed=3))
     tracker.add(np.arange(N - 5))  # epoch 0 but 5
     tracker.add(N + np.arange(3))  # 3 of epoch 1 already
-    rest = _read(dataset, tracker.delivered, pipelines=1, steps=8, batch=8)
+    rest = _read(dataset, tracker.delivered, pipelines=1, steps=8, batch=8, order=order)
     for batch_positions in (p for _, p in rest[0]):
         tracker.add(batch_positions)
     epochs, indices = decode_positions(_positions(rest), N)
@@ -260,7 +269,8 @@ def test_a_begun_next_epoch_is_filtered_too(dataset):
     assert tracker.epoch == 2 and tracker.count == 64 - 62
 
 
-def test_exact_epoch_iterators_restore_exactly_without_py_function(dataset, tmp_path):
+@ORDERS
+def test_exact_epoch_iterators_restore_exactly_without_py_function(dataset, tmp_path, order):
     delivered = DeliveredSet.from_indices(N, range(0, N, 3), seed=3)
 
     def build() -> tf.data.Dataset:
@@ -270,7 +280,7 @@ def test_exact_epoch_iterators_restore_exactly_without_py_function(dataset, tmp_
             input_context=tf.distribute.InputContext(2, 1, 2),
             image_size=8,
             seed=3,
-            read_config=ReadConfig(exclude=delivered),
+            read_config=ReadConfig(exclude=delivered, epoch_order=order),
         )
 
     graph = build()._as_serialized_graph().numpy()

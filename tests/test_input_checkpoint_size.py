@@ -1,6 +1,6 @@
-"""Iterator checkpoints of exact epochs hold positions, not decoded batches
-(``ReadConfig(symbolic_checkpoint=True)``, what the trainer reads with), and still resume
-exactly."""
+"""Iterator checkpoints of exact epochs hold positions, not the split: kilobytes with
+``ReadConfig(epoch_order="permutation")`` (what the trainer reads a small split with), the
+record shuffle buffer and positions with ``symbolic_checkpoint=True``; both resume exactly."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+import trainer.inputs
 from tests.fixtures.shards import WrittenDataset, copy_dataset, write_dataset
 from tfrecord_io import ReadConfig, make_dataset
 from tfrecord_io.delivery import DeliveredSet
@@ -24,6 +25,8 @@ SIZE = 64
 # a TFRecord frame takes.
 _FIXED_BYTES = 32 * 1024
 _PER_RECORD_BYTES = 64
+# A permutation checkpoint: the positions of each op, nothing per example. Measured 2.0 KB.
+_PERMUTATION_BYTES = 8 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -74,13 +77,27 @@ def test_a_symbolic_checkpoint_is_no_bigger_than_the_split(dataset, tmp_path):
     assert positions_only <= _FIXED_BYTES, positions_only
 
 
-def test_a_symbolic_checkpoint_resumes_exactly(dataset, tmp_path):
-    iterator = iter(_build(dataset, symbolic_checkpoint=True))
+def test_a_permutation_checkpoint_is_kilobytes_whatever_the_split(dataset, tmp_path):
+    split = _split_bytes(dataset)
+    iterator = iter(_build(dataset, epoch_order="permutation"))
+    for _ in range(2):
+        next(iterator)
+    size, _ = _checkpoint_bytes(iterator, tmp_path / "permutation")
+    # Buffered reading holds about the split (1.04x); the permutation holds positions only.
+    assert size <= _PERMUTATION_BYTES, (size, split)
+    assert size * 40 < split, (size, split)
+
+
+@pytest.mark.parametrize(
+    "read", [{"symbolic_checkpoint": True}, {"epoch_order": "permutation"}], ids=str
+)
+def test_a_positions_checkpoint_resumes_exactly(dataset, tmp_path, read):
+    iterator = iter(_build(dataset, **read))
     for _ in range(4):  # of 6 batches an epoch: what follows crosses into the next epoch
         next(iterator)
     _, path = _checkpoint_bytes(iterator, tmp_path)
     expected = [next(iterator) for _ in range(4)]
-    restored = iter(_build(dataset, symbolic_checkpoint=True))
+    restored = iter(_build(dataset, **read))
     tf.train.Checkpoint(iterator=restored).read(path).assert_consumed()
     for want, got in zip(expected, (next(restored) for _ in range(4)), strict=True):
         np.testing.assert_array_equal(want[0].numpy(), got[0].numpy())  # augmentation too
@@ -89,15 +106,26 @@ def test_a_symbolic_checkpoint_resumes_exactly(dataset, tmp_path):
     assert set((np.concatenate([e[3].numpy() for e in expected]) // N).tolist()) == {0, 1}
 
 
-def test_a_damaged_record_still_fails_without_ignore_errors(dataset, tmp_path):
-    damaged = copy_dataset(dataset, tmp_path / "ds")
+def _damaged(dataset: WrittenDataset, directory: Path) -> tuple[WrittenDataset, Path]:
+    damaged = copy_dataset(dataset, directory)
     shard = damaged.root / damaged.manifest.split("train").shards[0].file
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size: the build-time size check passes
     shard.write_bytes(bytes(data))
+    return damaged, shard
+
+
+def test_a_damaged_record_still_fails_without_ignore_errors(dataset, tmp_path):
+    damaged, _ = _damaged(dataset, tmp_path / "ds")
     with pytest.raises((tf.errors.DataLossError, tf.errors.InvalidArgumentError)):
         for _ in _build(damaged, symbolic_checkpoint=True, num_epochs=1):
             pass
+
+
+def test_a_damaged_record_fails_the_permutation_build_naming_its_shard(dataset, tmp_path):
+    damaged, shard = _damaged(dataset, tmp_path / "ds")
+    with pytest.raises(ValueError, match=f"{shard.name}.*CRC mismatch"):
+        _build(damaged, epoch_order="permutation")
 
 
 @pytest.mark.parametrize(
@@ -109,6 +137,12 @@ def test_a_damaged_record_still_fails_without_ignore_errors(dataset, tmp_path):
             "cannot skip damage; got skip_corrupt=True",
         ),
         ({"symbolic_checkpoint": "yes"}, "symbolic_checkpoint"),
+        ({"epoch_order": "permutation"}, "epoch_order='permutation' needs exact epochs"),
+        (
+            {"epoch_order": "permutation", "exclude": DeliveredSet.empty(N), "skip_corrupt": True},
+            "epoch_order='permutation' reads without ignore_errors",
+        ),
+        ({"epoch_order": "random"}, "epoch_order must be one of"),
     ],
 )
 def test_symbolic_checkpoint_rejects_what_it_cannot_save(read, match):
@@ -116,17 +150,38 @@ def test_symbolic_checkpoint_rejects_what_it_cannot_save(read, match):
         ReadConfig(**read)
 
 
-def test_the_trainer_checkpoints_positions_where_it_can(dataset):
+def test_the_trainer_checkpoints_positions_where_it_can(dataset, monkeypatch):
     def inputs(**data: object) -> ReaderInputs:
         config = DataConfig(source=str(dataset.root), **data)  # type: ignore[arg-type]
         return ReaderInputs.from_config(config, global_batch_size=BATCH, seed=1)
 
-    # The split (~350 KB) is smaller than four decoded batches of 16 at 64 px (786 KB)...
+    # A split it can hold (~350 KB): permutations, whose checkpoints are kilobytes.
     plain = inputs(image_size=SIZE)
-    assert plain.symbolic_checkpoint and plain.layout()["input_checkpoint"] == "positions"
-    # ... but not than four of 16 at 32 px (197 KB): an explicit checkpoint is the smaller.
-    assert inputs(image_size=32).layout()["input_checkpoint"] == "buffers"
+    assert plain.symbolic_checkpoint and plain.layout()["input_checkpoint"] == "permutation"
     skipping = inputs(skip_corrupt=True)
     assert not skipping.symbolic_checkpoint
     assert skipping.layout()["input_checkpoint"] == "buffers"
     assert not inputs(cache="memory").symbolic_checkpoint  # no exact epochs
+    # A split too large to hold: symbolic where it is smaller than four decoded batches of 16
+    # at 64 px (786 KB), explicit where it is not (four of 16 at 32 px, 197 KB).
+    monkeypatch.setattr(trainer.inputs, "HELD_SPLIT_BYTES", 1024)
+    assert inputs(image_size=SIZE).layout()["input_checkpoint"] == "positions"
+    assert inputs(image_size=32).layout()["input_checkpoint"] == "buffers"
+
+
+def test_a_resumed_run_keeps_the_kind_it_began_with(dataset):
+    config = DataConfig(source=str(dataset.root), image_size=SIZE)
+    plain = ReaderInputs.from_config(config, global_batch_size=BATCH, seed=1)
+    older = plain.keeping_checkpoint_kind("positions")
+    assert older.layout()["input_checkpoint"] == "positions" and older.symbolic_checkpoint
+    context = tf.distribute.InputContext(1, 0, 1)
+    read = older.train_dataset(context, with_keys=False, exclude=DeliveredSet.empty(N))
+    assert len(read.element_spec) == 3  # images, labels, positions
+    assert plain.keeping_checkpoint_kind("permutation") is plain
+    assert plain.keeping_checkpoint_kind(None) is plain
+    assert plain.keeping_checkpoint_kind("unknown") is plain
+    skipping = ReaderInputs.from_config(
+        DataConfig(source=str(dataset.root), skip_corrupt=True), global_batch_size=BATCH, seed=1
+    )
+    # It cannot read symbolically while skipping damage: it resumes from the delivered set.
+    assert skipping.keeping_checkpoint_kind("positions") is skipping

@@ -76,7 +76,7 @@ def pipeline_options(
     options.threading.max_intra_op_parallelism = 1
     options.experimental_optimization.map_parallelization = True
     options.experimental_optimization.parallel_batch = True
-    if config.symbolic_checkpoint:
+    if config.read.checkpoints_positions:
         # Checkpoints hold positions; what the decode and prefetch buffered is recomputed.
         options.experimental_symbolic_checkpoint = True
     if sharded_here or service is not None:

@@ -47,6 +47,7 @@ from tfrecord_io.batching import (
     pipeline_options,
 )
 from tfrecord_io.delivery import DeliveredSet, split_digest
+from tfrecord_io.permuted_epochs import load_split_records, permuted_epoch_records, share_bounds
 from tfrecord_io.shard_reading import (
     DEFAULT_CYCLE_LENGTH,
     CorruptionCounter,
@@ -104,17 +105,6 @@ def shard_order(seed: int, epoch: int | tf.Tensor, num_shards: int) -> tf.Tensor
         [num_shards], seed=key, minval=None, maxval=None, dtype=tf.int64
     )
     return tf.argsort(values, stable=True)
-
-
-def _share_bounds(total: int, num_pipelines: int, offset: int) -> np.ndarray:
-    """``[W + 1]`` rank bounds: pipeline p takes ranks ``[b[p], b[p + 1])``.
-
-    Each takes ``total // W``; the ``total % W`` extra go to the pipelines ``offset``,
-    ``offset + 1``, ... (mod W).
-    """
-    q, r = divmod(total, num_pipelines)
-    extra = ((np.arange(num_pipelines) - offset) % num_pipelines) < r
-    return np.concatenate([[0], np.cumsum(q + extra.astype(np.int64))])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -177,7 +167,7 @@ def plan_partial_epochs(
         rank_end = np.cumsum(left_in_order)
         rank_start = rank_end - left_in_order
         total = int(rank_end[-1]) if len(rank_end) else 0
-        bounds = _share_bounds(total, num_pipelines, offset)
+        bounds = share_bounds(total, num_pipelines, offset)
         lo, hi = bounds[pipeline_id], bounds[pipeline_id + 1]
         skip = np.clip(lo - rank_start, 0, left_in_order)
         take = np.clip(np.minimum(hi, rank_end) - np.maximum(lo, rank_start), 0, None)
@@ -553,7 +543,8 @@ def exact_epoch_dataset(
 
     Raises:
       ValueError: if the source has no manifest, ``exclude`` was taken on another split, or
-        ``symbolic_checkpoint`` is asked of streamed shards.
+        ``symbolic_checkpoint`` is asked of streamed shards, or ``epoch_order="permutation"``
+        of the tf.data service.
     """
     exclude = config.exclude
     assert exclude is not None
@@ -563,37 +554,32 @@ def exact_epoch_dataset(
             f"symbolic_checkpoint=True reads local shards only; {resolved.source} is streamed "
             "through the shard cache (pass symbolic_checkpoint=False)"
         )
+    if config.epoch_order == "permutation" and service is not None:
+        raise ValueError(
+            "epoch_order='permutation' holds the split in the input graph, which the tf.data "
+            "service would ship to every worker; got a service (pass epoch_order='buffer')"
+        )
     if service is not None or input_context is None:
         pipeline_id, num_pipelines = 0, 1
     else:
         pipeline_id = input_context.input_pipeline_id
         num_pipelines = input_context.num_input_pipelines
-    kept, guard_missing = present_shards(resolved.shards, config.skip_corrupt, corruption_counter)
-    kept_paths = {s.path for s in kept}
-    reader = ShardReader.for_shards(
-        config, resolved, kept, guard_missing=guard_missing, counter=corruption_counter
-    )
     seed = config.seed if config.seed is not None else exclude.seed
     _, _, aug_seed = derive_seeds(seed, pipeline_id)
     # In-process the order is a function of seed and history; the service never keeps order.
     deterministic = True if service is None else config.is_deterministic
-    records = exact_epoch_records(
-        resolved,
-        exclude,
-        present=[s.path in kept_paths for s in resolved.shards],
-        damage_records=damage_records(resolved.shards),
-        read_shard=reader.read_range,
-        options=EpochStreamOptions(
+    if config.epoch_order == "permutation":
+        records = permuted_epoch_records(
+            load_split_records(resolved.shards),
+            exclude,
             seed=seed,
-            pipeline_id=pipeline_id,
             num_pipelines=num_pipelines,
+            pipeline_id=pipeline_id,
             num_epochs=config.num_epochs,
-            on_service=service is not None,
-            shuffle_buffer=record_shuffle_buffer(config, resolved, kept, batch_size),
-            cycle_length=config.cycle_length or DEFAULT_CYCLE_LENGTH,
-            deterministic=deterministic,
-        ),
-    )
+        )
+    else:
+        place = (seed, pipeline_id, num_pipelines, service is not None, deterministic)
+        records = _buffered_records(config, resolved, place, batch_size, corruption_counter)
     records = tf.data.Dataset.zip((records, tf.data.Dataset.random(seed=aug_seed)))
     decode_records = batch_decoder(make_decode_config(config, resolved))
 
@@ -613,6 +599,44 @@ def exact_epoch_dataset(
         # (1/64 of an epoch), so neighbouring epochs overlap by little. Whole messages of 128
         # examples over a small split would hand the trainer a next epoch's examples first.
         max_examples_per_message=service_message_cap(exclude.num_examples, batch_size),
+    )
+
+
+def _buffered_records(
+    config: ReaderConfig,
+    resolved: ResolvedSource,
+    place: tuple[int, int, int, bool, bool],
+    batch_size: int,
+    corruption_counter: CorruptionCounter | None,
+) -> tf.data.Dataset:
+    """The ``(position, record)`` stream read from the shards and mixed in shuffle buffers
+    (``epoch_order="buffer"``); ``place`` is ``(seed, pipeline_id, num_pipelines, on_service,
+    deterministic)``."""
+    exclude = config.exclude
+    assert exclude is not None
+    seed, pipeline_id, num_pipelines, on_service, deterministic = place
+    kept, guard_missing = present_shards(resolved.shards, config.skip_corrupt, corruption_counter)
+    kept_paths = {s.path for s in kept}
+    reader = ShardReader.for_shards(
+        config, resolved, kept, guard_missing=guard_missing, counter=corruption_counter
+    )
+    options = EpochStreamOptions(
+        seed=seed,
+        pipeline_id=pipeline_id,
+        num_pipelines=num_pipelines,
+        num_epochs=config.num_epochs,
+        on_service=on_service,
+        shuffle_buffer=record_shuffle_buffer(config, resolved, kept, batch_size),
+        cycle_length=config.cycle_length or DEFAULT_CYCLE_LENGTH,
+        deterministic=deterministic,
+    )
+    return exact_epoch_records(
+        resolved,
+        exclude,
+        present=[s.path in kept_paths for s in resolved.shards],
+        damage_records=damage_records(resolved.shards),
+        read_shard=reader.read_range,
+        options=options,
     )
 
 

@@ -26,12 +26,19 @@ from tfrecord_io.decode import (
 )
 from tfrecord_io.delivery import DeliveredSet
 
-__all__ = ["DEFAULT_READ_BUFFER_BYTES", "SHARDING_POLICIES", "ReadConfig", "ReaderConfig"]
+__all__ = [
+    "DEFAULT_READ_BUFFER_BYTES",
+    "EPOCH_ORDERS",
+    "SHARDING_POLICIES",
+    "ReadConfig",
+    "ReaderConfig",
+]
 
 # Object stores serve large sequential reads far better than many small ones; 8 MiB per open
 # file is what the reference ImageNet input pipelines use for GCS.
 DEFAULT_READ_BUFFER_BYTES = 8 * 1024 * 1024
 SHARDING_POLICIES = ("files", "records", "auto")
+EPOCH_ORDERS = ("buffer", "permutation")
 
 
 def _positive(name: str, value: Any, optional: bool = False) -> None:
@@ -98,6 +105,16 @@ class ReadConfig:
         whose CRC fails raises TensorFlow's ``DataLossError`` (``corrupted record at N``)
         without the shard's name; a shard that is missing or of another size still fails
         naming it.
+      epoch_order: how exact epochs are mixed. ``"buffer"`` (default): records read from the
+        shards and mixed in a shuffle buffer, which an iterator checkpoint holds (with
+        ``symbolic_checkpoint``, the buffer and positions). ``"permutation"``
+        (``tfrecord_io.permuted_epochs``): the split's records are read once, CRC-checked,
+        and held in the input graph; each epoch is a keyed permutation of example indices
+        computed element by element, so a checkpoint holds positions only (kilobytes) and
+        every pipeline's examples come in a uniformly random order. Costs the split's size in
+        memory per input pipeline; implies ``symbolic_checkpoint``; needs ``exclude``, not
+        ``skip_corrupt`` (a damaged shard fails when the pipeline is built, naming it), and
+        no tf.data service. ``shuffle_buffer`` and ``cycle_length`` do not apply.
 
     Raises:
       ValueError: naming the bad value, if any attribute is invalid.
@@ -119,6 +136,7 @@ class ReadConfig:
     jpeg_dct_method: str = "INTEGER_FAST"
     exclude: DeliveredSet | None = None
     symbolic_checkpoint: bool = False
+    epoch_order: str = "buffer"
 
     def __post_init__(self) -> None:
         _flag("with_keys", self.with_keys)
@@ -150,12 +168,22 @@ class ReadConfig:
                 raise ValueError(
                     f"exclude (exact epochs) reads without a record cache; got cache={self.cache!r}"
                 )
+        if self.epoch_order not in EPOCH_ORDERS:
+            raise ValueError(f"epoch_order must be one of {EPOCH_ORDERS}, got {self.epoch_order!r}")
         if self.symbolic_checkpoint:
-            _check_symbolic(self)
+            _check_symbolic(self, "symbolic_checkpoint=True")
+        if self.epoch_order == "permutation":
+            _check_symbolic(self, "epoch_order='permutation'")
+
+    @property
+    def checkpoints_positions(self) -> bool:
+        """Whether iterator checkpoints are symbolic (``symbolic_checkpoint`` or
+        ``epoch_order="permutation"``)."""
+        return self.symbolic_checkpoint or self.epoch_order == "permutation"
 
 
-def _check_symbolic(config: ReadConfig) -> None:
-    """Checks ``config`` can be checkpointed symbolically.
+def _check_symbolic(config: ReadConfig, option: str) -> None:
+    """Checks ``config`` can be checkpointed symbolically, as ``option`` asks.
 
     Raises:
       ValueError: without ``exclude`` (the plain pipeline's repeated, reshuffled file order
@@ -163,14 +191,12 @@ def _check_symbolic(config: ReadConfig) -> None:
         ``ignore_errors``, which cannot).
     """
     if config.exclude is None:
-        raise ValueError(
-            "symbolic_checkpoint=True needs exact epochs (exclude=DeliveredSet...); got "
-            "exclude=None"
-        )
+        raise ValueError(f"{option} needs exact epochs (exclude=DeliveredSet...); got exclude=None")
     if config.skip_corrupt:
         raise ValueError(
-            "symbolic_checkpoint=True reads without ignore_errors, so it cannot skip damage; "
-            "got skip_corrupt=True (pass symbolic_checkpoint=False to skip damaged shards)"
+            f"{option} reads without ignore_errors, so it cannot skip damage; got "
+            "skip_corrupt=True (pass symbolic_checkpoint=False and epoch_order='buffer' to "
+            "skip damaged shards)"
         )
 
 

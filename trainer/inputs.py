@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
     from tfrecord_io.delivery import DeliveredSet
 
-__all__ = ["Inputs", "ReaderInputs"]
+__all__ = ["HELD_SPLIT_BYTES", "INPUT_CHECKPOINT_KINDS", "Inputs", "ReaderInputs"]
 
 
 def _largest_batch_below(examples: int) -> int:
@@ -35,6 +35,14 @@ _log = logging.getLogger(__name__)
 # Decoded batches an explicit iterator checkpoint holds at least (the parallel decode's and the
 # prefetch's buffers): measured 4-5 of 32 at 64 px, and about 8 of 64 at 112 px.
 _DECODED_BATCHES_IN_FLIGHT = 4
+# The largest train split the input pipeline holds in memory to read exact epochs as
+# permutations (``ReadConfig(epoch_order="permutation")``): each worker's pipeline holds it
+# once, as a constant of the input graph, which tf.data copies when it optimises the graph.
+HELD_SPLIT_BYTES = 256 * 1024 * 1024
+# The kinds of input checkpoint, as the input layout records them: positions over a split held
+# in memory (KBs), symbolic over buffered reading (positions and the record shuffle buffer),
+# and explicit (every buffer, decoded batches included).
+INPUT_CHECKPOINT_KINDS = ("permutation", "positions", "buffers")
 
 
 class Inputs(Protocol):
@@ -113,6 +121,9 @@ class ReaderInputs:
         split has fewer files than workers. Not used with exact epochs.
       split_digest: ``tfrecord_io.split_digest`` of the train split, or None (no manifest).
       train_bytes: the train split's shard bytes, from the manifest, or None.
+      kept_checkpoint_kind: the input checkpoint kind of the run being resumed, when this
+        reader still builds it and would now choose another (``keeping_checkpoint_kind``);
+        None: the kind ``input_checkpoint`` chooses.
     """
 
     data: DataConfig
@@ -124,6 +135,7 @@ class ReaderInputs:
     sharding: str = "auto"
     split_digest: str | None = None
     train_bytes: int | None = None
+    kept_checkpoint_kind: str | None = None
 
     @property
     def checkpointable(self) -> bool:
@@ -139,32 +151,62 @@ class ReaderInputs:
     @property
     def symbolic_checkpoint(self) -> bool:
         """Whether the training iterator's checkpoints hold positions rather than buffered
-        batches (``ReadConfig.symbolic_checkpoint``).
-
-        A symbolic checkpoint holds the record shuffle buffer, which is the whole split when
-        the split is small, and positions; an explicit one holds what the shuffle buffer has
-        left, the shards' read-ahead and several decoded batches. Symbolic is the smaller one
-        when the split is, and only then is it chosen: tf.data's symbolic shuffle costs read
-        throughput in proportion to its buffer (exact epochs of 2,048 112-px JPEGs: 0.56x
-        the explicit pipeline's examples/s with the whole split buffered, 0.83x with 64
-        records). Needs exact epochs read in this process from local shards, without
-        ``skip_corrupt``.
-        """
-        return self.checkpointable and self._positions_checkpoint
+        batches (``input_checkpoint`` is ``"permutation"`` or ``"positions"``, in-process)."""
+        return self.checkpointable and self.input_checkpoint != "buffers"
 
     @property
-    def _positions_checkpoint(self) -> bool:
-        """``symbolic_checkpoint`` as the in-process pipeline would have it; the layout records
-        it whatever the service, so that moving a run to the tf.data service changes the layout
-        only in ``service``."""
+    def input_checkpoint(self) -> str:
+        """What the training iterator's checkpoints hold (one of ``INPUT_CHECKPOINT_KINDS``),
+        as the in-process pipeline would have it; the layout records it whatever the service,
+        so that moving a run to the tf.data service changes the layout only in ``service``.
+
+        * ``"permutation"``: a train split of at most ``HELD_SPLIT_BYTES``, read into memory
+          and each epoch a keyed permutation (``ReadConfig(epoch_order="permutation")``):
+          positions only, kilobytes, and no shuffle buffer to cost throughput.
+        * ``"positions"``: buffered reading checkpointed symbolically (the record shuffle
+          buffer and positions): a split too large to hold but smaller than the decoded
+          batches an explicit checkpoint holds, or a run that began with it
+          (``keeping_checkpoint_kind``). tf.data's symbolic shuffle costs read throughput in
+          proportion to its buffer (0.56x examples/s with 2,048 112-px JPEGs buffered whole).
+        * ``"buffers"``: an explicit checkpoint (the shuffle buffer, the shards' read-ahead and
+          several decoded batches): a larger split, ``--skip_corrupt`` (damage is skipped with
+          ``ignore_errors``, which cannot be checkpointed symbolically) or a remote source.
+        """
         from tfrecord_io.source import is_remote
 
+        if self.kept_checkpoint_kind is not None:
+            return self.kept_checkpoint_kind
         if not self.exact_epochs or self.data.skip_corrupt or is_remote(self.data.source):
-            return False
+            return "buffers"
+        if self.train_bytes is None:
+            return "buffers"
+        if self.train_bytes <= HELD_SPLIT_BYTES:
+            return "permutation"
+        # Too large to hold, but smaller than the decoded batches an explicit checkpoint holds.
         decoded_batch = self.global_batch_size * self.data.image_size**2 * 3
-        return self.train_bytes is not None and self.train_bytes <= (
-            _DECODED_BATCHES_IN_FLIGHT * decoded_batch
-        )
+        if self.train_bytes <= _DECODED_BATCHES_IN_FLIGHT * decoded_batch:
+            return "positions"
+        return "buffers"
+
+    def can_build(self, kind: str) -> bool:
+        """Whether this reader can read with input checkpoints of ``kind`` (a run's recorded
+        kind from an older version of this trainer)."""
+        from tfrecord_io.source import is_remote
+
+        if kind == "buffers":
+            return True
+        if kind not in INPUT_CHECKPOINT_KINDS:
+            return False
+        local = self.exact_epochs and not self.data.skip_corrupt and not is_remote(self.data.source)
+        return local and (kind == "positions" or self.train_bytes is not None)
+
+    def keeping_checkpoint_kind(self, kind: str | None) -> ReaderInputs:
+        """These inputs reading with input checkpoints of ``kind`` (the resumed run's) when
+        they can and would choose another, so its iterator checkpoints restore exactly;
+        otherwise unchanged (the run resumes from its delivered set)."""
+        if kind is None or kind == self.input_checkpoint or not self.can_build(kind):
+            return self
+        return dataclasses.replace(self, kept_checkpoint_kind=kind)
 
     @classmethod
     def from_config(cls, data: DataConfig, *, global_batch_size: int, seed: int) -> ReaderInputs:
@@ -236,8 +278,9 @@ class ReaderInputs:
         from tfrecord_io.reader import make_dataset
         from tfrecord_io.service.client import ServiceConfig
 
-        service = None
+        service, kind = None, self.input_checkpoint
         if self.data.data_service is not None:
+            kind = "buffers"
             service = ServiceConfig(
                 self.data.data_service,
                 job_name=service_job_name,
@@ -258,7 +301,10 @@ class ReaderInputs:
                 sharding=self.sharding,
                 exclude=exclude,
                 skip_corrupt=self.data.skip_corrupt,
-                symbolic_checkpoint=exclude is not None and self.symbolic_checkpoint,
+                symbolic_checkpoint=exclude is not None and kind == "positions",
+                epoch_order="permutation"
+                if exclude is not None and kind == "permutation"
+                else "buffer",
             ),
             service=service,
         )
@@ -290,5 +336,5 @@ class ReaderInputs:
             "sharding": self.sharding,
             # A checkpoint of one kind does not restore into a pipeline of the other: a run
             # whose kind changed resumes from its delivered set instead.
-            "input_checkpoint": "positions" if self._positions_checkpoint else "buffers",
+            "input_checkpoint": self.input_checkpoint,
         }
