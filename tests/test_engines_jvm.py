@@ -253,6 +253,21 @@ def test_engine_build_on_a_base_survives_a_killed_worker_byte_identical(
 
 @pytest.mark.slow
 @pytest.mark.jvm
+def test_the_flink_cluster_writes_its_own_log_files(flink_cluster):
+    # Beam's jars in the cluster's lib/ once brought an SLF4J 2 API that ignored Flink's Log4j
+    # binding: Flink logged nothing anywhere, and no log file was created.
+    logs = flink_cluster.work_dir / "log"
+    jobmanager = list(logs.glob("flink-*-standalonesession-*.log"))
+    taskmanagers = list(logs.glob("flink-*-taskexecutor-*.log"))
+    assert jobmanager and taskmanagers, sorted(p.name for p in logs.iterdir())
+    assert "Starting StandaloneSessionClusterEntrypoint" in jobmanager[0].read_text()
+    assert any("Successful registration at resource manager" in p.read_text() for p in taskmanagers)
+    consoles = [p.read_text(errors="replace") for p in logs.glob("*.log")]
+    assert not any("SLF4J(W)" in text for text in consoles)
+
+
+@pytest.mark.slow
+@pytest.mark.jvm
 def test_embedded_flink_writes_the_in_process_dataset(jvm_references, tmp_path):
     """``--flink_master [local]``: Flink's MiniCluster inside the job server, no cluster, two
     SDK worker processes; the dataset equals the in-process one."""

@@ -10,8 +10,10 @@ cluster's work directory, and is found again through a ``cluster.json`` written 
 from __future__ import annotations
 
 import contextlib
+import getpass
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -247,7 +249,9 @@ def _flink_config(work_dir: Path, *, rpc_port: int, rest_port: int, slots: int) 
         "restart-strategy.type": "fixed-delay",
         "restart-strategy.fixed-delay.attempts": 3,
         "restart-strategy.fixed-delay.delay": "2 s",
-        "env.java.opts.all": _JAVA17_OPENS,
+        # Log4j writes Flink's log to log/flink-*-<standalonesession|taskexecutor>-*.log; the
+        # console (the .log this module captures) keeps only warnings, not a second copy.
+        "env.java.opts.all": f"{_JAVA17_OPENS} -Dconsole.log.level=WARN",
         # Beam's runner comes from the cluster's own lib/ (see _flink_lib), so that its SDK
         # worker processes are kept for the whole job instead of being started for every stage:
         # Beam keeps them only when its classes are on Flink's parent classloader.
@@ -279,8 +283,44 @@ def _flink_env(work_dir: Path) -> dict[str, str]:
         FLINK_CONF_DIR=str(work_dir / "conf"),
         FLINK_LOG_DIR=str(work_dir / "log"),
         FLINK_LIB_DIR=str(work_dir / "lib"),
+        # Flink numbers its log files from a pid file, by default in /tmp and shared by every
+        # cluster on the host; and it names them after $USER, which a service may not have.
+        FLINK_PID_DIR=str(work_dir),
+        FLINK_IDENT_STRING=getpass.getuser(),
     )
     return env
+
+
+def _cluster_jars(job_server_lib: Path) -> Path:
+    """The Beam part of the job server's classpath as files of a directory of their own.
+
+    The cluster's ``lib/`` links to these, not to ``job_server_lib``: the JVM follows a link to
+    the jar's real directory and resolves the jar's manifest ``Class-Path`` there, and
+    ``beam-sdks-java-core`` names ``slf4j-api-2.0.16.jar``. Found beside it, that SLF4J 2 API
+    came before the SLF4J 1.7 API in ``flink-dist``, ignored Flink's Log4j binding (an SLF4J 1.7
+    one) and logged nothing: Log4j never started, and Flink wrote no log file. Here the
+    job server's own SLF4J, Log4j, Flink and Scala jars are absent, so the names resolve to
+    nothing and the cluster's own win. Hard links (copies across file systems), made once.
+    """
+    target = job_server_lib.parent / "cluster-lib"
+    if target.is_dir():
+        return target
+    own = ("flink-", "scala-", "slf4j-", "log4j-", "jcl-over-slf4j")
+    build = job_server_lib.parent / f"cluster-lib.tmp-{os.getpid()}"
+    shutil.rmtree(build, ignore_errors=True)
+    build.mkdir()
+    for jar in job_server_lib.glob("*.jar"):
+        if jar.name.startswith(own):
+            continue
+        try:
+            os.link(jar, build / jar.name)
+        except OSError:
+            shutil.copy2(jar, build / jar.name)
+    try:
+        build.rename(target)
+    except OSError:  # another cluster start made it meanwhile
+        shutil.rmtree(build, ignore_errors=True)
+    return target
 
 
 def _flink_lib(work_dir: Path) -> None:
@@ -292,9 +332,8 @@ def _flink_lib(work_dir: Path) -> None:
     lib.mkdir(parents=True, exist_ok=True)
     job_server_lib = versions.flink_job_server_jar().parent / "lib"
     _require(job_server_lib, f"The Flink {versions.FLINK_MINOR} job server")
-    own = ("flink-", "scala-", "slf4j-", "log4j-", "jcl-over-slf4j")
     jars = list((versions.flink_home() / "lib").glob("*.jar"))
-    jars += [j for j in job_server_lib.glob("*.jar") if not j.name.startswith(own)]
+    jars += list(_cluster_jars(job_server_lib).glob("*.jar"))
     for jar in jars:
         link = lib / jar.name
         if not link.exists():
@@ -333,6 +372,13 @@ def start_flink(
     )
     for name in ("log4j-console.properties", "log4j-cli.properties"):
         (work_dir / "conf" / name).write_bytes((home / "conf" / name).read_bytes())
+    with (work_dir / "conf" / "log4j-console.properties").open("a") as log4j:
+        # Beam's operator names are longer than the 80 characters Flink's metrics keep, and
+        # Flink warns of each one, for every task: two screens per job.
+        log4j.write(
+            "\nlogger.metricnames.name = org.apache.flink.metrics.MetricGroup\n"
+            "logger.metricnames.level = ERROR\n"
+        )
     _flink_lib(work_dir)
     env = _flink_env(work_dir)
     jm = _spawn(
