@@ -27,6 +27,7 @@ from benchmarks.common import run_module
 from catalog.table import build_table, catalog_filename, write_table
 from dataset_tools.diff import example_frame_lengths
 from schemas import MANIFEST_NAME, Counts, ImageSpec, Manifest, ShardInfo, SplitInfo, shard_filename
+from schemas.shard_table import encode_manifest
 
 __all__ = ["make_version", "main"]
 
@@ -105,7 +106,10 @@ def make_version(root: Path, columns: dict[str, np.ndarray], *, image_size: int 
         image=ImageSpec(encoding="jpeg", image_size=image_size, crop="none"),
         options={"image_size": image_size, "encoding": "jpeg", "crop": "none"},
     )
-    (root / MANIFEST_NAME).write_text(manifest.to_json())
+    text, tables = encode_manifest(manifest)  # shard tables first, dataset.json last
+    for name, data in tables.items():
+        (root / name).write_bytes(data)
+    (root / MANIFEST_NAME).write_text(text)
 
 
 def _versions(workdir: Path, n: int, seed: int = 0) -> tuple[Path, Path]:

@@ -210,8 +210,12 @@ def _run(args: argparse.Namespace, work: Path, n: int, mode: str) -> dict:
     r = measured_run(flags, module="benchmarks.bench_metadata_scale", cwd=str(_REPO))
     manifest = out / "dataset.json"
     data = json.loads(manifest.read_text())
-    r["shards"] = sum(len(s["shards"]) for s in data["splits"].values())
+    # Format version 2 counts shards in dataset.json; version 1 listed them inline.
+    r["shards"] = sum(
+        s.get("num_shards", len(s.get("shards", []))) for s in data["splits"].values()
+    )
     r["manifest_kb"] = manifest.stat().st_size / 1024
+    r["shard_tables_kb"] = sum(p.stat().st_size for p in out.glob("shards-*.parquet")) / 1024
     r["catalog_mb"] = sum(p.stat().st_size for p in out.glob("catalog-*.parquet")) / 2**20
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(listing.parent, ignore_errors=True)

@@ -39,6 +39,7 @@ from schemas import (
     shard_filename,
 )
 from schemas.framing import write_frame
+from schemas.shard_table import encode_manifest
 
 __all__ = ["write_tiny_dataset", "main"]
 
@@ -114,7 +115,10 @@ def write_tiny_dataset(root: Path, records: list[ImageRecord], num_shards: int) 
         options={"image_size": 8, "encoding": "png", "crop": "none"},
     )
     (root / manifest.rejected_file).write_text("")
-    (root / MANIFEST_NAME).write_text(manifest.to_json())
+    text, tables = encode_manifest(manifest)  # shard tables first, dataset.json last
+    for name, data in tables.items():
+        (root / name).write_bytes(data)
+    (root / MANIFEST_NAME).write_text(text)
 
 
 def _verify(root: Path) -> tuple[float, float, dict]:

@@ -48,6 +48,7 @@ from schemas import (
     SplitInfo,
 )
 from schemas.framing import FrameError, iter_frames
+from schemas.shard_table import encode_manifest
 from schemas.tfds_metadata import OUR_KEYS, tfds_metadata_files
 from tfrecord_io import source as _source
 
@@ -305,8 +306,12 @@ def adopt(
         _write(_source.join(root, name), data)
     if manifest.shard_root is None:
         _write_tfds_metadata(root, manifest, scan.common_keys, label_offset=label_offset)
-    # dataset.json last: a dataset is only there once everything it lists is.
-    _write(manifest_path, manifest.to_json().encode("utf-8"))
+    # dataset.json last: a dataset is only there once everything it lists is (its shard
+    # tables included).
+    text, tables = encode_manifest(manifest)
+    for name, data in sorted(tables.items()):
+        _write(_source.join(root, name), data)
+    _write(manifest_path, text.encode("utf-8"))
     return manifest
 
 

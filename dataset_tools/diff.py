@@ -59,7 +59,7 @@ from schemas import (
 )
 from schemas.framing import FRAME_OVERHEAD
 from schemas.lineage import describe_option_changes, image_options
-from tfrecord_io.source import join, manifest_path, read_bytes
+from tfrecord_io.source import join, manifest_path, read_bytes, read_manifest_file
 
 __all__ = [
     "FLAGS",
@@ -127,10 +127,8 @@ def load_catalog(source: str | os.PathLike[str]) -> DatasetCatalog:
             "or a versions root holding a 'latest' pointer"
         )
     data = read_bytes(path)
-    try:
-        manifest = Manifest.from_json(data)
-    except ValueError as e:
-        raise ValueError(f"{path}: {e}") from e
+    # Diff reads no shard entries: a shard table (format version 2) is never loaded.
+    manifest = read_manifest_file(path, data)
     root = path[: -len("dataset.json")].rstrip("/") or "."
     tables = []
     for split in sorted(manifest.splits):

@@ -23,6 +23,7 @@ from schemas.image_example import (
 from schemas.manifest import (
     CROPS,
     ENCODINGS,
+    FORMAT_VERSION,
     MANIFEST_NAME,
     REJECTED_NAME,
     TOOL_NAME,
@@ -33,6 +34,7 @@ from schemas.manifest import (
     Manifest,
     ShardInfo,
     SplitInfo,
+    TableShards,
     parse_shard_filename,
     shard_filename,
 )
@@ -61,6 +63,7 @@ __all__ = [
     "validate_example",
     "CROPS",
     "ENCODINGS",
+    "FORMAT_VERSION",
     "MANIFEST_NAME",
     "REJECTED_NAME",
     "TOOL_NAME",
@@ -71,6 +74,7 @@ __all__ = [
     "Manifest",
     "ShardInfo",
     "SplitInfo",
+    "TableShards",
     "parse_shard_filename",
     "shard_filename",
 ]

@@ -4,6 +4,13 @@ The writer publishes ``dataset.json`` last; readers trust only the shards it lis
 is storage-agnostic: it converts between ``Manifest`` objects and JSON text, and names files.
 Reading and writing the bytes is the caller's job (Beam FileSystems in the pipeline, the shard
 cache or local files in the reader).
+
+Two layouts, told apart by ``format_version``: version 1 (every dataset written before it was
+recorded) lists each split's shards inline; version 2, written since, keeps ``dataset.json``
+small and puts each split's shard entries in a Parquet shard table (``shards-<split>.parquet``,
+``schemas.shard_table``) that ``dataset.json`` names with its size and SHA-256. A version-2
+split read here alone has ``TableShards`` whose entries are not loaded
+(``schemas.shard_table.decode_manifest`` loads them through the caller's reads).
 """
 
 from __future__ import annotations
@@ -11,8 +18,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, overload
 
 from schemas.constants import (
     CROPS,
@@ -27,12 +34,18 @@ from schemas.image_example import SCHEMA_VERSION
 __all__ = [
     "MANIFEST_NAME",
     "REJECTED_NAME",
+    "FORMAT_VERSION",
+    "FORMAT_VERSIONS",
+    "INLINE_FORMAT",
     "TOOL_NAME",
     "TOOL_VERSION",
     "ENCODINGS",
     "CROPS",
     "ShardInfo",
     "SplitInfo",
+    "TableShards",
+    "UnloadedShards",
+    "TableOpener",
     "Counts",
     "FileInfo",
     "ImageSpec",
@@ -40,10 +53,18 @@ __all__ = [
     "shard_filename",
     "shard_number_width",
     "parse_shard_filename",
+    "shard_table_name",
+    "check_format_version",
 ]
 
 MANIFEST_NAME = "dataset.json"
 REJECTED_NAME = "rejected.jsonl"
+#: The layout of ``dataset.json`` this build writes: shard entries in per-split shard tables.
+FORMAT_VERSION = 2
+#: The layout of every dataset written before ``format_version`` existed: shards inline.
+INLINE_FORMAT = 1
+#: The layouts this build reads.
+FORMAT_VERSIONS = (INLINE_FORMAT, FORMAT_VERSION)
 COLOR_SPACES = ("sRGB",)
 
 _SHARD_RE = re.compile(
@@ -167,27 +188,98 @@ class ShardInfo:
         return cls(**fields, index=index)
 
 
+def shard_table_name(split: str) -> str:
+    """Names a split's shard table (format version 2): ``shards-train.parquet``, next to
+    ``dataset.json``. A republished dataset reuses the name: publishing first unpublishes the
+    old ``dataset.json``, so no live manifest names a table being rewritten."""
+    if not re.match(r"^[a-z][a-z0-9_]*$", split):
+        raise ValueError(f"split name must be a lowercase identifier like 'train', got {split!r}")
+    return f"shards-{split}.parquet"
+
+
+class TableShards(Sequence[ShardInfo]):
+    """A split's shard entries kept in a shard table rather than inline (format version 2).
+
+    What ``dataset.json`` says of the table (its file, the split's shard count and shard bytes)
+    is known without reading it: ``len()`` and ``total_bytes`` never load the table. Reading an
+    entry loads it (``schemas.shard_table.ShardTable``) or, for a manifest parsed without
+    access to its files, raises (``UnloadedShards``).
+    """
+
+    def __init__(self, table: FileInfo, num_shards: int, total_bytes: int) -> None:
+        _require_int("num_shards", num_shards)
+        _require_int("num_bytes", total_bytes)
+        self.table = table
+        self.num_shards = num_shards
+        self.total_bytes = total_bytes
+
+    def __len__(self) -> int:
+        return self.num_shards
+
+    @overload
+    def __getitem__(self, index: int) -> ShardInfo: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[ShardInfo, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> ShardInfo | tuple[ShardInfo, ...]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[ShardInfo]:
+        return (self[i] for i in range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or len(other) != len(self):
+            return False
+        return all(a == b for a, b in zip(self, other, strict=True))
+
+    def __hash__(self) -> int:
+        return hash((self.table, self.num_shards))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.table.file!r}, {self.num_shards} shards)"
+
+
+class UnloadedShards(TableShards):
+    """The entries of a shard table that the manifest was parsed without: any read raises."""
+
+    def __getitem__(self, index: int | slice) -> Any:
+        raise ValueError(
+            f"the shard entries of this dataset are in {self.table.file}, which was not read: "
+            "load the dataset with tfrecord_io.load_manifest (or beam_pipelines' read_manifest, "
+            "or schemas.shard_table.decode_manifest with a function that reads its files)"
+        )
+
+
+#: Builds a split's ``TableShards`` from what ``dataset.json`` says of its table:
+#: ``(split, table, num_shards, num_examples, num_bytes)``.
+TableOpener = Callable[[str, FileInfo, int, int, int], TableShards]
+
+
 @dataclasses.dataclass(frozen=True)
 class SplitInfo:
     """A split (``train``, ``validation``) and its shards, in read order, and its catalog
     (``catalog-<split>.parquet``, one row per example) if it has one.
 
+    ``shards`` is a tuple when listed inline, or ``TableShards`` for a shard table (format
+    version 2), whose record counts are checked against ``num_examples`` when it loads.
     ``class_counts`` maps every class name, in label order, to its examples in the split (None
     for datasets written before it was recorded).
     """
 
     num_examples: int
-    shards: tuple[ShardInfo, ...]
+    shards: Sequence[ShardInfo]
     catalog: FileInfo | None = None
     class_counts: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         _require_int("num_examples", self.num_examples)
-        total = sum(s.num_examples for s in self.shards)
-        if total != self.num_examples:
-            raise ValueError(
-                f"split num_examples {self.num_examples} != sum over its shards {total}"
-            )
+        if not isinstance(self.shards, TableShards):
+            total = sum(s.num_examples for s in self.shards)
+            if total != self.num_examples:
+                raise ValueError(
+                    f"split num_examples {self.num_examples} != sum over its shards {total}"
+                )
         if self.class_counts is not None:
             for name, count in self.class_counts.items():
                 _require_int(f"class_counts[{name!r}]", count)
@@ -196,6 +288,18 @@ class SplitInfo:
                     f"split class_counts add up to {sum(self.class_counts.values())}, "
                     f"not num_examples {self.num_examples}"
                 )
+
+    @property
+    def num_shards(self) -> int:
+        """Shards in the split (never loads a shard table)."""
+        return len(self.shards)
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of the split's shard files (never loads a shard table)."""
+        if isinstance(self.shards, TableShards):
+            return self.shards.total_bytes
+        return sum(s.num_bytes for s in self.shards)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,8 +394,12 @@ class Manifest:
     # examples reused from it and prepared anew. The only part of dataset.json in which an
     # incremental build differs from a clean one; absent from clean builds.
     lineage: Mapping[str, Any] | None = None
+    # The layout of dataset.json: INLINE_FORMAT (shards listed inline, every dataset written
+    # before this field) or FORMAT_VERSION (per-split shard tables).
+    format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
+        check_format_version(self.format_version)
         if self.lineage is not None and not isinstance(self.lineage, Mapping):
             raise ValueError(f"lineage must be a JSON object, got {self.lineage!r}")
         if self.schema_version != SCHEMA_VERSION:
@@ -329,28 +437,26 @@ class Manifest:
             raise KeyError(f"split {name!r} not in dataset; it has {sorted(self.splits)}")
         return self.splits[name]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, tables: Mapping[str, FileInfo] | None = None) -> dict[str, Any]:
+        """The manifest as ``dataset.json`` holds it, in its ``format_version``'s layout.
+
+        Args:
+          tables: for format version 2, each split's shard table as written
+            (``schemas.shard_table.encode_manifest`` gives them); a split missing here must have
+            ``TableShards``, whose table is named as it was read.
+
+        Raises:
+          ValueError: if a split of a version-2 manifest has no shard table to name.
+        """
         return {
+            **({"format_version": self.format_version} if self.format_version > 1 else {}),
             "schema_version": self.schema_version,
             "tool": self.tool,
             "tool_version": self.tool_version,
             "label_names": list(self.label_names),
             "image": dataclasses.asdict(self.image),
             "splits": {
-                name: {
-                    "num_examples": split.num_examples,
-                    "shards": [s.to_dict() for s in split.shards],
-                    **(
-                        {"catalog": dataclasses.asdict(split.catalog)}
-                        if split.catalog is not None
-                        else {}
-                    ),
-                    **(
-                        {"class_counts": dict(split.class_counts)}
-                        if split.class_counts is not None
-                        else {}
-                    ),
-                }
+                name: self._split_dict(name, split, tables or {})
                 for name, split in sorted(self.splits.items())
             },
             "counts": self.counts.to_dict(),
@@ -360,22 +466,58 @@ class Manifest:
             **({"lineage": dict(self.lineage)} if self.lineage is not None else {}),
         }
 
-    def to_json(self) -> str:
-        """Deterministic JSON text (sorted keys, fixed indentation, trailing newline)."""
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    def _split_dict(
+        self, name: str, split: SplitInfo, tables: Mapping[str, FileInfo]
+    ) -> dict[str, Any]:
+        data: dict[str, Any] = {"num_examples": split.num_examples}
+        if self.format_version == INLINE_FORMAT:
+            data["shards"] = [s.to_dict() for s in split.shards]
+        else:
+            table = tables.get(name)
+            if table is None and isinstance(split.shards, TableShards):
+                table = split.shards.table
+            if table is None:
+                raise ValueError(
+                    f"split {name!r} has no shard table to name in dataset.json: encode the "
+                    "manifest with schemas.shard_table.encode_manifest"
+                )
+            data["num_shards"] = split.num_shards
+            data["num_bytes"] = split.num_bytes
+            data["shard_table"] = dataclasses.asdict(table)
+        if split.catalog is not None:
+            data["catalog"] = dataclasses.asdict(split.catalog)
+        if split.class_counts is not None:
+            data["class_counts"] = dict(split.class_counts)
+        return data
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Manifest:
-        """Builds and validates a manifest from parsed JSON.
+    def to_json(self, tables: Mapping[str, FileInfo] | None = None) -> str:
+        """Deterministic JSON text (sorted keys, fixed indentation, trailing newline).
 
         Raises:
-          ValueError: naming the missing or bad field.
+          ValueError: as ``to_dict``.
         """
+        return json.dumps(self.to_dict(tables), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], open_table: TableOpener | None = None) -> Manifest:
+        """Builds and validates a manifest from parsed JSON, in either layout.
+
+        Args:
+          data: the parsed ``dataset.json``.
+          open_table: for format version 2, builds each split's ``TableShards`` (the caller's
+            reads of the table files); None leaves them ``UnloadedShards``.
+
+        Raises:
+          ValueError: naming the missing or bad field, or the format version this build does
+            not read.
+        """
+        version = data.get("format_version", INLINE_FORMAT)
+        check_format_version(version)
         try:
             splits = {
                 name: SplitInfo(
                     num_examples=split["num_examples"],
-                    shards=tuple(ShardInfo.from_dict(shard) for shard in split["shards"]),
+                    shards=_split_shards(name, split, version, open_table),
                     catalog=FileInfo.from_dict(split.get("catalog")),
                     class_counts=split.get("class_counts"),
                 )
@@ -393,6 +535,7 @@ class Manifest:
                 tool_version=data.get("tool_version", "unknown"),
                 shard_root=data.get("shard_root"),
                 lineage=data.get("lineage"),
+                format_version=version,
             )
         except KeyError as e:
             raise ValueError(f"dataset.json is missing field {e}") from e
@@ -400,8 +543,8 @@ class Manifest:
             raise ValueError(f"dataset.json has a malformed field: {e}") from e
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> Manifest:
-        """Parses ``dataset.json`` text.
+    def from_json(cls, text: str | bytes, open_table: TableOpener | None = None) -> Manifest:
+        """Parses ``dataset.json`` text (``open_table`` as in ``from_dict``).
 
         Raises:
           ValueError: if the text is not JSON or does not describe a valid dataset.
@@ -412,8 +555,51 @@ class Manifest:
             raise ValueError(f"dataset.json is not valid JSON: {e}") from e
         if not isinstance(data, dict):
             raise ValueError(f"dataset.json must hold a JSON object, got {type(data).__name__}")
-        return cls.from_dict(data)
+        return cls.from_dict(data, open_table)
+
+    def with_format(self, format_version: int) -> Manifest:
+        """The same dataset in another layout (``dataset_tools`` and tests write version 1
+        with it; every entry is read, so a shard table loads)."""
+        if format_version == INLINE_FORMAT:
+            splits = {
+                name: dataclasses.replace(split, shards=tuple(split.shards))
+                for name, split in self.splits.items()
+            }
+            return dataclasses.replace(self, splits=splits, format_version=format_version)
+        return dataclasses.replace(self, format_version=format_version)
 
     def all_shards(self) -> Sequence[ShardInfo]:
         """Every shard of every split, splits in name order."""
         return [s for _, split in sorted(self.splits.items()) for s in split.shards]
+
+
+def check_format_version(version: Any) -> None:
+    """Raises unless this build reads a ``dataset.json`` of ``format_version`` ``version``.
+
+    Raises:
+      ValueError: naming the version and saying to upgrade for a newer one.
+    """
+    if isinstance(version, int) and not isinstance(version, bool) and version in FORMAT_VERSIONS:
+        return
+    if isinstance(version, int) and version > FORMAT_VERSION:
+        raise ValueError(
+            f"dataset.json has format_version {version}, written by a newer {TOOL_NAME}; this "
+            f"version ({TOOL_VERSION}) reads format versions {list(FORMAT_VERSIONS)}: upgrade "
+            f"{TOOL_NAME} (pip install --upgrade {TOOL_NAME}) to read it"
+        )
+    raise ValueError(
+        f"dataset.json format_version must be one of {list(FORMAT_VERSIONS)}, got {version!r}"
+    )
+
+
+def _split_shards(
+    name: str, split: Mapping[str, Any], version: int, open_table: TableOpener | None
+) -> Sequence[ShardInfo]:
+    """A split's shard entries: inline (version 1) or its shard table (version 2)."""
+    if version == INLINE_FORMAT:
+        return tuple(ShardInfo.from_dict(shard) for shard in split["shards"])
+    table = FileInfo(**split["shard_table"])
+    num_shards, num_bytes = split["num_shards"], split["num_bytes"]
+    if open_table is None:
+        return UnloadedShards(table, num_shards, num_bytes)
+    return open_table(name, table, num_shards, split["num_examples"], num_bytes)

@@ -12,9 +12,9 @@ import tensorflow as tf
 from catalog.index_files import entries_from_payload_sizes, format_index
 from catalog.table import read_table
 from dataset_tools.adopt import adopt, main
-from schemas import Manifest
 from tests.fixtures.shards import write_foreign_shards
 from tfrecord_io.random_access import read_examples
+from tfrecord_io.source import load_manifest
 
 
 def _records(path) -> list[tf.train.Example]:
@@ -74,7 +74,7 @@ def test_adopt_elsewhere_reads_through_byte_ranges(tmp_path):
         [str(tmp_path / "shards" / "train-*"), "--label_offset", "1", "--output", str(out)]
     )
     assert status == 0
-    manifest = Manifest.from_json((out / "dataset.json").read_text())
+    manifest = load_manifest(out)
     assert manifest.shard_root == str(tmp_path / "shards")
     assert not list(out.glob("train-0000?-of-00002"))  # no shard copied
     assert not (out / "features.json").exists()  # tfds reads shards only next to its metadata

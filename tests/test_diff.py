@@ -33,6 +33,7 @@ from schemas import (
     shard_filename,
 )
 from schemas.lineage import LATEST_NAME, format_latest_pointer
+from schemas.shard_table import encode_manifest
 from tests.fixtures.fault_proxy import FaultPlan
 from tests.fixtures.object_store import BucketEnv, Server, upload_tree
 
@@ -115,7 +116,10 @@ def write_catalog_dataset(
         image=ImageSpec(encoding="jpeg", image_size=image_size, crop="none"),
         options={"image_size": image_size, "encoding": "jpeg", "crop": "none"},
     )
-    (root / MANIFEST_NAME).write_text(manifest.to_json())
+    text, tables = encode_manifest(manifest)
+    for name, data in tables.items():
+        (root / name).write_bytes(data)
+    (root / MANIFEST_NAME).write_text(text)
     return root
 
 

@@ -29,7 +29,8 @@ from beam_pipelines.engines.runners import (
     resolve_runner_aliases,
 )
 from beam_pipelines.images_to_tfrecord import JobFailedError, run
-from schemas.manifest import MANIFEST_NAME, Manifest
+from schemas.manifest import MANIFEST_NAME
+from schemas.shard_table import decode_manifest
 from tests.fixtures.images import make_bad_files, make_image_tree, png_bytes
 
 # Fewer shards than splits x workers would hide ordering bugs; more would only cost time.
@@ -340,7 +341,7 @@ def test_engine_writes_byte_identical_dataset(
     assert sorted(files) == sorted(reference_files)
     for name, data in reference_files.items():
         assert files[name] == data, f"{engine}: {name} differs from the in-process run"
-    manifest = Manifest.from_json(files[MANIFEST_NAME].decode("utf-8"))
+    manifest = decode_manifest(files[MANIFEST_NAME], files.__getitem__)
     assert manifest == reference.manifest
     assert len(manifest.all_shards()) == 6  # 4 train, ceil(4 * 0.25 / 0.75) = 2 validation
     # Beam counters come back from every engine, the Dask workers included.

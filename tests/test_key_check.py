@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 
 from dataset_tools.keys import BYTES_PER_EXAMPLE, KeyCollector
+from tests.fixtures.shards import to_inline_layout
 
 
 def _key(i: int) -> str:
@@ -65,6 +66,7 @@ def test_verify_reports_a_key_stored_twice_naming_both_places(jpeg_dataset, tmp_
     shard = dataset.shard_paths("train")[1]
     with open(shard, "ab") as handle:
         _TFRecordUtil.write_record(handle, serialize_record(record))
+    to_inline_layout(dataset.root)  # entries edited as JSON
     data = json.loads((dataset.root / MANIFEST_NAME).read_text())
     entry = data["splits"]["train"]["shards"][1]
     entry["num_examples"] += 1

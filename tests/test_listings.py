@@ -17,8 +17,8 @@ from beam_pipelines.inputs.listings import (
     labelled_source,
     listing_sources,
 )
-from schemas.manifest import Manifest
 from tests.fixtures.images import make_image_tree
+from tfrecord_io.source import load_manifest
 
 
 def _images(root: Path, n: int) -> list[Path]:
@@ -95,7 +95,7 @@ def test_a_csv_listing_by_rfc_4180(tmp_path):
     output = tmp_path / "dataset"
     argv = ["--input", str(listing), "--output", str(output), "--image_size", "32"]
     assert images_to_tfrecord.main([*argv, "--num_shards", "1", "--max_bad_fraction", "1"]) == 0
-    manifest = Manifest.from_json((output / "dataset.json").read_text(encoding="utf-8"))
+    manifest = load_manifest(output)
     rejected = [json.loads(line) for line in (output / "rejected.jsonl").read_text().splitlines()]
     by_line = {r["detail"].split(" of ")[0]: r["reason"] for r in rejected}
     assert by_line == {
@@ -132,7 +132,7 @@ def test_a_jsonl_listing_by_line(tmp_path):
         "line 4": "bad_listing_line",
         "line 7": "bad_listing_line",
     }
-    manifest = Manifest.from_json((output / "dataset.json").read_text(encoding="utf-8"))
+    manifest = load_manifest(output)
     assert (manifest.counts.input, manifest.counts.written, manifest.counts.rejected) == (6, 2, 4)
 
 

@@ -15,6 +15,7 @@ from beam_pipelines import images_to_tfrecord
 from dataset_tools.verify import __main__ as verify
 from objstore import get_store
 from schemas import MANIFEST_NAME, REJECTED_NAME, Manifest, ShardInfo
+from schemas.shard_table import decode_manifest
 from tests.fixtures.fault_proxy import FaultPlan
 from tests.fixtures.images import make_image_tree
 from tests.fixtures.object_store import (
@@ -28,7 +29,7 @@ from tests.fixtures.object_store import (
 )
 from tests.fixtures.shards import WrittenDataset
 from tfrecord_io import CorruptionCounter, ReadConfig, make_dataset
-from tfrecord_io.source import resolve_source
+from tfrecord_io.source import load_manifest, resolve_source
 
 _PIPELINE_FLAGS = ["--num_shards", "2", "--image_size", "24", "--max_bad_fraction", "0.5"]
 # Random faults on every request, and a certain fault on the first try of every image request
@@ -148,8 +149,9 @@ def _pipeline_bucket_to_bucket(
 
         # The commit point and the reports are identical to the clean local run's.
         manifest_text = clean.read_bytes(f"{output}/{MANIFEST_NAME}").decode()
-        expected = Manifest.from_json((reference / MANIFEST_NAME).read_text())
-        _assert_same_dataset(Manifest.from_json(manifest_text), expected)
+        expected = load_manifest(reference)
+        read = lambda name: clean.read_bytes(f"{output}/{name}")  # noqa: E731
+        _assert_same_dataset(decode_manifest(manifest_text, read), expected)
         rejected_text = clean.read_bytes(f"{output}/{REJECTED_NAME}").decode()
         assert _rejections(rejected_text) == _rejections((reference / REJECTED_NAME).read_text())
         for shard in expected.all_shards():

@@ -28,8 +28,8 @@ from apache_beam.transforms import environments
 from beam_pipelines import ImagesToShards, StageResults, config_from_options
 from beam_pipelines.engines.dask_runner import DaskRunner  # noqa: F401  (registers --dask_* options)
 from beam_pipelines.engines.runners import resolve_runner_aliases
-from schemas.manifest import MANIFEST_NAME, Manifest
 from tests.fixtures.images import make_image_tree
+from tfrecord_io.source import load_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -190,7 +190,7 @@ def test_built_package_imports_and_runs_the_pipeline_from_a_clean_venv(clean_pyt
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    manifest = Manifest.from_json((output / MANIFEST_NAME).read_text())
+    manifest = load_manifest(output)
     assert manifest.counts.written == 6
     assert manifest.label_names == ("a", "b")
 

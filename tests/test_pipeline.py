@@ -33,6 +33,7 @@ from tests.fixtures.images import (
     make_format_samples,
     make_image_tree,
 )
+from tfrecord_io.source import load_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -90,7 +91,7 @@ def _records(output: Path, manifest: Manifest):
 
 def test_counts_add_up_and_the_dataset_is_published(e2e):
     summary, expected = e2e["summary"], e2e["expected"]
-    manifest = Manifest.from_json((e2e["output"] / "dataset.json").read_text(encoding="utf-8"))
+    manifest = load_manifest(e2e["output"])
     assert summary.published and manifest == summary.manifest
     counts = manifest.counts
     assert counts.written == expected["good"]
@@ -291,7 +292,7 @@ def test_overwrite_replaces_the_dataset_and_removes_stale_shards(tmp_path):
         + [s.file for s in second.manifest.all_shards()]
         + [s.index.file for s in second.manifest.all_shards()]
     )
-    manifest = Manifest.from_json((output / "dataset.json").read_text(encoding="utf-8"))
+    manifest = load_manifest(output)
     assert manifest.image.image_size == 16
     assert {s.file for s in manifest.all_shards()}.isdisjoint(
         {s.file for s in first.manifest.all_shards()}

@@ -16,7 +16,6 @@ import pytest
 from PIL import Image
 
 from beam_pipelines import images_to_tfrecord
-from schemas.manifest import Manifest
 from tests.fixtures.icc import matrix_trc_profile
 from tests.fixtures.images import make_image_tree
 from tests.fixtures.odd_images import (
@@ -30,6 +29,7 @@ from tests.fixtures.odd_images import (
     with_icc,
     zero_png,
 )
+from tfrecord_io.source import load_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -110,7 +110,7 @@ def test_real_world_files_publish_with_precise_reasons(tree, tmp_path):
     assert metrics["high_bit_depth_stretch_sbit"] == 1
     assert metrics["source_format_TGA"] == metrics["source_format_PSD"] == 1
     assert metrics["rejected_extreme_aspect_ratio"] == 3
-    manifest = Manifest.from_json((output / "dataset.json").read_text(encoding="utf-8"))
+    manifest = load_manifest(output)
     assert manifest.image.color_space == "sRGB"
     raw = json.loads((output / "dataset.json").read_text(encoding="utf-8"))
     assert raw["image"]["color_space"] == "sRGB"
@@ -187,7 +187,7 @@ def test_memory_error_in_the_image_step_is_a_rejection_and_the_job_publishes(tmp
     # The decode worker (--decode_memory_mb) ran out of room, not the job.
     assert rejected["huge.png"]["reason"] == "over_budget"
     assert rejected["huge.png"]["detail"].startswith("MemoryError")
-    manifest = Manifest.from_json((output / "dataset.json").read_text(encoding="utf-8"))
+    manifest = load_manifest(output)
     assert (manifest.counts.written, manifest.counts.rejected, manifest.counts.input) == (6, 1, 7)
 
 

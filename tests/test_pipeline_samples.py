@@ -12,6 +12,7 @@ from PIL import Image
 from beam_pipelines import images_to_tfrecord, samples
 from beam_pipelines.image.prepare import sniff_format
 from schemas.image_example import record_from_example
+from tfrecord_io.source import load_manifest
 
 
 def test_sample_set_layout_and_odd_files(tmp_path):
@@ -81,11 +82,10 @@ def test_quickstart_flow_on_a_small_sample_set(tmp_path, capsys):
     import tensorflow as tf
 
     heights = set()
-    for split in manifest["splits"].values():
-        for shard in split["shards"]:
-            for raw in tf.data.TFRecordDataset(str(output / shard["file"])):
-                record = record_from_example(bytes(raw.numpy()))
-                heights.add(min(Image.open(io.BytesIO(record.encoded)).size))
+    for shard in load_manifest(output).all_shards():
+        for raw in tf.data.TFRecordDataset(str(output / shard.file)):
+            record = record_from_example(bytes(raw.numpy()))
+            heights.add(min(Image.open(io.BytesIO(record.encoded)).size))
     assert heights == {256}
 
 

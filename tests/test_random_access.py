@@ -9,12 +9,13 @@ import pytest
 import tensorflow as tf
 
 from catalog.table import read_table
-from schemas import Manifest, record_from_example
+from schemas import record_from_example
 from schemas.framing import FrameError
 from tests.fixtures.fault_proxy import FaultPlan
 from tests.fixtures.object_store import upload_tree
 from tests.fixtures.pipeline_datasets import build_pipeline_dataset
 from tfrecord_io.random_access import load_catalog, read_examples
+from tfrecord_io.source import load_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ def dataset(tmp_path_factory):
 
 def _all_records(dataset) -> dict[str, tuple[str, int, bytes]]:
     """key -> (shard, position, serialized), read front to back by TensorFlow."""
-    manifest = Manifest.from_json((dataset / "dataset.json").read_text())
+    manifest = load_manifest(dataset)
     found = {}
     for shard in manifest.all_shards():
         for position, data in enumerate(tf.data.TFRecordDataset(str(dataset / shard.file))):

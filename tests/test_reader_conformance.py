@@ -23,6 +23,7 @@ from catalog.table import read_table
 from dataset_tools.adopt import adopt
 from schemas import Manifest
 from tests.fixtures.shards import write_foreign_shards
+from tfrecord_io.source import load_manifest
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,7 @@ def dataset(pipeline_dataset: Path) -> Path:
 
 
 def _manifest(root: Path) -> Manifest:
-    return Manifest.from_json((root / "dataset.json").read_text())
+    return load_manifest(root)
 
 
 def _catalog(root: Path, split: str) -> list[dict]:

@@ -197,7 +197,8 @@ def _manifest(**overrides):
 
 
 def test_manifest_json_round_trip_is_deterministic():
-    manifest = _manifest()
+    # The inline layout (format version 1); shard tables: tests/test_manifest_layout.py.
+    manifest = _manifest(format_version=1)
     text = manifest.to_json()
     again = Manifest.from_json(text)
     assert again == manifest
@@ -211,7 +212,7 @@ def test_manifest_refuses_inconsistent_counts_and_versions():
         Counts(input=5, written=3, rejected=1, duplicates=0)
     with pytest.raises(ValueError, match="counts.written"):
         _manifest(counts=Counts(input=4, written=4, rejected=0, duplicates=0))
-    data = _manifest().to_dict()
+    data = _manifest(format_version=1).to_dict()
     data["schema_version"] = 99
     with pytest.raises(ValueError, match="schema_version 99"):
         Manifest.from_dict(data)

@@ -28,6 +28,7 @@ from schemas.constants import FIVE_DIGIT_SHARDS, MAX_SHARDS
 from schemas.manifest import parse_shard_filename, shard_filename
 from schemas.tfds_metadata import filepath_template, tfds_metadata_files
 from tests.fixtures.shards import write_foreign_shards
+from tfrecord_io.source import load_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 WIDE = 123_456  # shards in the split the wide names below belong to
@@ -108,7 +109,7 @@ def wide_adopted(tmp_path: Path) -> tuple[Path, list[Path]]:
 
 def test_adopt_verify_and_the_verify_job_handle_wide_names(wide_adopted, tmp_path):
     root, shards = wide_adopted
-    manifest = Manifest.from_json((root / "dataset.json").read_text())
+    manifest = load_manifest(root)
     names = [s.file for s in manifest.split("train").shards]
     assert names == [p.name for p in shards] and names[0] == "train-000000-of-123456"
     assert [s.index.file for s in manifest.split("train").shards] == [

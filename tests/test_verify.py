@@ -14,7 +14,7 @@ import tensorflow as tf
 from dataset_tools.verify import VerifyReport, verify_dataset
 from dataset_tools.verify.__main__ import main
 from schemas import MANIFEST_NAME, ImageRecord, serialize_record
-from tests.fixtures.shards import WrittenDataset, copy_dataset
+from tests.fixtures.shards import WrittenDataset, copy_dataset, to_inline_layout
 
 
 def _only_failure(report: VerifyReport, shard_file: str) -> list[str]:
@@ -60,6 +60,7 @@ def test_missing_shard_is_caught(jpeg_dataset: WrittenDataset, tmp_path: Path) -
 def test_wrong_count_is_caught(jpeg_dataset: WrittenDataset, tmp_path: Path) -> None:
     """A manifest whose count disagrees with a shard that is otherwise intact (same bytes)."""
     dataset = copy_dataset(jpeg_dataset, tmp_path / "ds")
+    to_inline_layout(dataset.root)  # shard entries edited as JSON
     data = json.loads((dataset.root / MANIFEST_NAME).read_text())
     shards = data["splits"]["train"]["shards"]
     shards[0]["num_examples"] += 1
@@ -90,6 +91,7 @@ def test_record_breaking_the_schema_is_caught(jpeg_dataset: WrittenDataset, tmp_
         writer.write(serialize_record(mislabelled))
         for record in dataset.records["validation"][2:count]:
             writer.write(serialize_record(record))
+    to_inline_layout(dataset.root)  # shard entries edited as JSON
     data = json.loads((dataset.root / MANIFEST_NAME).read_text())
     entry = data["splits"]["validation"]["shards"][0]
     entry["num_bytes"] = shard.stat().st_size
@@ -114,6 +116,7 @@ def test_deep_decodes_images(jpeg_dataset: WrittenDataset, tmp_path: Path) -> No
     with tf.io.TFRecordWriter(str(shard)) as writer:
         for record in records:
             writer.write(serialize_record(record))
+    to_inline_layout(dataset.root)  # shard entries edited as JSON
     data = json.loads((dataset.root / MANIFEST_NAME).read_text())
     entry = data["splits"]["validation"]["shards"][1]
     entry["num_bytes"] = shard.stat().st_size

@@ -12,7 +12,7 @@ from catalog.table import COLUMNS, SCHEMA, read_table, write_table
 from dataset_tools.adopt import adopt
 from dataset_tools.verify.__main__ import main
 from dataset_tools.verify.verification import verify_dataset
-from tests.fixtures.shards import write_foreign_shards
+from tests.fixtures.shards import to_inline_layout, write_foreign_shards
 
 pytestmark = pytest.mark.slow
 
@@ -33,6 +33,7 @@ def _relist(root, name: str) -> None:
     """Lists a changed file's new size and hash, so only the content checks can catch it."""
     import hashlib
 
+    to_inline_layout(root)  # entries edited as JSON
     data = json.loads((root / "dataset.json").read_text())
     digest = hashlib.sha256((root / name).read_bytes()).hexdigest()
     size = (root / name).stat().st_size

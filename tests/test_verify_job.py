@@ -13,7 +13,7 @@ import pytest
 from dataset_tools.verify import verify_dataset
 from dataset_tools.verify.job import main, run_verify_job
 from schemas import MANIFEST_NAME
-from tests.fixtures.shards import WrittenDataset, copy_dataset
+from tests.fixtures.shards import WrittenDataset, copy_dataset, to_inline_layout
 
 
 def _flip_a_byte(shard: Path) -> None:
@@ -74,6 +74,7 @@ def test_keys_held_in_two_shards_are_found_across_buckets(
     dataset = copy_dataset(jpeg_dataset, tmp_path / "ds")
     first, second = dataset.shard_paths("train")[:2]
     shutil.copyfile(first, second)
+    to_inline_layout(dataset.root)  # entries edited as JSON
     data = json.loads((dataset.root / MANIFEST_NAME).read_text())
     shards = data["splits"]["train"]["shards"]
     more = shards[0]["num_examples"] - shards[1]["num_examples"]

@@ -36,6 +36,7 @@ _MODULE_OF = {
     # tfrecord_io.source
     "ResolvedSource": "tfrecord_io.source",
     "ShardFile": "tfrecord_io.source",
+    "ShardFiles": "tfrecord_io.source",
     "label_names": "tfrecord_io.source",
     "load_manifest": "tfrecord_io.source",
     "num_classes": "tfrecord_io.source",

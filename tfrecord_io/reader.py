@@ -213,9 +213,7 @@ def _shard_pipeline(
         shards, by_record = resolved.shards, False
         pipeline_id, num_pipelines = 0, 1
     else:
-        shards, by_record = _pipeline_shards(
-            resolved.shards, resolved, input_context, config.sharding
-        )
+        shards, by_record = _pipeline_shards(resolved, input_context, config.sharding)
         pipeline_id = input_context.input_pipeline_id if input_context else 0
         num_pipelines = input_context.num_input_pipelines if input_context else 1
     # With record sharding every pipeline must see the same record sequence, so the file order
@@ -285,18 +283,22 @@ def _shard_files(
 
 
 def _pipeline_shards(
-    shards: tuple[ShardFile, ...],
     resolved: ResolvedSource,
     input_context: tf.distribute.InputContext | None,
     policy: str,
 ) -> tuple[tuple[ShardFile, ...], bool]:
-    """The shard files this input pipeline reads, and whether to shard by record instead."""
+    """The shard files this input pipeline reads, and whether to shard by record instead.
+
+    With file sharding only this pipeline's share of the entries is built (``shard_files``), so
+    a host of many reads a few columns of a large shard table and holds its own shards alone.
+    """
     if input_context is None or input_context.num_input_pipelines == 1:
-        return shards, False
+        return resolved.shards, False
     n = input_context.num_input_pipelines
     i = input_context.input_pipeline_id
+    shards = resolved.shard_files
     if len(shards) >= n and policy in ("files", "auto"):
-        return shards[i::n], False
+        return tuple(shards[i::n]), False
     if policy == "files":
         raise ValueError(
             f"split {resolved.split!r} of {resolved.source} has {len(shards)} shard file(s) but "
@@ -314,7 +316,7 @@ def _pipeline_shards(
             len(shards),
             n,
         )
-    return shards, True
+    return resolved.shards, True
 
 
 def _cache_path(cache: str, input_context: tf.distribute.InputContext | None) -> str:

@@ -13,15 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import glob
 import os
 import posixpath
 import tempfile
-from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, BinaryIO, cast
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, cast, overload
 
 from objstore import ObjectStore, get_store, has_glob, is_object_store_uri
-from schemas import MANIFEST_NAME, Manifest
+from schemas import MANIFEST_NAME, Manifest, ShardInfo, TableShards
 from schemas.lineage import LATEST_NAME, parse_latest_pointer
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ResolvedSource",
     "ShardFile",
+    "ShardFiles",
     "exists",
     "file_size",
     "is_remote",
@@ -40,6 +42,7 @@ __all__ = [
     "local_path",
     "load_manifest",
     "manifest_path",
+    "read_manifest_file",
     "label_names",
     "num_classes",
     "object_store_for",
@@ -68,6 +71,57 @@ class ShardFile:
     sha256: str | None = None
 
 
+class ShardFiles(Sequence[ShardFile]):
+    """A split's shard files from its manifest entries, built only for the rows asked for.
+
+    A split of a few hundred thousand shards in a shard table (format version 2) costs an
+    input pipeline only its share: ``files[i::n]`` reads the table's path, size, count and hash
+    columns and builds ``ShardFile`` for those rows alone.
+    """
+
+    def __init__(self, root: str, entries: Sequence[ShardInfo]) -> None:
+        self._root = root
+        self._entries = entries
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @overload
+    def __getitem__(self, index: int) -> ShardFile: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> tuple[ShardFile, ...]: ...
+
+    def __getitem__(self, index: int | slice) -> ShardFile | tuple[ShardFile, ...]:
+        if isinstance(index, slice):
+            return self._rows(range(len(self))[index])
+        return self._rows([range(len(self))[index]])[0]
+
+    def _rows(self, rows: Sequence[int]) -> tuple[ShardFile, ...]:
+        if not isinstance(self._entries, TableShards):  # inline entries: already objects
+            return tuple(self._file(self._entries[i]) for i in rows)
+        from schemas.shard_table import ShardTable  # pyarrow only for shard tables
+
+        table = cast(ShardTable, self._entries)
+        columns = table.columns(["file", "num_bytes", "num_examples", "sha256"], rows).to_pydict()
+        return tuple(
+            ShardFile(join(self._root, file), size, count, digest.hex())
+            for file, size, count, digest in zip(
+                columns["file"],
+                columns["num_bytes"],
+                columns["num_examples"],
+                columns["sha256"],
+                strict=True,
+            )
+        )
+
+    def __iter__(self) -> Iterator[ShardFile]:
+        return iter(self[:])
+
+    def _file(self, s: ShardInfo) -> ShardFile:
+        return ShardFile(join(self._root, s.file), s.num_bytes, s.num_examples, s.sha256)
+
+
 @dataclasses.dataclass(frozen=True)
 class ResolvedSource:
     """What a source resolves to for one split.
@@ -76,7 +130,8 @@ class ResolvedSource:
       source: the source as given.
       split: the split resolved (for a foreign glob, the name given by the caller).
       manifest: the parsed ``dataset.json``, or None for foreign shards.
-      shards: the split's shard files, in committed order (sorted by name for a glob).
+      shard_files: the split's shard files, in committed order (sorted by name for a glob);
+        ``ShardFiles`` builds only the rows asked for (an input pipeline's share).
       label_names: class names indexed by label, or None when no manifest names them.
       streamed: True when the shards live where TensorFlow cannot open them, so that they are
         read through the shard cache (``prepare_files`` / ``open_records``).
@@ -86,10 +141,15 @@ class ResolvedSource:
     source: str
     split: str
     manifest: Manifest | None
-    shards: tuple[ShardFile, ...]
+    shard_files: Sequence[ShardFile]
     label_names: tuple[str, ...] | None
     streamed: bool = False
     cache_config: CacheConfig | None = None
+
+    @functools.cached_property
+    def shards(self) -> tuple[ShardFile, ...]:
+        """Every shard file of the split (built once; a pipeline's share: ``shard_files``)."""
+        return tuple(self.shard_files)
 
     @property
     def paths(self) -> list[str]:
@@ -100,7 +160,7 @@ class ResolvedSource:
         """Examples in the split, or None when unknown (foreign shards)."""
         if self.manifest is None:
             return None
-        return sum(s.num_examples for s in self.shards)
+        return self.manifest.split(self.split).num_examples
 
     def shard_cache(self) -> ShardCache | None:
         """The process's shard cache for these shards (None when they are read directly).
@@ -362,8 +422,31 @@ def load_manifest(source: str | os.PathLike[str]) -> Manifest | None:
     path = _manifest_path(_as_str(source))
     if path is None:
         return None
+    return read_manifest_file(path)
+
+
+def read_manifest_file(path: str, data: bytes | None = None) -> Manifest:
+    """Parses the ``dataset.json`` at ``path`` (its bytes ``data`` when already read), of either
+    layout: a version-2 split's shard table (next to it) is read and checked when its entries
+    are first used. The one way the reader and the tools load a manifest.
+
+    Raises:
+      ValueError: if it is not a valid manifest (naming the file), or later, when a shard
+        table is damaged.
+      FileNotFoundError: later, when a shard table it names is missing.
+    """
+    from schemas.shard_table import decode_manifest  # pyarrow only once a dataset is read
+
+    directory = posixpath.dirname(path) if is_remote(path) else os.path.dirname(path)
+
+    def read_file(relative: str) -> bytes:
+        table = join(directory or ".", relative)
+        if not exists(table):
+            raise FileNotFoundError(f"{table} does not exist")
+        return read_bytes(table)
+
     try:
-        return Manifest.from_json(read_bytes(path))
+        return decode_manifest(read_bytes(path) if data is None else data, read_file)
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from e
 
@@ -409,22 +492,13 @@ def resolve_source(
         # Adopted shards may stay where they are, apart from dataset.json (``shard_root``).
         root = manifest.shard_root or posixpath.dirname(path) or "."
         info = manifest.split(split)
-        if not info.shards:
+        if not info.num_shards:
             raise ValueError(f"split {split!r} of {text} has no shards")
-        shards = tuple(
-            ShardFile(
-                path=join(root, s.file),
-                num_bytes=s.num_bytes,
-                num_examples=s.num_examples,
-                sha256=s.sha256,
-            )
-            for s in info.shards
-        )
         return ResolvedSource(
             text,
             split,
             manifest,
-            shards,
+            ShardFiles(root, info.shards),
             manifest.label_names,
             streamed=object_store_for(root) is not None,
             cache_config=cache,

@@ -45,6 +45,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.elements import CatalogMeta, StagedRecord
 from beam_pipelines.engines.filesystems import read_object, read_range
+from beam_pipelines.output.publish import read_manifest_file
 from catalog.keys import key_prefixes
 from catalog.table import catalog_filename, check_schema
 from schemas import MANIFEST_NAME, ImageRecord, Manifest, record_from_example, serialize_record
@@ -326,8 +327,9 @@ def _load_manifest(root: str, base: str) -> tuple[Manifest, str]:
         )
     data = _read(path)
     try:
-        manifest = Manifest.from_json(data)
-    except ValueError as e:
+        manifest = read_manifest_file(path, data)
+        manifest.all_shards()  # a damaged or missing shard table refuses the base now
+    except (ValueError, FileNotFoundError) as e:
         raise _refuse(base, f"{path}: {e}") from e
     return manifest, hashlib.sha256(data).hexdigest()
 

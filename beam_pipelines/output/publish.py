@@ -34,8 +34,11 @@ from schemas.manifest import (
     Manifest,
     ShardInfo,
     SplitInfo,
+    TableShards,
     parse_shard_filename,
+    shard_table_name,
 )
+from schemas.shard_table import decode_manifest, encode_manifest
 
 __all__ = [
     "DUPLICATES_NAME",
@@ -48,6 +51,7 @@ __all__ = [
     "write_text",
     "read_text",
     "read_manifest",
+    "read_manifest_file",
     "prepare_output",
     "read_staged",
     "build_manifest",
@@ -318,7 +322,28 @@ def read_manifest(output_dir: str) -> Manifest | None:
     path = FileSystems.join(output_dir, MANIFEST_NAME)
     if not FileSystems.exists(path):
         return None
-    return Manifest.from_json(read_text(path))
+    return read_manifest_file(path)
+
+
+def read_manifest_file(path: str, data: bytes | None = None) -> Manifest:
+    """Parses the ``dataset.json`` at ``path`` (its bytes ``data`` when already read), of either
+    layout; a version-2 split's shard table, next to it, is read through FileSystems and checked
+    when its entries are first used.
+
+    Raises:
+      ValueError: if it is not a valid manifest (later: if a shard table is damaged).
+      FileNotFoundError: later, if a shard table it names is missing.
+    """
+    directory = FileSystems.split(path)[0]
+
+    def read_file(relative: str) -> bytes:
+        table = FileSystems.join(directory, relative)
+        if not FileSystems.exists(table):
+            raise FileNotFoundError(f"{table} does not exist")
+        with FileSystems.open(table, compression_type=_UNCOMPRESSED) as handle:
+            return bytes(handle.read())
+
+    return decode_manifest(read_text(path) if data is None else data, read_file)
 
 
 def prepare_output(output_dir: str, *, overwrite: bool) -> Manifest | None:
@@ -348,8 +373,9 @@ def prepare_output(output_dir: str, *, overwrite: bool) -> Manifest | None:
         )
     _probe_writable(output_dir)
     try:
-        old = Manifest.from_json(read_text(path))
-    except ValueError:
+        old = read_manifest_file(path)
+        old.all_shards()  # a shard table is read now, before the old manifest goes
+    except (ValueError, FileNotFoundError):
         old = None  # an unreadable manifest lists nothing we could clean up
     FileSystems.delete([path])
     return old
@@ -420,17 +446,31 @@ def build_manifest(
 
 
 def publish_manifest(output_dir: str, manifest: Manifest) -> str:
-    """Writes ``dataset.json`` (the commit point) and returns its path."""
+    """Writes the shard tables, then ``dataset.json`` (the commit point, naming each table's
+    size and SHA-256), and returns its path. Each file is written whole or not at all."""
+    text, tables = encode_manifest(manifest)
+    for name, data in sorted(tables.items()):
+        write_object(FileSystems.join(output_dir, name), data)
     path = FileSystems.join(output_dir, MANIFEST_NAME)
-    write_text(path, manifest.to_json())
+    write_text(path, text)
     return path
 
 
+def _listed_tables(manifest: Manifest) -> set[str]:
+    return {
+        split.shards.table.file
+        for split in manifest.splits.values()
+        if isinstance(split.shards, TableShards)
+    } | {shard_table_name(name) for name in manifest.splits if manifest.format_version > 1}
+
+
 def remove_unlisted_shards(output_dir: str, manifest: Manifest, old: Manifest | None) -> list[str]:
-    """Deletes shard files the published manifest does not list; returns what was deleted.
+    """Deletes shard files (and shard tables) the published manifest does not list; returns
+    what was deleted.
 
     Candidates are the files the previous manifest listed and every file in ``output_dir``
-    named like a shard (left by an earlier unpublished run). Other files are never touched.
+    named like a shard or a shard table (left by an earlier unpublished run). Other files are
+    never touched.
     """
     listed = {shard.file for shard in manifest.all_shards()}
     candidates = set(old and [s.file for s in old.all_shards()] or [])
@@ -442,6 +482,10 @@ def remove_unlisted_shards(output_dir: str, manifest: Manifest, old: Manifest | 
         except ValueError:
             continue
         candidates.add(name)
+    listed |= _listed_tables(manifest)
+    candidates |= _listed_tables(old) if old is not None else set()
+    tables = FileSystems.match([FileSystems.join(output_dir, "shards-*.parquet")])[0]
+    candidates |= {FileSystems.split(meta.path)[1] for meta in tables.metadata_list}
     stale = sorted(candidates - listed)
     paths = [FileSystems.join(output_dir, name) for name in stale]
     existing = [p for p in paths if FileSystems.exists(p)]

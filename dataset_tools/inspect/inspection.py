@@ -33,6 +33,7 @@ from catalog.near_duplicates import DEFAULT_THRESHOLD, classify, find_pairs
 from schemas import Manifest, example_proto
 from schemas.framing import parse_frame
 from schemas.image_example import KEY_ENCODED, KEY_FORMAT, KEY_HEIGHT, KEY_WIDTH
+from schemas.shard_table import ShardTable
 from tfrecord_io import source as _source
 from tfrecord_io.random_access import DatasetFiles, dataset_files, load_catalog, read_range
 
@@ -233,7 +234,7 @@ def _catalogs(files: DatasetFiles) -> pa.Table:
     tables = [
         load_catalog(files, split, columns=_CATALOG_COLUMNS)
         for split in sorted(files.manifest.splits)
-        if files.manifest.split(split).shards
+        if files.manifest.split(split).num_shards
     ]
     if not tables:
         return pa.table({name: pa.array([], pa.string()) for name in _CATALOG_COLUMNS})
@@ -407,7 +408,7 @@ def _distributions(table: pa.Table, files: DatasetFiles) -> dict[str, Any]:
 
     height = column("source_height").astype(np.float64)
     width = column("source_width").astype(np.float64)
-    shards = [s.num_bytes for s in files.manifest.all_shards()]
+    shards = _shard_rows(files.manifest)
     return {
         "source_format": counts("source_format"),
         "stored_format": counts("format"),
@@ -424,13 +425,25 @@ def _distributions(table: pa.Table, files: DatasetFiles) -> dict[str, Any]:
             [0, 5_000, 10_000, 20_000, 40_000, 80_000, 160_000, 320_000],
         ),
         "shard_bytes": histogram(
-            np.asarray(shards, np.float64), [0, 1 << 20, 16 << 20, 64 << 20, 128 << 20, 256 << 20]
+            np.asarray([s["num_bytes"] for s in shards], np.float64),
+            [0, 1 << 20, 16 << 20, 64 << 20, 128 << 20, 256 << 20],
         ),
-        "shards": [
-            {"file": s.file, "num_bytes": s.num_bytes, "num_examples": s.num_examples}
-            for s in files.manifest.all_shards()
-        ],
+        "shards": shards,
     }
+
+
+def _shard_rows(manifest: Manifest) -> list[dict[str, Any]]:
+    """Every shard's file, bytes and examples, splits in name order; from a shard table's
+    three columns alone (no hashes, no index files) when the split has one."""
+    rows: list[dict[str, Any]] = []
+    names = ["file", "num_bytes", "num_examples"]
+    for _, split in sorted(manifest.splits.items()):
+        shards = split.shards
+        if isinstance(shards, ShardTable):
+            rows.extend(shards.columns(names).to_pylist())
+        else:
+            rows.extend({n: getattr(s, n) for n in names} for s in shards)
+    return rows
 
 
 def _rows_by_key(table: pa.Table, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -476,8 +489,8 @@ def gather(dataset: str, *, per_class: int = 16, seed: int = 0) -> Report:
         "label_names": labels,
         "counts": _counts(manifest, table, rejected_counts),
         "splits": _split_stats(manifest, table),
-        "num_shards": len(manifest.all_shards()),
-        "total_bytes": sum(s.num_bytes for s in manifest.all_shards()),
+        "num_shards": sum(split.num_shards for split in manifest.splits.values()),
+        "total_bytes": sum(split.num_bytes for split in manifest.splits.values()),
         "image": dataclasses.asdict(manifest.image),
         "options": dict(manifest.options),
         "lineage": dict(manifest.lineage) if manifest.lineage is not None else None,
@@ -534,8 +547,8 @@ def _split_stats(manifest: Manifest, table: pa.Table) -> dict[str, dict[str, Any
             class_counts = {n: found.get(i, 0) for i, n in enumerate(labels)}
         splits[name] = {
             "examples": split.num_examples,
-            "shards": len(split.shards),
-            "bytes": sum(s.num_bytes for s in split.shards),
+            "shards": split.num_shards,
+            "bytes": split.num_bytes,
             "class_counts": class_counts,
             "imbalance": imbalance(class_counts or {}),
         }

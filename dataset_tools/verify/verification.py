@@ -15,6 +15,7 @@ The checks themselves are in ``dataset_tools.verify.checks``, the reports they f
 from __future__ import annotations
 
 import os
+import posixpath
 from collections.abc import Callable, Sequence
 from typing import Any, TypeAlias
 
@@ -30,7 +31,16 @@ from dataset_tools.verify.report import RecordNote, ShardReport, VerifyReport
 from schemas import Manifest, record_from_example
 from schemas.framing import FrameError, iter_frames, parse_frame
 from tfrecord_io.random_access import dataset_files, locate, read_range
-from tfrecord_io.source import exists, load_manifest, local_copy, open_binary, resolve_source
+from tfrecord_io.source import (
+    exists,
+    is_remote,
+    join,
+    load_manifest,
+    local_copy,
+    manifest_path,
+    open_binary,
+    resolve_source,
+)
 
 __all__ = ["shard_reports", "verify_dataset", "verify_foreign", "verify_keys", "verify_shard"]
 
@@ -80,14 +90,17 @@ def shard_reports(source: str, manifest: Manifest) -> list[ShardReport]:
     """An empty report for every shard ``dataset.json`` lists, splits in name order: the
     shards ``verify`` checks, in the order it reports them."""
     reports: list[ShardReport] = []
+    path = manifest_path(source)
+    here = (posixpath.dirname(path) if is_remote(path) else os.path.dirname(path)) if path else ""
+    # Adopted shards may stay where they are, apart from dataset.json (``shard_root``).
+    root = manifest.shard_root or here or "."
     for split in sorted(manifest.splits):
-        resolved = resolve_source(source, split)
-        for info, shard in zip(manifest.split(split).shards, resolved.shards, strict=True):
+        for info in manifest.split(split).shards:
             reports.append(
                 ShardReport(
                     split=split,
                     file=info.file,
-                    path=shard.path,
+                    path=join(root, info.file),
                     expected_examples=info.num_examples,
                     expected_bytes=info.num_bytes,
                     expected_sha256=info.sha256,
