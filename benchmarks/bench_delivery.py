@@ -13,6 +13,9 @@ mode, one input pipeline, ``uint8`` batches of 128, a 1024-record shuffle buffer
   * exact epochs, every other delivered: the worst case for the filter, every record of the
     epoch goes through the bitmap lookup and half are dropped; examples/s counts yielded
     examples.
+  * exact epochs, symbolic: the fresh row with ``symbolic_checkpoint=True``.
+  * exact epochs, permutation: the fresh row with ``epoch_order="permutation"`` (the split
+    read into memory when the pipeline is built, untimed; then keyed permutations).
 
 The filter's cost is the *resumed* row against the *fresh* row, over the same number of
 examples: by default every batch the resumed row has left of its epoch, from its first, since
@@ -50,7 +53,20 @@ from benchmarks.common import run_module
 
 __all__ = ["ROWS", "checkpoint_rows", "main", "measure_row"]
 
-ROWS = ("reader", "exact, fresh", "exact, resumed", "exact, every other delivered")
+ROWS = (
+    "reader",
+    "exact, fresh",
+    "exact, resumed",
+    "exact, every other delivered",
+    "exact, symbolic",
+    "exact, permutation",
+)
+# Rows of a fresh epoch read with other ReadConfig options: symbolic checkpoints of the
+# buffered reader, and permutations of the split held in memory.
+_ROW_OPTIONS = {
+    "exact, symbolic": {"symbolic_checkpoint": True},
+    "exact, permutation": {"epoch_order": "permutation"},
+}
 BATCH = 128
 # Stored image side per encoding, and the side the reader outputs.
 STORED = {"raw": 64, "jpeg": 256}
@@ -87,6 +103,7 @@ def _build(root: str, row: str, image_size: int):  # -> tf.data.Dataset
     n = load_manifest(root).split("train").num_examples
 
     def build(exclude: DeliveredSet | None):  # -> tf.data.Dataset
+        options = _ROW_OPTIONS.get(row, {})
         return make_dataset(
             root,
             "train",
@@ -94,7 +111,11 @@ def _build(root: str, row: str, image_size: int):  # -> tf.data.Dataset
             image_size=image_size,
             seed=0,
             # A buffer well under the timed stretch, so every row reads while it is timed.
-            read_config=ReadConfig(exclude=exclude, shuffle_buffer=SHUFFLE_BUFFER),
+            read_config=ReadConfig(
+                exclude=exclude,
+                shuffle_buffer=SHUFFLE_BUFFER,
+                **options,  # type: ignore[arg-type]
+            ),
         )
 
     if row == "exact, resumed":
@@ -105,7 +126,7 @@ def _build(root: str, row: str, image_size: int):  # -> tf.data.Dataset
         "reader": None,
         "exact, fresh": DeliveredSet.empty(n),
         "exact, every other delivered": DeliveredSet.from_indices(n, np.arange(0, n, 2)),
-    }[row]
+    }.get(row, DeliveredSet.empty(n))
     return build(exclude)
 
 

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from tests.fixtures.shards import WrittenDataset
-from tfrecord_io import ReadConfig, make_dataset
+from tfrecord_io import DeliveredSet, ReadConfig, make_dataset
 
 # Runs in a fresh interpreter: rebuilds each pipeline from the same arguments, restores its
 # checkpoint and writes the next batches, so nothing from the saving process can leak in.
@@ -22,11 +22,14 @@ _RESTORE_SCRIPT = """
 import json, sys
 import numpy as np
 import tensorflow as tf
-from tfrecord_io import ReadConfig, make_dataset
+from tfrecord_io import DeliveredSet, ReadConfig, make_dataset
 
 for case in json.loads(sys.argv[1]):
     kwargs = dict(case["kwargs"])
-    kwargs["read_config"] = ReadConfig(**kwargs.pop("read"))
+    read = dict(kwargs.pop("read"))
+    if "exclude" in read:  # exact epochs from the start: the split's size
+        read["exclude"] = DeliveredSet.empty(read["exclude"])
+    kwargs["read_config"] = ReadConfig(**read)
     if case["pipeline"] is not None:
         pipeline_id, pipelines = case["pipeline"]
         kwargs["input_context"] = tf.distribute.InputContext(pipelines, pipeline_id, pipelines)
@@ -64,7 +67,10 @@ def _case(
     if pipeline is not None:
         context = tf.distribute.InputContext(pipeline[1], pipeline[0], pipeline[1])
     built = {k: v for k, v in kwargs.items() if k != "read"}
-    config = ReadConfig(**kwargs["read"])
+    read = dict(kwargs["read"])
+    if "exclude" in read:  # exact epochs from the start: the split's size, as in the script
+        read["exclude"] = DeliveredSet.empty(read["exclude"])
+    config = ReadConfig(**read)
     iterator = iter(
         make_dataset(dataset.root, split, input_context=context, read_config=config, **built)
     )
@@ -108,6 +114,19 @@ def test_checkpointed_iterator_continues_exactly_in_a_fresh_process(
             pipeline=(1, 2),
             global_batch_size=8,
         ),
+        # Exact epochs as permutations of the split held in memory: the records are rebuilt
+        # from the shards, the checkpoint holds positions only.
+        _case(
+            "jpeg_permutation",
+            jpeg_dataset,
+            "train",
+            tmp_path,
+            skip=3,
+            batches=6,
+            seed=5,
+            read={"epoch_order": "permutation", "exclude": len(jpeg_dataset.keys("train"))},
+            pipeline=(0, 2),
+        ),
         # Eval, stopped mid-epoch: the rest of the epoch, each example once.
         _case(
             "jpeg_eval",
@@ -137,6 +156,6 @@ def test_checkpointed_iterator_continues_exactly_in_a_fresh_process(
         assert restored["keys"].tolist() == expected["keys"], case["name"]
         np.testing.assert_array_equal(restored["labels"], expected["labels"], err_msg=case["name"])
         np.testing.assert_array_equal(restored["images"], expected["images"], err_msg=case["name"])
-    eval_case = cases[2]
+    eval_case = cases[-1]
     seen = eval_case["consumed_keys"] + eval_case["expected"]["keys"]
     assert sorted(seen) == sorted(jpeg_dataset.keys("train"))

@@ -29,13 +29,17 @@ mixes two epochs. On the tf.data service the stream starts from ``Dataset.range`
 (epoch, shard) units, which the dispatcher hands out to its workers one at a time (dynamic
 sharding); there the workers' shuffle buffers can mix neighbouring epochs, which the
 tracker's ``later`` positions absorb.
+
+With ``ReadConfig(epoch_order="permutation")`` the records come instead from
+``tfrecord_io.permuted_epochs``: the split held in memory, each epoch a keyed permutation, no
+shuffle buffer, so an iterator checkpoint holds positions only.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
@@ -47,7 +51,12 @@ from tfrecord_io.batching import (
     pipeline_options,
 )
 from tfrecord_io.delivery import DeliveredSet, split_digest
-from tfrecord_io.permuted_epochs import load_split_records, permuted_epoch_records, share_bounds
+from tfrecord_io.permuted_epochs import (
+    load_split_records,
+    permuted_epoch_positions,
+    records_lookup,
+    share_bounds,
+)
 from tfrecord_io.shard_reading import (
     DEFAULT_CYCLE_LENGTH,
     CorruptionCounter,
@@ -568,25 +577,18 @@ def exact_epoch_dataset(
     _, _, aug_seed = derive_seeds(seed, pipeline_id)
     # In-process the order is a function of seed and history; the service never keeps order.
     deterministic = True if service is None else config.is_deterministic
-    if config.epoch_order == "permutation":
-        records = permuted_epoch_records(
-            load_split_records(resolved.shards),
-            exclude,
-            seed=seed,
-            num_pipelines=num_pipelines,
-            pipeline_id=pipeline_id,
-            num_epochs=config.num_epochs,
-        )
-    else:
-        place = (seed, pipeline_id, num_pipelines, service is not None, deterministic)
-        records = _buffered_records(config, resolved, place, batch_size, corruption_counter)
-    records = tf.data.Dataset.zip((records, tf.data.Dataset.random(seed=aug_seed)))
     decode_records = batch_decoder(make_decode_config(config, resolved))
+    place = (seed, pipeline_id, num_pipelines, service is not None, deterministic)
+    if config.epoch_order == "permutation":
+        stream, decode = _permuted_stream(config, resolved, place, decode_records)
+    else:
+        stream = _buffered_records(config, resolved, place, batch_size, corruption_counter)
 
-    def decode(pair: tuple[tf.Tensor, tf.Tensor], seeds: tf.Tensor) -> tuple[tf.Tensor, ...]:
-        positions, serialized = pair
-        return (*decode_records(serialized, seeds), positions)
+        def decode(pair: tuple[tf.Tensor, tf.Tensor], seeds: tf.Tensor) -> tuple[tf.Tensor, ...]:
+            positions, serialized = pair
+            return (*decode_records(serialized, seeds), positions)
 
+    records = tf.data.Dataset.zip((stream, tf.data.Dataset.random(seed=aug_seed)))
     return batch_and_decode(
         records,
         decode,
@@ -600,6 +602,37 @@ def exact_epoch_dataset(
         # examples over a small split would hand the trainer a next epoch's examples first.
         max_examples_per_message=service_message_cap(exclude.num_examples, batch_size),
     )
+
+
+def _permuted_stream(
+    config: ReaderConfig,
+    resolved: ResolvedSource,
+    place: tuple[int, int, int, bool, bool],
+    decode_records: Callable[..., tuple[Any, ...]],
+) -> tuple[tf.data.Dataset, Callable[..., tuple[Any, ...]]]:
+    """``epoch_order="permutation"``: the stream of positions and the decode of a batch of
+    them, which gathers their records from the split held in the graph (``place`` as for
+    ``_buffered_records``). Only positions go through the per-element stages.
+
+    Raises:
+      FileNotFoundError, ValueError: naming the shard, if one is missing or damaged.
+    """
+    exclude = config.exclude
+    assert exclude is not None
+    seed, pipeline_id, num_pipelines, _, _ = place
+    lookup = records_lookup(load_split_records(resolved.shards))
+    stream = permuted_epoch_positions(
+        exclude,
+        seed=seed,
+        num_pipelines=num_pipelines,
+        pipeline_id=pipeline_id,
+        num_epochs=config.num_epochs,
+    )
+
+    def decode(positions: tf.Tensor, seeds: tf.Tensor) -> tuple[Any, ...]:
+        return (*decode_records(lookup(positions), seeds), positions)
+
+    return stream, decode
 
 
 def _buffered_records(
