@@ -1,6 +1,7 @@
 """Readers of a 400 k-shard dataset: ``dataset.json`` with shards inline vs per-split shard tables.
 
-``python -m benchmarks.bench_manifest_scale [--shards 400000] [--pipelines 64] [--workdir DIR]``
+``python -m benchmarks.bench_manifest_scale [--shards 400000] [--pipelines 64] [--tools ...]
+[--workdir DIR | --keep DIR]``
 
 Writes one synthetic dataset of ``--shards`` train shards (and 2% as many validation shards)
 in both layouts: format version 1 (every shard entry inline in ``dataset.json``, as datasets
@@ -215,16 +216,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pipelines", type=int, default=64)
     parser.add_argument("--tools", default=",".join(_TOOLS))
     parser.add_argument("--workdir", type=Path)
+    parser.add_argument(
+        "--keep", type=Path, help="write the datasets under this directory, keep and reuse them"
+    )
     parser.add_argument("--measure", nargs=2, metavar=("TOOL", "ROOT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:
         print(json.dumps(_measure(args.measure[0], args.measure[1], args.pipelines)))
         return
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
+        work = args.keep / f"manifest-scale-{args.shards}" if args.keep else Path(tmp)
         start = time.perf_counter()
-        roots = write_datasets(Path(tmp), args.shards)
-        print(f"wrote {args.shards:,} train shards in both layouts in "
-              f"{time.perf_counter() - start:.0f} s")  # fmt: skip
+        if (work / "tables" / MANIFEST_NAME).exists():
+            roots = {"inline": work / "inline", "tables": work / "tables"}
+        else:
+            roots = write_datasets(work, args.shards)
+            print(f"wrote {args.shards:,} train shards in both layouts in "
+                  f"{time.perf_counter() - start:.0f} s")  # fmt: skip
         sizes = {
             layout: sum(p.stat().st_size for p in root.iterdir() if p.name.startswith(("dataset", "shards-")))
             for layout, root in roots.items()
