@@ -3,9 +3,9 @@ processes, killed mid-epoch and resumed: every example of the epoch is trained o
 once, and each run's batches are the reader's own order from its delivered set (so the
 callback records the batches Keras trained on, not those its prefetching produced).
 
-* one worker (``tests/models/fit_with_exact_epochs.py``), alone and with ``ModelCheckpoint``
-  beside ``BackupAndRestore``: each weights file it keeps restores the data position saved
-  with it;
+* one worker (``tests/models/fit_with_exact_epochs.py``) with ``ModelCheckpoint`` beside
+  ``BackupAndRestore``: the resume from the backup is exact, and each weights file it keeps
+  restores the data position saved with it;
 * two workers on loopback (``tests/models/fit_on_workers.py``, ``MultiWorkerMirroredStrategy``
   with ``ExactEpochs.attach``): each worker records the global batches.
 
@@ -133,25 +133,14 @@ def _exact(data: Path, run: Path, checkpoint: Path) -> ExactEpochs:
 
 
 @pytest.mark.slow
-def test_fit_killed_mid_epoch_resumes_with_every_example_once(pipeline_dataset, tmp_path):
-    run = tmp_path / "run"
-    _kill_after_batch_4([_fit(pipeline_dataset, run, 3)], [run])
-    before = _positions(run / "positions")
-    assert before[:5] == _reader_order(pipeline_dataset, [], 5)
-
-    resumed = _fit(pipeline_dataset, run, 1)
-    assert resumed.finish() == 0, resumed.log
-    assert "fit done" in resumed.log
-    _check_resumed(pipeline_dataset, run, resumed.log, before)
-
-
-@pytest.mark.slow
 def test_model_checkpoint_files_pair_with_their_delivered_sets(pipeline_dataset, tmp_path):
     """ModelCheckpoint beside BackupAndRestore: killed mid-epoch, each of its weights files
-    pairs with the delivered set saved with it, and the resume trains every example once."""
+    pairs with the delivered set saved with it, and the resume from BackupAndRestore's backup
+    trains every example once, in the reader's order."""
     run = tmp_path / "run"
     _kill_after_batch_4([_fit(pipeline_dataset, run, 3, "model_checkpoint")], [run])
     before = _positions(run / "positions")
+    assert before[:5] == _reader_order(pipeline_dataset, [], 5)
     weights = run / "checkpoints"
     # Named by Keras epoch and batch: model-01-04 is the save after 4 batches.
     saves = sorted(int(p.name[len("model-01-") : -len(".weights.h5")]) for p in weights.iterdir())
@@ -165,6 +154,7 @@ def test_model_checkpoint_files_pair_with_their_delivered_sets(pipeline_dataset,
 
     resumed = _fit(pipeline_dataset, run, 1, "model_checkpoint")
     assert resumed.finish() == 0, resumed.log
+    assert "fit done" in resumed.log
     saved = _check_resumed(pipeline_dataset, run, resumed.log, before)
     # The resumed fit's saves (after 2, 4, 6 of its batches) pair the same way.
     latest = _exact(pipeline_dataset, run, weights / "model-01-06.weights.h5")

@@ -39,8 +39,27 @@ COMMON = [
 ]
 
 
+NOISE = re.compile(
+    r"absl::InitializeLog|oneDNN|cpu_feature_guard|XLA|^[IWE]\d{4} |Warning|WARNING|"
+    r"Traceback|unrestored",
+    re.M,
+)
+
+
 def _train(args: list[str], name: str = "trainer") -> LoggedProcess:
     return start_trainer([*COMMON, *args], name=name)
+
+
+def _user_env() -> dict[str, str]:
+    """A user's shell after `source .venv/bin/activate`: no TF_CPP_MIN_LOG_LEVEL of ours."""
+    env = process_env()
+    del env["TF_CPP_MIN_LOG_LEVEL"]
+    return env
+
+
+def _train_as_user(args: list[str], name: str) -> LoggedProcess:
+    command = [sys.executable, "-m", "trainer.train", *COMMON, *args]
+    return LoggedProcess(command, env=_user_env(), name=name)
 
 
 def _assert_same_weights(a: Path, b: Path) -> None:
@@ -71,7 +90,12 @@ def test_mirrored_sigterm_then_rerun_matches_an_uninterrupted_run(jpeg_dataset, 
     mirrored = ["--cpu_replicas=2", "--log_every=1"]
 
     # Run A until it has logged step 3, then preempt it.
-    proc = _train([data, *mirrored, f"--model_dir={a}", "--steps=100000", f"--audit_keys={a}/keys"])
+    # Every run here is started as from a user's shell, and none may print TensorFlow's
+    # start-up lines, a warning or a traceback: not the interrupted run, its resume, the clean
+    # run or diagnose.
+    proc = _train_as_user(
+        [data, *mirrored, f"--model_dir={a}", "--steps=100000", f"--audit_keys={a}/keys"], "A"
+    )
     proc.wait_for(r" step 3/100000 ", timeout=240)
     proc.send_signal(signal.SIGTERM)
     assert proc.finish(timeout=120) == 128 + signal.SIGTERM
@@ -85,18 +109,25 @@ def test_mirrored_sigterm_then_rerun_matches_an_uninterrupted_run(jpeg_dataset, 
         f"resume from step {stopped}"
     ), log_a
     assert len((a / "keys").read_text().split()) == 8 * stopped
+    assert not NOISE.findall(log_a), log_a
 
     # Rerun A (resumes) and run B uninterrupted to the same target, side by side.
     target = f"--steps={stopped + 5}"
     runs = [
-        _train([data, *mirrored, f"--model_dir={a}", target, f"--audit_keys={a}/keys"], "rerun A"),
-        _train([data, *mirrored, f"--model_dir={b}", target, f"--audit_keys={b}/keys"], "run B"),
+        _train_as_user(
+            [data, *mirrored, f"--model_dir={a}", target, f"--audit_keys={a}/keys"], "rerun A"
+        ),
+        _train_as_user(
+            [data, *mirrored, f"--model_dir={b}", target, f"--audit_keys={b}/keys"], "run B"
+        ),
     ]
     codes = finish_all(runs)
     resumed, straight = (run.log for run in runs)
     assert codes == [0, 0], resumed + "\n-----\n" + straight
     assert f"input position {a}/checkpoints/input/worker-00000/ckpt-{stopped}" in resumed, resumed
     assert "done at step" in straight, straight
+    assert "resume: fresh start" in straight and f"resume: exact at step {stopped}" in resumed
+    assert not NOISE.findall(resumed + straight), resumed + "\n-----\n" + straight
     keys_a, keys_b = (a / "keys").read_text().split(), (b / "keys").read_text().split()
     assert len(keys_a) == 8 * (stopped + 5)
     assert keys_a == keys_b
@@ -112,11 +143,12 @@ def test_mirrored_sigterm_then_rerun_matches_an_uninterrupted_run(jpeg_dataset, 
         [sys.executable, "-m", "trainer.diagnose", str(b)],
         capture_output=True,
         text=True,
-        env=process_env(),
+        env=_user_env(),
         timeout=120,
     )
     assert diagnosis.returncode == 0, diagnosis.stderr
     assert "gradient norm" in diagnosis.stdout and "input pipeline" in diagnosis.stdout
+    assert not diagnosis.stderr and not NOISE.findall(diagnosis.stdout), diagnosis.stdout
 
 
 def _two_workers(args: list[str]) -> list[str]:
@@ -210,38 +242,11 @@ def test_a_small_dataset_gets_five_evaluations_one_resize_note_and_whole_epochs(
 
 
 # What TensorFlow's libraries and Python print when nobody keeps them quiet.
-NOISE = re.compile(
-    r"absl::InitializeLog|oneDNN|cpu_feature_guard|XLA|^[IWE]\d{4} |Warning|WARNING|"
-    r"Traceback|unrestored",
-    re.M,
-)
-
-
 @pytest.mark.slow
-def test_a_clean_run_its_resume_and_diagnose_print_no_tensorflow_noise_or_warning(
-    jpeg_dataset, tmp_path
-):
-    # A user's shell after `source .venv/bin/activate`: no TF_CPP_MIN_LOG_LEVEL of ours.
-    env = process_env()
-    del env["TF_CPP_MIN_LOG_LEVEL"]
-    argv = [sys.executable, "-m", "trainer.train", f"--data={jpeg_dataset.root}"]
-    argv += [f"--model_dir={tmp_path}", "--global_batch_size=8", "--warmup_steps=1"]
-    for steps, said in ((3, "resume: fresh start"), (5, "resume: exact at step 3")):
-        run = LoggedProcess([*argv, f"--steps={steps}"], env=env, name=f"to step {steps}")
-        assert run.finish() == 0, run.log
-        assert said in run.log and f"done at step {steps}" in run.log, run.log
-        assert not NOISE.findall(run.log), run.log
-    diagnosis = subprocess.run(
-        [sys.executable, "-m", "trainer.diagnose", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
-    assert diagnosis.returncode == 0, diagnosis.stderr
-    assert "validation" in diagnosis.stdout and not diagnosis.stderr, diagnosis.stderr
-    assert not NOISE.findall(diagnosis.stdout), diagnosis.stdout
-    # --verbose shows them (a run that stops once TensorFlow is up: there is no such data).
+def test_verbose_shows_tensorflow_start_up_lines(tmp_path):
+    # The other side of the quiet runs above: --verbose lets TensorFlow's start-up lines through
+    # (a run that stops once TensorFlow is up: there is no such data).
+    env = _user_env()
     loud = LoggedProcess(
         [sys.executable, "-m", "trainer.train", f"--data={tmp_path / 'none'}", "--verbose"]
         + [f"--model_dir={tmp_path / 'loud'}", "--steps=1"],
