@@ -5,10 +5,11 @@ The buffered exact-epoch stream (``tfrecord_io.epochs``) reads shards in order a
 records in a shuffle buffer, which every iterator checkpoint holds: for a small split, a copy
 of the split. Here the split's encoded records are read once, checked, and held as a constant
 of the input graph, which is not iterator state. Each epoch is a permutation of example
-indices computed element by element (``tf.random.experimental.index_shuffle``, keyed by the
-seed and the epoch), and each index is turned into its record by a gather. Nothing is
-buffered before the batching, so a symbolic iterator checkpoint holds positions only:
-kilobytes, whatever the split's size.
+indices (``tf.random.experimental.index_shuffle``, keyed by the seed and the epoch) computed
+for blocks of ranks; only positions pass the per-element stages, and each batch gathers its
+records in its decode (``records_lookup``). Nothing is buffered but a block of positions,
+which a symbolic checkpoint does not hold either, so an iterator checkpoint holds positions
+only: kilobytes, whatever the split's size.
 
 * **Order of an epoch.** Full epoch ``e`` is the permutation ``f_e`` of ``0..N-1``; pipeline
   ``p`` of ``W`` takes ranks ``lo..hi-1`` of it (``share_bounds``: ``floor(N / W)`` or
