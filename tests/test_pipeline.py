@@ -289,6 +289,7 @@ def test_overwrite_replaces_the_dataset_and_removes_stale_shards(tmp_path):
         ["dataset.json", "duplicates.jsonl", "near_duplicates.jsonl", "notes.txt", "rejected.jsonl"]
         + ["dataset_info.json", "features.json", "image.class.label.labels.txt"]  # for tfds
         + [split.catalog.file for split in second.manifest.splits.values()]
+        + [f"shards-{name}.parquet" for name in second.manifest.splits]  # shard tables
         + [s.file for s in second.manifest.all_shards()]
         + [s.index.file for s in second.manifest.all_shards()]
     )
