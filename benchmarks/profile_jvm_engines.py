@@ -15,9 +15,14 @@ views of it:
     launch worker``), from ``jcmd <pid> Thread.print`` every 2 s: how often each is running or
     waiting, and where (its innermost ``org.apache`` frame).
 
+On Spark a fourth: the application's timeline from Spark's event log (``spark.eventLog.*``, set
+through ``--job_server_jvm_properties``): when its first task started, how long the engine ran
+0, 1 or 2 tasks at once, and its longest stages with their tasks' run and deserialisation time.
+
 Usage::
 
-  python -m benchmarks.profile_jvm_engines flink [--n 3000] [--workdir DIR] [--images DIR]
+  python -m benchmarks.profile_jvm_engines {flink,spark,in_process} [--n 3000] [--workdir DIR]
+      [--images DIR] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -39,7 +45,13 @@ from pathlib import Path
 from beam_pipelines.samples import write_imagenet_like_jpegs
 from benchmarks.bench_jvm_engines import RolePeaks, engine_cluster
 
-__all__ = ["frame_category", "main", "stack_categories", "task_thread_states"]
+__all__ = [
+    "frame_category",
+    "main",
+    "spark_timeline",
+    "stack_categories",
+    "task_thread_states",
+]
 
 # What a sampled Python frame is doing, by its file: the first rule a frame's file matches wins,
 # and a stack counts under the category of its innermost frame that matches any rule.
@@ -89,6 +101,72 @@ def task_thread_states(dump: str) -> collections.Counter[str]:
             f"{state.group(1) if state else '?'} at {where.group(1) if where else '(JDK only)'}"
         ] += 1
     return states
+
+
+def spark_timeline(event_log: str, longest: int = 6) -> Iterator[str]:
+    """Lines describing one Spark application from its event log (JSON, one event a line):
+    start-up until its first task, seconds with 0, 1, 2, ... tasks running, and the ``longest``
+    stages (wall time, tasks, their summed run and deserialisation time, where they came from).
+    """
+    start = None
+    stages: dict[int, tuple[float, float, int, str]] = {}
+    tasks: list[tuple[float, float, int, float, float]] = []
+    for line in event_log.splitlines():
+        event = json.loads(line)
+        kind = event["Event"]
+        if kind == "SparkListenerApplicationStart":
+            start = event["Timestamp"] / 1000
+        elif kind == "SparkListenerStageCompleted":
+            info = event["Stage Info"]
+            stages[info["Stage ID"]] = (
+                info["Submission Time"] / 1000,
+                info["Completion Time"] / 1000,
+                info["Number of Tasks"],
+                info["Stage Name"],
+            )
+        elif kind == "SparkListenerTaskEnd":
+            info, metrics = event["Task Info"], event.get("Task Metrics") or {}
+            tasks.append(
+                (
+                    info["Launch Time"] / 1000,
+                    info["Finish Time"] / 1000,
+                    event["Stage ID"],
+                    metrics.get("Executor Run Time", 0) / 1000,
+                    metrics.get("Executor Deserialize Time", 0) / 1000,
+                )
+            )
+    if start is None or not tasks:
+        yield "Spark event log: no application or no task in it"
+        return
+    first, last = min(t[0] for t in tasks), max(t[1] for t in tasks)
+    yield (
+        f"Spark application: {last - start:.1f} s from its start to its last task; first task "
+        f"at {first - start:.1f} s; {len(stages)} stages, {len(tasks)} tasks"
+    )
+    # Seconds during which k tasks were running, from the first task's start to the last's end.
+    edges = sorted([(t[0], 1) for t in tasks] + [(t[1], -1) for t in tasks])
+    running, previous = 0, first
+    spent: dict[int, float] = collections.defaultdict(float)
+    for at, step in edges:
+        spent[running] += at - previous
+        running, previous = running + step, at
+    yield "seconds with k tasks running: " + ", ".join(
+        f"{k}: {s:.1f}" for k, s in sorted(spent.items()) if s >= 0.05
+    )
+    yield "| stage | from s | wall s | tasks | task run s | task deserialise s | created at |"
+    yield "|---:|---:|---:|---:|---:|---:|---|"
+    by_wall = sorted(stages.items(), key=lambda item: item[1][0] - item[1][1])[:longest]
+    for stage, (submitted, done, count, name) in sorted(by_wall, key=lambda item: item[1][0]):
+        mine = [t for t in tasks if t[2] == stage]
+        run_s, deserialise_s = sum(t[3] for t in mine), sum(t[4] for t in mine)
+        yield (
+            f"| {stage} | {submitted - start:.1f} | {done - submitted:.1f} | {count} | "
+            f"{run_s:.1f} | {deserialise_s:.1f} | {name} |"
+        )
+    rest = [done - submitted for stage, (submitted, done, _, _) in stages.items()]
+    rest = sorted(rest)[: max(0, len(rest) - longest)]
+    if rest:
+        yield f"the other {len(rest)} stages: {sum(rest):.1f} s, {max(rest):.1f} s at most"
 
 
 class _Watchers:
@@ -189,14 +267,52 @@ def _report(
             yield f"  {count / threads:.0%} {state}"
 
 
+def _event_log_options(work: Path) -> list[str]:
+    # Spark reads spark.* system properties of its driver, which is the job server.
+    events = work / "events"
+    events.mkdir()
+    return [
+        "--job_server_jvm_properties=-Dspark.eventLog.enabled=true",
+        f"--job_server_jvm_properties=-Dspark.eventLog.dir=file:{events}",
+    ]
+
+
+def _profile(engine: str, images: Path, n: int, work: Path) -> Iterator[str]:
+    """Builds ``images`` once on ``engine`` (after a warm-up build) and yields the report."""
+    with engine_cluster(engine, work) as (label, runner_args, pids):
+        if _build(work / "warm", work / "out", runner_args, work / "warm.log").wait():
+            raise RuntimeError((work / "warm.log").read_text(errors="replace")[-3000:])
+        if engine == "spark":
+            runner_args = [*runner_args, *_event_log_options(work)]
+        start = time.perf_counter()
+        proc = _build(images, work / "out", runner_args, work / "build.log")
+        sampler = RolePeaks(proc.pid, pids)
+        # In-process the launcher does the Python work; on an engine its SDK workers do.
+        role = "launcher" if engine == "in_process" else "SDK workers"
+        watch = _Watchers(sampler, work, role)
+        code = proc.wait()
+        wall = time.perf_counter() - start
+        sampler.stop()
+        spy = watch.stop()
+    if code:
+        raise RuntimeError((work / "build.log").read_text(errors="replace")[-3000:])
+    yield from _report(label, n, wall, sampler, spy, watch, role)
+    for event_log in sorted((work / "events").glob("app-*")) if engine == "spark" else ():
+        yield ""
+        yield from spark_timeline(event_log.read_text())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Profiles one build on the named engine and prints the three views; returns 0."""
+    """Profiles one build on the named engine and prints the views; returns 0."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("engine", choices=("flink", "spark", "in_process"))
     parser.add_argument("--n", type=int, default=3000, help="images in the profiled build")
     parser.add_argument("--workdir", default=None, help="where to put images, outputs, stacks")
     parser.add_argument(
         "--images", default=None, help="build these images (a folder of class folders) instead"
+    )
+    parser.add_argument(
+        "--keep", default=None, help="copy the logs, py-spy stacks and event log to this folder"
     )
     args = parser.parse_args(argv)
     if args.n < 1:
@@ -211,22 +327,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             write_imagenet_like_jpegs(images, args.n, seed=2)
         print(f"load average {os.getloadavg()[0]:.2f} at start", flush=True)
-        with engine_cluster(args.engine, work) as (label, runner_args, pids):
-            if _build(work / "warm", work / "out", runner_args, work / "warm.log").wait():
-                raise RuntimeError((work / "warm.log").read_text(errors="replace")[-3000:])
-            start = time.perf_counter()
-            proc = _build(images, work / "out", runner_args, work / "build.log")
-            sampler = RolePeaks(proc.pid, pids)
-            # In-process the launcher does the Python work; on an engine its SDK workers do.
-            role = "launcher" if args.engine == "in_process" else "SDK workers"
-            watch = _Watchers(sampler, work, role)
-            code = proc.wait()
-            wall = time.perf_counter() - start
-            sampler.stop()
-            spy = watch.stop()
-        if code:
-            raise RuntimeError((work / "build.log").read_text(errors="replace")[-3000:])
-        print("\n".join(_report(label, args.n, wall, sampler, spy, watch, role)))
+        try:
+            print("\n".join(_profile(args.engine, images, args.n, work)))
+        finally:
+            if args.keep:
+                keep = Path(args.keep)
+                keep.mkdir(parents=True, exist_ok=True)
+                for path in [*work.glob("*.log"), *work.glob("py-spy-*"), *work.glob("events/*")]:
+                    shutil.copy2(path, keep / path.name)
     print(f"load average {os.getloadavg()[0]:.2f} at end")
     return 0
 
