@@ -13,6 +13,9 @@ CPU milliseconds per image count every process: this one, the launchers and what
 (job server, SDK workers), and the cluster's JVMs with the children they reaped (Spark
 executors). Targets (issue 30): each engine >= 1.7x in-process, CPU per image within 15 %.
 Besides the steady-state rows the table gives t(N): the fixed cost of one job on the engine.
+Use ``--n 1500`` or more for the engines: their fixed cost (40-80 s a job) moves by seconds with
+the machine's load, which at ``--n 600`` is a large part of the 2N images' difference (Spark
+measured 0.72x at ``--n 600``, load 11, and 1.08x at ``--n 1500``, load 5-6).
 
 ``--memory 16000,32000,64000`` measures memory instead: one build per size of tiny noise PNGs
 (``bench_scale memory``'s 12 KB records) on a fresh cluster, with the peak RSS of each kind of
