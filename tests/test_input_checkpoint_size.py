@@ -4,6 +4,7 @@ record shuffle buffer and positions with ``symbolic_checkpoint=True``; both resu
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ from tests.fixtures.shards import WrittenDataset, copy_dataset, write_dataset
 from tfrecord_io import ReadConfig, make_dataset
 from tfrecord_io.delivery import DeliveredSet
 from trainer.config import DataConfig
-from trainer.inputs import ReaderInputs
+from trainer.inputs import ReaderInputs, keep_recorded_kind
 
 N = 96
 BATCH = 16
@@ -185,3 +186,15 @@ def test_a_resumed_run_keeps_the_kind_it_began_with(dataset):
     )
     # It cannot read symbolically while skipping damage: it resumes from the delivered set.
     assert skipping.keeping_checkpoint_kind("positions") is skipping
+
+
+def test_the_trainer_reads_the_kind_a_run_recorded(dataset, tmp_path):
+    inputs = ReaderInputs.from_config(
+        DataConfig(source=str(dataset.root), image_size=SIZE), global_batch_size=BATCH, seed=1
+    )
+    assert keep_recorded_kind(inputs, str(tmp_path)) is inputs  # a new run
+    layout = tmp_path / "checkpoints" / "input" / "layout.json"
+    layout.parent.mkdir(parents=True)
+    layout.write_text(json.dumps({**inputs.layout(), "input_checkpoint": "positions"}))
+    kept = keep_recorded_kind(inputs, str(tmp_path))
+    assert kept.layout() == {**inputs.layout(), "input_checkpoint": "positions"}

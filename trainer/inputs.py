@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import TYPE_CHECKING, Any, Protocol
 
 from trainer.config import DataConfig
@@ -22,7 +23,13 @@ if TYPE_CHECKING:
 
     from tfrecord_io.delivery import DeliveredSet
 
-__all__ = ["HELD_SPLIT_BYTES", "INPUT_CHECKPOINT_KINDS", "Inputs", "ReaderInputs"]
+__all__ = [
+    "HELD_SPLIT_BYTES",
+    "INPUT_CHECKPOINT_KINDS",
+    "Inputs",
+    "ReaderInputs",
+    "keep_recorded_kind",
+]
 
 
 def _largest_batch_below(examples: int) -> int:
@@ -338,3 +345,29 @@ class ReaderInputs:
             # whose kind changed resumes from its delivered set instead.
             "input_checkpoint": self.input_checkpoint,
         }
+
+
+def keep_recorded_kind(inputs: Inputs, model_dir: str) -> Inputs:
+    """``inputs`` reading with the input checkpoint kind the run in ``model_dir`` recorded in
+    its input layout (``checkpoints/input/layout.json``), when they can build it: a run begun
+    by an earlier trainer keeps its kind, so its iterator checkpoints still restore exactly
+    (``ReaderInputs.keeping_checkpoint_kind``). A new run, or inputs other than
+    ``ReaderInputs``, are returned unchanged.
+
+    Raises:
+      ValueError: if the layout file is not JSON.
+    """
+    import json
+
+    import tensorflow as tf
+
+    keep = getattr(inputs, "keeping_checkpoint_kind", None)
+    path = os.path.join(model_dir, "checkpoints", "input", "layout.json")
+    if keep is None or not tf.io.gfile.exists(path):
+        return inputs
+    with tf.io.gfile.GFile(path) as f:
+        recorded = json.load(f).get("input_checkpoint")
+    kept: Inputs = keep(recorded if isinstance(recorded, str) else None)
+    if kept is not inputs:
+        _log.info("input checkpoints: %s, as the run being resumed began", recorded)
+    return kept

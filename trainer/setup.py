@@ -21,7 +21,7 @@ from trainer.audit import KeyAudit, audit_path, close_previous_segments
 from trainer.checkpoints import Checkpointer, RestoreResult
 from trainer.config import MODELS, TrainConfig
 from trainer.evaluation import eval_interval
-from trainer.inputs import Inputs
+from trainer.inputs import Inputs, keep_recorded_kind
 from trainer.models import build_model
 from trainer.optim import build_optimizer
 from trainer.resume import ResumePlan, agree_on_nonce, plan_resume
@@ -140,7 +140,7 @@ def prepare_run(
     policy = precision_policy(dist.device_kind, config.runtime.mixed_precision)
     keras.mixed_precision.set_dtype_policy(policy)
     keras.utils.set_random_seed(config.seed)
-    inputs = _resumed_inputs(config, inputs)
+    inputs = keep_recorded_kind(inputs, config.model_dir)
     dataset, plan, tracker = _training_dataset(config, dist, inputs, worker_batch)
     image_spec, label_spec = _checked_element_spec(dataset, config.data.image_size)
     _log_layout(config, dist, worker_batch, policy, (total_steps, steps_per_epoch), inputs.has_eval)
@@ -219,27 +219,6 @@ def _checked_model_fn(
     if model_fn is not None:
         check_signature(model_fn, name=describe(model_fn), model_args=config.model_args)
     return model_fn
-
-
-def _resumed_inputs(config: TrainConfig, inputs: Inputs) -> Inputs:
-    """``inputs`` reading with the input checkpoint kind the run being resumed recorded in its
-    input layout (``checkpoints/input/layout.json``), when they can build it: a run begun by
-    an earlier trainer keeps its kind, so its iterator checkpoints still restore exactly
-    (``ReaderInputs.keeping_checkpoint_kind``). A new run takes the kind chosen today."""
-    import json
-
-    import tensorflow as tf
-
-    keep = getattr(inputs, "keeping_checkpoint_kind", None)
-    path = os.path.join(config.model_dir, "checkpoints", "input", "layout.json")
-    if keep is None or not tf.io.gfile.exists(path):
-        return inputs
-    with tf.io.gfile.GFile(path) as f:
-        recorded = json.load(f).get("input_checkpoint")
-    kept: Inputs = keep(recorded if isinstance(recorded, str) else None)
-    if kept is not inputs:
-        _log.info("input checkpoints: %s, as the run being resumed began", recorded)
-    return kept
 
 
 def _training_dataset(
