@@ -27,6 +27,7 @@ declare -A runs=(
   [incremental]="--n 24"
   [inspect]="--quick"
   [jvm_engines]="--quick"
+  [manifest_scale]="--shards 2000 --repeats 1"
   [metadata_scale]="--sizes 5000 --modes inprocess"
   [near_dup_recall]="--thresholds 8"
   [near_duplicates]="--quick"
