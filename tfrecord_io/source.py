@@ -28,6 +28,7 @@ from schemas.lineage import LATEST_NAME, parse_latest_pointer
 if TYPE_CHECKING:
     import tensorflow as tf
 
+    from schemas.shard_table import ShardTable
     from tfrecord_io.cache import CacheConfig, ShardCache
 
 __all__ = [
@@ -98,11 +99,17 @@ class ShardFiles(Sequence[ShardFile]):
         return self._rows([range(len(self))[index]])[0]
 
     def _rows(self, rows: Sequence[int]) -> tuple[ShardFile, ...]:
-        if not isinstance(self._entries, TableShards):  # inline entries: already objects
-            return tuple(self._file(self._entries[i]) for i in rows)
-        from schemas.shard_table import ShardTable  # pyarrow only for shard tables
+        table = self._entries
+        if isinstance(table, TableShards):
+            from schemas.shard_table import ShardTable  # pyarrow only for shard tables
 
-        table = cast(ShardTable, self._entries)
+            if isinstance(table, ShardTable):
+                return self._table_rows(table, rows)
+        # Inline entries (already objects), or a table never given (whose read names it).
+        return tuple(self._file(table[i]) for i in rows)
+
+    def _table_rows(self, table: ShardTable, rows: Sequence[int]) -> tuple[ShardFile, ...]:
+        # Four columns of the table, and Python objects for ``rows`` alone.
         columns = table.columns(["file", "num_bytes", "num_examples", "sha256"], rows).to_pydict()
         return tuple(
             ShardFile(join(self._root, file), size, count, digest.hex())
