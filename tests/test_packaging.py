@@ -239,7 +239,7 @@ def _flag(argv: list[str], name: str) -> str:
 
 def test_documented_commands_use_only_options_beam_or_the_pipeline_know():
     commands = _documented_commands()
-    assert set(commands) == {"DataflowRunner", "FlinkRunner", "DaskRunner"}
+    assert set(commands) == {"DataflowRunner", "FlinkRunner", "SparkRunner", "DaskRunner"}
     # The parser Beam itself builds from every options class (PipelineOptions.get_all_options).
     parser = _BeamArgumentParser(allow_abbrev=False)
     for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
