@@ -62,7 +62,15 @@ from schemas.shard_table import encode_manifest
 __all__ = ["write_datasets", "main"]
 
 _LABELS = ("a", "b", "c", "d")
-_TOOLS = ("make_dataset", "verify", "diff", "inspect")
+_TOOLS = (
+    "make_dataset",
+    "make_dataset_exact",
+    "split_digest",
+    "split_digest_per_entry",
+    "verify",
+    "diff",
+    "inspect",
+)
 _REPO = Path(__file__).resolve().parent.parent
 
 
@@ -163,7 +171,7 @@ def _status(field: str) -> int:
 def _measure(tool: str, root: str, pipelines: int) -> dict[str, Any]:
     """Runs one tool on ``root`` in this (fresh) process: imports first, then the timed call."""
     result: dict[str, Any] = {}
-    if tool == "make_dataset":
+    if tool in ("make_dataset", "make_dataset_exact"):
         import tensorflow as tf
 
         import tfrecord_io
@@ -171,13 +179,36 @@ def _measure(tool: str, root: str, pipelines: int) -> dict[str, Any]:
         context = tf.distribute.InputContext(pipelines, 0, 1)
         # TensorFlow's runtime starts once per process, before any dataset: not make_dataset's.
         next(iter(tf.data.Dataset.range(2).map(lambda x: x + 1)))
+        config = None
+        if tool == "make_dataset_exact":
+            # Exact epochs from the start of a run (the trainer's default), with no split
+            # digest to check: the digest is timed on its own below.
+            total = tfrecord_io.load_manifest(root).split("train").num_examples
+            config = tfrecord_io.ReadConfig(exclude=tfrecord_io.DeliveredSet.empty(total))
         rss, start = _status("VmRSS"), time.perf_counter()
         dataset = tfrecord_io.make_dataset(
-            root, "train", global_batch_size=1, image_size=8, input_context=context
+            root,
+            "train",
+            global_batch_size=1,
+            image_size=8,
+            input_context=context,
+            read_config=config,
         )
         result["built_s"] = time.perf_counter() - start
         next(iter(dataset))
         result["first_batch_s"] = time.perf_counter() - start
+    elif tool in ("split_digest", "split_digest_per_entry"):
+        from tfrecord_io.delivery import manifest_split_digest, split_digest
+        from tfrecord_io.source import load_manifest
+
+        rss, start = _status("VmRSS"), time.perf_counter()
+        manifest = load_manifest(root)
+        assert manifest is not None
+        shards = manifest.split("train").shards
+        if tool == "split_digest":
+            result["digest"] = manifest_split_digest(shards)
+        else:  # the trainer's computation before columns: a ShardInfo per entry
+            result["digest"] = split_digest((s.file, s.num_examples) for s in shards)
     elif tool == "verify":
         from dataset_tools.verify.verification import shard_reports
         from tfrecord_io.source import load_manifest
@@ -245,19 +276,23 @@ def main(argv: list[str] | None = None) -> None:
         print("| tool | inline s | tables s | ratio | inline MB | tables MB | ratio |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for tool in args.tools.split(","):
-            old, new = (
-                _best([_run(tool, roots[layout], args.pipelines) for _ in range(args.repeats)])
+            runs = {
+                layout: [_run(tool, roots[layout], args.pipelines) for _ in range(args.repeats)]
                 for layout in ("inline", "tables")
-            )
+            }
+            digests = {run.get("digest") for layout_runs in runs.values() for run in layout_runs}
+            if len(digests) > 1:
+                raise RuntimeError(f"{tool}: the layouts' split digests differ: {digests}")
+            old, new = _best(runs["inline"]), _best(runs["tables"])
             _row(tool, old, new)
-            if tool == "make_dataset":
-                _row("make_dataset, first batch", old, new, key="first_batch_s")
+            if tool.startswith("make_dataset"):
+                _row(f"{tool}, first batch", old, new, key="first_batch_s")
 
 
 def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
     # The least of each figure over the runs: what the code costs with the least interference
     # from other work on a shared machine.
-    return {key: min(run[key] for run in runs) for key in runs[0]}
+    return {key: min(run[key] for run in runs) for key in runs[0] if key != "digest"}
 
 
 def _row(tool: str, old: dict[str, Any], new: dict[str, Any], key: str = "seconds") -> None:

@@ -29,17 +29,22 @@ import hashlib
 import json
 import logging
 import struct
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import tensorflow as tf
+
+if TYPE_CHECKING:
+    from schemas import ShardInfo
+    from schemas.shard_table import ShardTable
 
 __all__ = [
     "AddResult",
     "DeliveredSet",
     "DeliveryTracker",
     "decode_positions",
+    "manifest_split_digest",
     "split_digest",
 ]
 
@@ -58,6 +63,63 @@ def split_digest(shards: Iterable[tuple[str, int]]) -> str:
     """
     text = "\n".join(f"{path.rstrip('/').rsplit('/', 1)[-1]}:{count}" for path, count in shards)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+# Shard-table rows hashed at a time by ``manifest_split_digest`` (bounded Arrow buffers).
+_DIGEST_ROWS = 65_536
+
+
+def manifest_split_digest(shards: Sequence[ShardInfo]) -> str:
+    """``split_digest`` of a manifest split's shards (``SplitInfo.shards``), the same value.
+
+    A shard table (format version 2) is hashed from its ``file`` and ``num_examples`` columns
+    in Arrow, a block of rows at a time, so a split of 400 k shards costs no Python object per
+    shard; inline entries (format version 1) are already objects.
+
+    Raises:
+      FileNotFoundError, ValueError: as ``ShardTable.column``, if the split's shard table is
+        missing or damaged.
+    """
+    from schemas import TableShards
+
+    if isinstance(shards, TableShards):
+        from schemas.shard_table import ShardTable  # pyarrow only for shard tables
+
+        if isinstance(shards, ShardTable):
+            return _table_digest(shards)
+    return split_digest((s.file, s.num_examples) for s in shards)
+
+
+def _table_digest(table: ShardTable) -> str:
+    """``split_digest``'s text, ``"<name>:<count>"`` lines joined by newlines, built and hashed
+    in Arrow: each row becomes ``"<name>:<count>\n"`` and the last newline is left out."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    columns = table.columns(["file", "num_examples"])
+    digest = hashlib.sha256()
+    first = True
+    for batch in columns.to_batches(max_chunksize=_DIGEST_ROWS):
+        if not batch.num_rows:
+            continue
+        names = batch.column(0)
+        # path.rstrip("/").rsplit("/", 1)[-1], with (?s) so that "." also matches a newline;
+        # skipped when no name has a "/" (the pipeline's names), as the regex costs 0.2 s.
+        if pc.any(pc.match_substring(names, "/")).as_py():
+            names = pc.replace_substring_regex(
+                pc.utf8_rtrim(names, characters="/"), pattern="(?s)^.*/", replacement=""
+            )
+        counts = pc.cast(batch.column(1), pa.string())
+        lines = pc.binary_join_element_wise(names, counts, ":")
+        lines = pc.binary_join_element_wise(lines, pa.scalar("", pa.string()), "\n")
+        # A fresh string array: its rows are the data buffer's bytes, back to back.
+        offsets = np.frombuffer(lines.buffers()[1], np.int32, len(lines) + 1, lines.offset * 4)
+        data = memoryview(lines.buffers()[2])[offsets[0] : offsets[-1]]
+        if not first:
+            digest.update(b"\n")
+        digest.update(data[:-1])
+        first = False
+    return digest.hexdigest()[:32]
 
 
 def _check_int(name: str, value: object, low: int) -> None:

@@ -44,13 +44,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
+from objstore import GLOB_CHARS
 from tfrecord_io.batching import (
     batch_and_decode,
     batch_decoder,
     make_decode_config,
     pipeline_options,
 )
-from tfrecord_io.delivery import DeliveredSet, split_digest
+from tfrecord_io.delivery import DeliveredSet, manifest_split_digest
 from tfrecord_io.permuted_epochs import (
     load_split_records,
     permuted_epoch_positions,
@@ -61,12 +62,12 @@ from tfrecord_io.shard_reading import (
     DEFAULT_CYCLE_LENGTH,
     CorruptionCounter,
     ShardReader,
-    damage_records,
     derive_seeds,
     present_shards,
     record_shuffle_buffer,
 )
-from tfrecord_io.source import ResolvedSource
+from tfrecord_io.source import ResolvedSource, ShardFile
+from tfrecord_io.split_columns import DamageMarker, SplitColumns
 
 if TYPE_CHECKING:
     from tfrecord_io.read_config import ReaderConfig
@@ -270,20 +271,20 @@ class _EpochReader:
     def __init__(
         self,
         resolved: ResolvedSource,
+        columns: SplitColumns,
         counts: np.ndarray,
         options: EpochStreamOptions,
         *,
         num_examples: int,
-        damage_records: Sequence[bytes],
         read_shard: ReadShard,
     ) -> None:
-        shards = resolved.shards
-        true_counts = np.array([s.num_examples for s in shards], dtype=np.int64)
+        true_counts = columns.counts
         self.resolved = resolved
+        self.columns = columns
         self.options = options
         self.read_shard = read_shard
         self.num_examples = num_examples
-        self.num_shards = len(shards)
+        self.num_shards = len(true_counts)
         # Examples of a full epoch over all pipelines: the shards that can be read.
         self.total = int(counts.sum())
         self.shuffle_word = _seed_word(options.seed, _SHUFFLE_SALT)
@@ -291,13 +292,19 @@ class _EpochReader:
         if options.on_service:
             cycle = max(1, min(cycle, self.num_shards // _SERVICE_SHARE_OF_SHARDS))
         self.cycle = cycle
-        self.paths = tf.constant([s.path for s in shards], tf.string)
-        self.sizes = tf.constant([s.num_bytes for s in shards], tf.int64)
-        self.records_in = tf.constant([s.num_examples for s in shards], tf.int64)
-        self.damage = tf.constant(list(damage_records), tf.string)
+        # Per shard, columns only (a shard's path and end marker are made in the graph when it
+        # is opened): at 400 k shards, 3.2 MB an int64 column and the names.
+        self.names = tf.constant(columns.names, tf.string)
+        self.sizes = tf.constant(columns.sizes, tf.int64)
+        self.records_in = tf.constant(true_counts, tf.int64)
         self.bases = tf.constant(np.cumsum(true_counts) - true_counts, tf.int64)
         # Records of each shard in a full epoch: 0 for a shard that cannot be read.
         self.counts = tf.constant(counts, tf.int64)
+        self.marker = DamageMarker(columns, self.names)
+
+    def path(self, shard: tf.Tensor) -> tf.Tensor:
+        """The path of ``shard`` (``ShardFile.path``: the root joined with its manifest name)."""
+        return tf.strings.join([self.columns.prefix, self.names[shard]])
 
     def begun_epoch(
         self, share: EpochShare, bases: np.ndarray, counts: np.ndarray
@@ -415,7 +422,7 @@ class _EpochReader:
         # needs the path in the element.
         units = units.map(
             lambda shard, start, cut, stop, epoch: (
-                self.paths[shard],
+                self.path(shard),
                 shard,
                 start,
                 cut,
@@ -443,7 +450,7 @@ class _EpochReader:
         epoch: tf.Tensor,
         bits: tf.Tensor | None,
     ) -> tf.data.Dataset:
-        marker = self.damage[shard]
+        marker = self.marker.record(self.path(shard), self.records_in[shard])
         first = epoch * self.num_examples + self.bases[shard]
         # Records cut..stop-1 are all still needed: read plainly, the ones before skipped in
         # the file reader.
@@ -474,7 +481,7 @@ class _EpochReader:
     ) -> tf.data.Dataset:
         """Records ``lo..hi-1`` of ``shard`` with their positions (``first`` is record 0's)."""
         records = self.read_shard(
-            self.paths[shard], self.sizes[shard], self.records_in[shard], marker, lo, hi
+            self.path(shard), self.sizes[shard], self.records_in[shard], marker, lo, hi
         )
         return tf.data.Dataset.zip((tf.data.Dataset.range(first + lo, first + hi), records))
 
@@ -483,22 +490,25 @@ def exact_epoch_records(
     resolved: ResolvedSource,
     exclude: DeliveredSet,
     *,
-    present: Sequence[bool],
-    damage_records: Sequence[bytes],
+    columns: SplitColumns,
+    present: np.ndarray,
     read_shard: ReadShard,
     options: EpochStreamOptions,
+    check_shards: Callable[[np.ndarray], object] | None = None,
 ) -> tf.data.Dataset:
     """The shuffled ``(position, serialized example)`` stream of one input pipeline.
 
     Args:
       resolved: the split (its shards in manifest order give the example indices).
       exclude: what was already delivered; the stream starts with the rest of its epoch.
+      columns: the split's shards as columns (``SplitColumns.of(resolved)``).
       present: per shard, whether it can be read (False for a missing shard skipped under
         ``skip_corrupt``: its examples never come).
-      damage_records: per shard, the reader's end-of-shard marker record.
       read_shard: the reader's checked reader of records ``start..stop-1`` of one shard
         ``(path, num_bytes, num_examples, damage_record, start, stop) -> records``.
       options: the pipeline's place, epochs, shuffle and interleave.
+      check_shards: called with the shards (manifest positions) this pipeline reads first,
+        those of the begun epochs, to check them before the pipeline is built.
 
     Returns:
       A dataset of ``(int64 position, string record)``.
@@ -506,7 +516,7 @@ def exact_epoch_records(
     Raises:
       ValueError: if nothing is left to read (``num_epochs`` already reached).
     """
-    true_counts = np.array([s.num_examples for s in resolved.shards], dtype=np.int64)
+    true_counts = columns.counts
     counts = true_counts * np.asarray(present, dtype=np.int64)
     partial, offset = plan_partial_epochs(
         exclude,
@@ -524,12 +534,16 @@ def exact_epoch_records(
             f"num_epochs={options.num_epochs} is already reached: the delivered set is at epoch "
             f"{exclude.epoch}"
         )
+    if check_shards is not None:
+        check_shards(
+            np.unique(np.concatenate([np.empty(0, np.int32), *(s.shards for s in partial)]))
+        )
     reader = _EpochReader(
         resolved,
+        columns,
         counts,
         options,
         num_examples=exclude.num_examples,
-        damage_records=damage_records,
         read_shard=read_shard,
     )
     bases = np.cumsum(true_counts) - true_counts
@@ -644,14 +658,39 @@ def _buffered_records(
 ) -> tf.data.Dataset:
     """The ``(position, record)`` stream read from the shards and mixed in shuffle buffers
     (``epoch_order="buffer"``); ``place`` is ``(seed, pipeline_id, num_pipelines, on_service,
-    deterministic)``."""
+    deterministic)``.
+
+    Raises:
+      FileNotFoundError, ValueError: naming the shard, if one this pipeline reads first is
+        missing or resized (every shard under ``skip_corrupt``).
+    """
     exclude = config.exclude
     assert exclude is not None
     seed, pipeline_id, num_pipelines, on_service, deterministic = place
-    kept, guard_missing = present_shards(resolved.shards, config.skip_corrupt, corruption_counter)
-    kept_paths = {s.path for s in kept}
+    columns = SplitColumns.of(resolved)
+    check_shards = None
+    if config.skip_corrupt:
+        # Every pipeline must leave out the same shards, so each checks them all.
+        kept, guard_missing = present_shards(resolved.shards, True, corruption_counter)
+        kept_paths = {s.path for s in kept}
+        present = np.array([s.path in kept_paths for s in resolved.shards], dtype=bool)
+    else:
+        # Nothing is left out: a missing or resized shard fails. Only the shards this pipeline
+        # reads first are checked now (a stat per shard of the split cost seconds at 400 k);
+        # the others are guarded as they are opened (one missing fails naming it).
+        present = np.ones(len(columns.counts), dtype=bool)
+        # As present_shards decides it (no glob character in any path), one scan per character.
+        text = columns.prefix + "\n".join(columns.names)
+        guard_missing = not any(char in text for char in GLOB_CHARS)
+
+        def check_shards(rows: np.ndarray) -> None:
+            present_shards(columns.rows(resolved, rows), False, corruption_counter)
+
+    # The kept shards' totals as one ShardFile: the reader's read-ahead and shuffle buffer are
+    # functions of the totals alone (the same sizes as from every ShardFile).
+    totals = (ShardFile("", int(columns.sizes[present].sum()), int(columns.counts[present].sum())),)
     reader = ShardReader.for_shards(
-        config, resolved, kept, guard_missing=guard_missing, counter=corruption_counter
+        config, resolved, totals, guard_missing=guard_missing, counter=corruption_counter
     )
     options = EpochStreamOptions(
         seed=seed,
@@ -659,17 +698,18 @@ def _buffered_records(
         num_pipelines=num_pipelines,
         num_epochs=config.num_epochs,
         on_service=on_service,
-        shuffle_buffer=record_shuffle_buffer(config, resolved, kept, batch_size),
+        shuffle_buffer=record_shuffle_buffer(config, resolved, totals, batch_size),
         cycle_length=config.cycle_length or DEFAULT_CYCLE_LENGTH,
         deterministic=deterministic,
     )
     return exact_epoch_records(
         resolved,
         exclude,
-        present=[s.path in kept_paths for s in resolved.shards],
-        damage_records=damage_records(resolved.shards),
+        columns=columns,
+        present=present,
         read_shard=reader.read_range,
         options=options,
+        check_shards=check_shards,
     )
 
 
@@ -691,7 +731,8 @@ def _check_exclude(exclude: DeliveredSet, resolved: ResolvedSource) -> None:
             f"exclude covers {exclude.num_examples} examples, but split {resolved.split!r} of "
             f"{resolved.source} has {total}: it was taken on another split or dataset"
         )
-    digest = split_digest((s.path, s.num_examples) for s in resolved.shards)
+    # From the shard table's columns (the same value as over every entry's name and count).
+    digest = manifest_split_digest(resolved.manifest.split(resolved.split).shards)
     if exclude.split is not None and exclude.split != digest:
         raise ValueError(
             f"exclude was taken on another layout of split {resolved.split!r} of "

@@ -125,6 +125,37 @@ class ShardFiles(Sequence[ShardFile]):
     def __iter__(self) -> Iterator[ShardFile]:
         return iter(self[:])
 
+    @property
+    def root(self) -> str:
+        """The directory or prefix the manifest's ``file`` names are relative to."""
+        return self._root
+
+    def rows(self, rows: Sequence[int]) -> tuple[ShardFile, ...]:
+        """The shard files of ``rows`` (manifest positions), in that order."""
+        return self._rows([int(i) for i in rows])
+
+    def column(self, name: str) -> Any:
+        """One manifest field of every shard, without a ``ShardFile`` per shard: ``num_examples``
+        or ``num_bytes`` as an int64 numpy array, ``file`` (relative to ``root``) as a numpy
+        array of str.
+
+        Raises:
+          ValueError: if ``name`` is none of those three; as ``ShardTable.column`` if the
+            split's shard table is missing or damaged.
+        """
+        import numpy as np
+
+        if name not in ("file", "num_examples", "num_bytes"):
+            raise ValueError(f"column must be file, num_examples or num_bytes, got {name!r}")
+        table = self._entries
+        if isinstance(table, TableShards):
+            from schemas.shard_table import ShardTable
+
+            if isinstance(table, ShardTable):
+                return table.column(name).to_numpy()
+        values = [getattr(s, name) for s in table]
+        return np.array(values, dtype=object if name == "file" else np.int64)
+
     def _file(self, s: ShardInfo) -> ShardFile:
         return ShardFile(join(self._root, s.file), s.num_bytes, s.num_examples, s.sha256)
 

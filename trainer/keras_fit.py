@@ -143,7 +143,7 @@ class ExactEpochs(keras.callbacks.Callback):
         strategy: tf.distribute.Strategy | None = None,
     ) -> None:
         super().__init__()
-        from tfrecord_io.delivery import DeliveredSet, DeliveryTracker, split_digest
+        from tfrecord_io.delivery import DeliveredSet, DeliveryTracker, manifest_split_digest
         from tfrecord_io.source import load_manifest
 
         if save_freq != "epoch" and (not isinstance(save_freq, int) or save_freq < 1):
@@ -151,11 +151,9 @@ class ExactEpochs(keras.callbacks.Callback):
         manifest = load_manifest(source)
         if manifest is None:
             raise ValueError(f"{source!r} has no dataset.json: exact epochs need its counts")
-        shards = manifest.split(split).shards
+        info = manifest.split(split)
         self._empty = DeliveredSet.empty(
-            manifest.split(split).num_examples,
-            seed=seed,
-            split=split_digest((s.file, s.num_examples) for s in shards),
+            info.num_examples, seed=seed, split=manifest_split_digest(info.shards)
         )
         self.directory, self.source, self.split = directory, source, split
         self.global_batch_size, self.seed, self.image_size = global_batch_size, seed, image_size
