@@ -21,6 +21,17 @@ from catalog.near_duplicates import (
     find_pairs,
     leakage_moves,
 )
+from catalog.partitions import (
+    DEFAULT_PARTITION_ROWS,
+    catalog_partition_filename,
+    check_catalog_bytes,
+    iter_catalog_batches,
+    partition_count,
+    partition_of,
+    partition_shards,
+    read_catalog_files,
+    shards_per_partition,
+)
 from catalog.phash import FLIP_MASK, flip_hash, hamming, phash_of_grid
 from catalog.table import (
     CATALOG_VERSION,
@@ -41,6 +52,15 @@ from catalog.table import (
 )
 
 __all__ = [
+    "DEFAULT_PARTITION_ROWS",
+    "catalog_partition_filename",
+    "check_catalog_bytes",
+    "iter_catalog_batches",
+    "partition_count",
+    "partition_of",
+    "partition_shards",
+    "read_catalog_files",
+    "shards_per_partition",
     "DEFAULT_THRESHOLD",
     "FLIP_MASK",
     "Pairs",

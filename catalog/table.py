@@ -324,17 +324,21 @@ def merge_fragments(
     *,
     split: str,
     row_group_size: int = ROW_GROUP_SIZE,
+    first_index: int = 0,
 ) -> int:
-    """Concatenates per-shard catalog fragments, in the order given, into one split catalog.
+    """Concatenates per-shard catalog fragments, in the order given, into one split catalog
+    (or one partition of it).
 
     Streams one row group of each fragment at a time. Each row's ``index`` is set to its
-    position in the merged catalog (fragments do not know how many rows earlier shards hold).
+    position in the split: ``first_index`` plus its position in the merged file (fragments do
+    not know how many rows earlier shards hold).
 
     Args:
       fragments: the fragments in shard order (local paths or binary files).
       where: the merged catalog's local path or binary file.
       split: the split every row must belong to.
       row_group_size: rows per row group of the output.
+      first_index: the split-wide index of the first row (rows of earlier partitions).
 
     Returns:
       The number of rows written.
@@ -344,6 +348,8 @@ def merge_fragments(
     """
     position = 0
     index_at = SCHEMA.get_field_index("index")
+    if first_index < 0:
+        raise ValueError(f"first_index must be >= 0, got {first_index!r}")
     with CatalogWriter(where, row_group_size=row_group_size) as writer:
         for number, fragment in enumerate(fragments):
             label = fragment if isinstance(fragment, str) else f"fragment {number}"
@@ -357,7 +363,8 @@ def merge_fragments(
                 splits = table.column("split").unique().to_pylist()
                 if splits and splits != [split]:
                     raise ValueError(f"{label}: holds rows of splits {splits}, expected {split!r}")
-                indexes = pa.array(range(position, position + table.num_rows), type=pa.int64())
+                start = first_index + position
+                indexes = pa.array(range(start, start + table.num_rows), type=pa.int64())
                 table = table.set_column(index_at, SCHEMA.field("index"), indexes)
                 writer.write(table)
                 position += table.num_rows

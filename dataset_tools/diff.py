@@ -103,12 +103,33 @@ class DatasetCatalog:
     rows: pa.Table
 
 
-def _catalog_entry(manifest: Manifest, split: str) -> dict[str, Any]:
-    """The split's catalog as ``dataset.json`` lists it (file, size, hash), or its usual name."""
-    listed = getattr(manifest.split(split), "catalog", None)
-    if listed is None:
-        return {"file": catalog_filename(split)}
-    return {"file": listed.file, "num_bytes": listed.num_bytes, "sha256": listed.sha256}
+def _catalog_entries(manifest: Manifest, split: str) -> list[dict[str, Any]]:
+    """The split's catalog files as ``dataset.json`` lists them (file, size, hash), in order:
+    one, or its partitions; or, if it lists none, the usual single file's name."""
+    listed = manifest.split(split).catalog_files
+    if not listed:
+        return [{"file": catalog_filename(split)}]
+    return [{"file": f.file, "num_bytes": f.num_bytes, "sha256": f.sha256} for f in listed]
+
+
+def _read_catalog_file(root: str, split: str, entry: dict[str, Any]) -> pa.Table:
+    """One catalog file's ``_COLUMNS``, after checking it against what ``dataset.json`` lists."""
+    where = join(root, entry["file"])
+    try:
+        blob = read_bytes(where)
+    except FileNotFoundError as e:
+        raise FileNotFoundError(
+            f"{where} does not exist: the dataset has no catalog for split {split!r} "
+            "(datasets built before catalogs existed cannot be diffed; rebuild them)"
+        ) from e
+    if "num_bytes" in entry and len(blob) != entry["num_bytes"]:
+        raise ValueError(
+            f"{where}: {len(blob)} bytes, dataset.json says {entry['num_bytes']}: the "
+            "catalog was changed or truncated after publishing"
+        )
+    if "sha256" in entry and hashlib.sha256(blob).hexdigest() != entry["sha256"]:
+        raise ValueError(f"{where}: SHA-256 differs from dataset.json; the catalog is damaged")
+    return read_table(pa.BufferReader(blob), columns=_COLUMNS, name=where)
 
 
 def load_catalog(source: str | os.PathLike[str]) -> DatasetCatalog:
@@ -132,30 +153,17 @@ def load_catalog(source: str | os.PathLike[str]) -> DatasetCatalog:
     root = path[: -len("dataset.json")].rstrip("/") or "."
     tables = []
     for split in sorted(manifest.splits):
-        entry = _catalog_entry(manifest, split)
-        where = join(root, entry["file"])
-        try:
-            blob = read_bytes(where)
-        except FileNotFoundError as e:
-            raise FileNotFoundError(
-                f"{where} does not exist: the dataset has no catalog for split {split!r} "
-                "(datasets built before catalogs existed cannot be diffed; rebuild them)"
-            ) from e
-        if "num_bytes" in entry and len(blob) != entry["num_bytes"]:
-            raise ValueError(
-                f"{where}: {len(blob)} bytes, dataset.json says {entry['num_bytes']}: the "
-                "catalog was changed or truncated after publishing"
-            )
-        if "sha256" in entry and hashlib.sha256(blob).hexdigest() != entry["sha256"]:
-            raise ValueError(f"{where}: SHA-256 differs from dataset.json; the catalog is damaged")
-        table = read_table(pa.BufferReader(blob), columns=_COLUMNS, name=where)
+        entries = _catalog_entries(manifest, split)
+        # A partitioned catalog's files, read one at a time, in order.
+        parts = [_read_catalog_file(root, split, entry) for entry in entries]
+        rows = sum(t.num_rows for t in parts)
         expected = manifest.split(split).num_examples
-        if table.num_rows != expected:
+        if rows != expected:
+            where = join(root, entries[0]["file"]) if len(entries) == 1 else f"catalog of {split!r}"
             raise ValueError(
-                f"{where}: {table.num_rows} rows, dataset.json says split {split!r} holds "
-                f"{expected} examples"
+                f"{where}: {rows} rows, dataset.json says split {split!r} holds {expected} examples"
             )
-        tables.append(table)
+        tables.extend(parts)
     rows = pa.concat_tables(tables) if tables else pa.table({c: [] for c in _COLUMNS})
     return DatasetCatalog(text, root, manifest, hashlib.sha256(data).hexdigest(), rows)
 

@@ -259,7 +259,12 @@ TableOpener = Callable[[str, FileInfo, int, int, int], TableShards]
 @dataclasses.dataclass(frozen=True)
 class SplitInfo:
     """A split (``train``, ``validation``) and its shards, in read order, and its catalog
-    (``catalog-<split>.parquet``, one row per example) if it has one.
+    (one row per example) if it has one.
+
+    The catalog is one file (``catalog``, ``catalog-<split>.parquet``) or, for a split whose
+    catalog was written in partitions of consecutive shards, the partitions in order
+    (``catalog_partitions``, ``catalog-<split>-00000-of-00003.parquet`` ...); never both.
+    ``catalog_files`` gives either as a tuple in read order.
 
     ``shards`` is a tuple when listed inline, or ``TableShards`` for a shard table (format
     version 2), whose record counts are checked against ``num_examples`` when it loads.
@@ -271,9 +276,15 @@ class SplitInfo:
     shards: Sequence[ShardInfo]
     catalog: FileInfo | None = None
     class_counts: Mapping[str, int] | None = None
+    catalog_partitions: tuple[FileInfo, ...] = ()
 
     def __post_init__(self) -> None:
         _require_int("num_examples", self.num_examples)
+        if self.catalog is not None and self.catalog_partitions:
+            raise ValueError(
+                f"a split lists either one catalog or catalog partitions, got both: "
+                f"{self.catalog.file} and {len(self.catalog_partitions)} partitions"
+            )
         if not isinstance(self.shards, TableShards):
             total = sum(s.num_examples for s in self.shards)
             if total != self.num_examples:
@@ -288,6 +299,11 @@ class SplitInfo:
                     f"split class_counts add up to {sum(self.class_counts.values())}, "
                     f"not num_examples {self.num_examples}"
                 )
+
+    @property
+    def catalog_files(self) -> tuple[FileInfo, ...]:
+        """The split's catalog files in row order: one, its partitions, or none."""
+        return (self.catalog,) if self.catalog is not None else tuple(self.catalog_partitions)
 
     @property
     def num_shards(self) -> int:
@@ -486,6 +502,8 @@ class Manifest:
             data["shard_table"] = dataclasses.asdict(table)
         if split.catalog is not None:
             data["catalog"] = dataclasses.asdict(split.catalog)
+        if split.catalog_partitions:
+            data["catalog_partitions"] = [dataclasses.asdict(f) for f in split.catalog_partitions]
         if split.class_counts is not None:
             data["class_counts"] = dict(split.class_counts)
         return data
@@ -520,6 +538,9 @@ class Manifest:
                     shards=_split_shards(name, split, version, open_table),
                     catalog=FileInfo.from_dict(split.get("catalog")),
                     class_counts=split.get("class_counts"),
+                    catalog_partitions=tuple(
+                        FileInfo(**f) for f in split.get("catalog_partitions", ())
+                    ),
                 )
                 for name, split in data["splits"].items()
             }

@@ -1,7 +1,8 @@
 """Random access by key: a dataset's catalogs say where each example is; only its bytes are read.
 
 ``read_examples(dataset, keys)`` looks the keys up in the split catalogs
-(``catalog-<split>.parquet``, checked against the size and SHA-256 that ``dataset.json`` lists),
+(``catalog-<split>.parquet``, or its partitions in order, each checked against the size and
+SHA-256 that ``dataset.json`` lists),
 then reads each example's byte range from its shard: ``seek`` + ``read`` on local files, one
 ranged GET on ``s3://`` and ``gs://`` (``objstore``), ``tf.io.gfile`` elsewhere. Every frame's
 CRCs are checked before its payload is returned.
@@ -10,7 +11,6 @@ CRCs are checked before its payload is returned.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import posixpath
 from collections.abc import Iterable, Sequence
@@ -19,9 +19,10 @@ from typing import NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from catalog.table import read_table_bytes
+from catalog.partitions import read_catalog_files
 from schemas import Manifest
 from schemas.framing import parse_frame
+from schemas.manifest import FileInfo
 from tfrecord_io import source as _source
 
 __all__ = [
@@ -141,24 +142,24 @@ def load_catalog(
         naming the file.
     """
     files = dataset if isinstance(dataset, DatasetFiles) else dataset_files(dataset)
-    info = files.manifest.split(split).catalog
-    if info is None:
+    listed = files.manifest.split(split).catalog_files
+    if not listed:
         raise FileNotFoundError(
             f"dataset.json of {files.root} lists no catalog for split {split!r}: the dataset was "
             "written before catalogs existed; rewrite it, or adopt its shards with "
             "python -m dataset_tools.adopt"
         )
-    path = files.path(info.file)
-    if not _source.exists(path):
-        raise FileNotFoundError(f"catalog {path} is missing (dataset.json lists it)")
-    data = _source.read_bytes(path)
-    digest = hashlib.sha256(data).hexdigest()
-    if (len(data), digest) != (info.num_bytes, info.sha256):
-        raise ValueError(
-            f"catalog {path} is damaged: {len(data)} bytes with SHA-256 {digest}, dataset.json "
-            f"says {info.num_bytes} bytes with {info.sha256}"
-        )
-    return read_table_bytes(data, columns=columns, name=path)
+
+    def read(info: FileInfo) -> bytes:
+        path = files.path(info.file)
+        if not _source.exists(path):
+            raise FileNotFoundError(f"catalog {path} is missing (dataset.json lists it)")
+        return _source.read_bytes(path)
+
+    # One file (or partition) is read and checked at a time; the rows are then joined.
+    return read_catalog_files(
+        listed, read, columns=columns, where=lambda info: files.path(info.file)
+    )
 
 
 def locate(

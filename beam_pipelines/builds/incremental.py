@@ -56,6 +56,7 @@ from schemas.lineage import (
     image_options,
     parse_latest_pointer,
 )
+from schemas.manifest import FileInfo
 
 __all__ = [
     "BaseRefusedError",
@@ -421,14 +422,15 @@ class _Pieces:
 
 
 def _load_index(root: str, base: str, manifest: Manifest) -> BaseIndex:
-    """The base's lookup, read catalog by catalog and batch by batch: besides what it keeps
-    (about 75 bytes an example), only one compressed catalog and one batch are in memory."""
+    """The base's lookup, read catalog file by file (a split's catalog or each of its
+    partitions) and batch by batch: besides what it keeps (about 75 bytes an example), only
+    one compressed catalog file and one batch are in memory."""
     sizes = {s.file: s.num_bytes for s in manifest.all_shards()}
     pieces = _Pieces()
     for split in sorted(manifest.splits):
         info = manifest.split(split)
-        listed = getattr(info, "catalog", None)
-        if listed is None:
+        listed = info.catalog_files
+        if not listed:
             if info.num_examples == 0:
                 continue
             raise _refuse(
@@ -436,33 +438,40 @@ def _load_index(root: str, base: str, manifest: Manifest) -> BaseIndex:
                 f"dataset.json lists no catalog for split {split!r} (the base was built before "
                 f"catalogs; expected {catalog_filename(split)})",
             )
-        path = FileSystems.join(root, listed.file)
-        if not _exists(path):
-            raise _refuse(base, f"catalog {path} is missing")
-        blob = _read(path)
-        if len(blob) != listed.num_bytes or hashlib.sha256(blob).hexdigest() != listed.sha256:
+        rows = sum(_load_catalog_file(root, base, file, pieces, sizes) for file in listed)
+        if rows != info.num_examples:
             raise _refuse(
                 base,
-                f"catalog {path} ({len(blob)} bytes) differs from what dataset.json lists "
-                f"({listed.num_bytes} bytes, sha256 {listed.sha256[:12]}…)",
+                f"the catalog of split {split!r} ({', '.join(f.file for f in listed)}) has "
+                f"{rows} rows, dataset.json says the split holds {info.num_examples} examples",
             )
-        try:
-            parquet = pq.ParquetFile(pa.BufferReader(blob))
-            check_schema(parquet.schema_arrow, name=path)
-            if parquet.metadata.num_rows != info.num_examples:
-                raise _refuse(
-                    base,
-                    f"catalog {path} has {parquet.metadata.num_rows} rows, dataset.json says "
-                    f"split {split!r} holds {info.num_examples} examples",
-                )
-            for batch in parquet.iter_batches(_BATCH_ROWS, columns=list(_LOOKUP_COLUMNS)):
-                pieces.add(batch, base, sizes)
-        except (ValueError, pa.ArrowInvalid, OSError) as e:
-            if isinstance(e, BaseRefusedError):
-                raise
-            raise _refuse(base, f"catalog {path}: {e}") from e
-        del blob
     return pieces.index()
+
+
+def _load_catalog_file(
+    root: str, base: str, listed: FileInfo, pieces: _Pieces, sizes: dict[str, int]
+) -> int:
+    """Adds one catalog file's rows to ``pieces``, after checking it; returns its rows."""
+    path = FileSystems.join(root, listed.file)
+    if not _exists(path):
+        raise _refuse(base, f"catalog {path} is missing")
+    blob = _read(path)
+    if len(blob) != listed.num_bytes or hashlib.sha256(blob).hexdigest() != listed.sha256:
+        raise _refuse(
+            base,
+            f"catalog {path} ({len(blob)} bytes) differs from what dataset.json lists "
+            f"({listed.num_bytes} bytes, sha256 {listed.sha256[:12]}…)",
+        )
+    try:
+        parquet = pq.ParquetFile(pa.BufferReader(blob))
+        check_schema(parquet.schema_arrow, name=path)
+        for batch in parquet.iter_batches(_BATCH_ROWS, columns=list(_LOOKUP_COLUMNS)):
+            pieces.add(batch, base, sizes)
+    except (ValueError, pa.ArrowInvalid, OSError) as e:
+        if isinstance(e, BaseRefusedError):
+            raise
+        raise _refuse(base, f"catalog {path}: {e}") from e
+    return parquet.metadata.num_rows
 
 
 def open_base(

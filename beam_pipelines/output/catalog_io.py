@@ -10,9 +10,12 @@ For every shard the writer commits, in this order:
 The launcher then writes tfds's metadata (``write_tfds_metadata``) before ``dataset.json``, and
 after publishing removes the fragments and any index file or catalog no manifest lists.
 
-``MergeCatalogs`` then concatenates each split's fragments in shard order into
-``catalog-<split>.parquet``, streaming one row group at a time. All three depend only on the
-records a shard holds, so they are byte-identical across runners, as the shards are.
+``MergeCatalogs`` then concatenates each split's fragments in shard order, streaming one row
+group at a time: into ``catalog-<split>.parquet`` when the split fits in one partition
+(``catalog.partitions``), otherwise into partitions of consecutive shards
+(``catalog-<split>-00003-of-00016.parquet``), each merged by its own worker. All of them depend
+only on the records the shards hold, so they are byte-identical across runners, as the shards
+are.
 Every write goes through Beam FileSystems under a temporary name, then a rename.
 """
 
@@ -36,6 +39,13 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipelines.elements import CatalogMeta, ShardResult
 from beam_pipelines.engines.filesystems import file_digest, write_object
 from catalog.index_files import format_index, index_filename
+from catalog.partitions import (
+    DEFAULT_PARTITION_ROWS,
+    catalog_partition_filename,
+    partition_count,
+    partition_of,
+    shards_per_partition,
+)
 from catalog.table import build_table, catalog_filename, merge_fragments, table_bytes
 from schemas.manifest import Manifest
 from schemas.tfds_metadata import tfds_metadata_files
@@ -49,6 +59,7 @@ __all__ = [
     "merge_split_catalog",
     "read_catalog_batches",
     "MergeCatalogs",
+    "PARTITION_ROWS",
     "write_tfds_metadata",
     "remove_staged_fragments",
     "remove_unlisted_catalog_files",
@@ -56,8 +67,10 @@ __all__ = [
 
 STAGING_DIR = ".staging"
 _INDEX_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*-\d{5}-of-\d{5}\.idx$")
-_CATALOG_NAME_RE = re.compile(r"^catalog-[a-z][a-z0-9_]*\.parquet$")
+_CATALOG_NAME_RE = re.compile(r"^catalog-[a-z][a-z0-9_]*(-\d{5,}-of-\d{5,})?\.parquet$")
 _UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
+#: The rows a catalog partition holds at most when ``MergeCatalogs`` is not told.
+PARTITION_ROWS = DEFAULT_PARTITION_ROWS
 _COPY_CHUNK = 8 * 1024 * 1024
 
 # Arrow's default allocator (mimalloc) kept what catalog fragments and merges had used: in
@@ -70,13 +83,16 @@ _log = logging.getLogger(__name__)
 
 
 class CatalogResult(NamedTuple):
-    """A split's catalog, committed under its final name."""
+    """A split's catalog, or partition ``partition`` of ``partitions`` of it, committed under
+    its final name."""
 
     split: str
     file: str
     num_examples: int
     num_bytes: int
     sha256: str
+    partition: int = 0
+    partitions: int = 1
 
 
 def fragment_path(output_dir: str, shard_name: str) -> str:
@@ -158,13 +174,27 @@ def _local_copies(paths: Iterable[str]) -> Iterator[Iterator[str]]:
 
 
 def merge_split_catalog(
-    output_dir: str, split: str, shards: Iterable[ShardResult]
+    output_dir: str,
+    split: str,
+    shards: Iterable[ShardResult],
+    *,
+    partition: int = 0,
+    partitions: int = 1,
+    first_index: int = 0,
 ) -> CatalogResult:
-    """Merges a split's fragments in shard order into ``catalog-<split>.parquet``.
+    """Merges fragments in shard order into a split's catalog, or one partition of it.
 
-    Memory stays at about one row group whatever the split's size: fragments are copied
-    locally one at a time and the merged file is written to a local temporary file, then
-    copied to ``output_dir`` under a temporary name and renamed.
+    With one partition the file is ``catalog-<split>.parquet``; otherwise
+    ``catalog-<split>-<partition>-of-<partitions>.parquet``, holding ``shards`` only.
+    Memory stays at about one row group whatever the size: fragments are copied locally one
+    at a time and the merged file is written to a local temporary file, then copied to
+    ``output_dir`` under a temporary name and renamed.
+
+    Args:
+      output_dir, split: the dataset and split.
+      shards: the shards of the file (all of the split's, or the partition's).
+      partition, partitions: which partition this is, of how many.
+      first_index: the split-wide index of the partition's first row.
 
     Raises:
       ValueError: if a fragment is not a catalog of this split, or the row count of the merged
@@ -172,13 +202,16 @@ def merge_split_catalog(
     """
     ordered = sorted(shards, key=lambda s: s.index)
     expected = sum(s.num_examples for s in ordered)
-    name = catalog_filename(split)
+    if partitions == 1:
+        name = catalog_filename(split)
+    else:
+        name = catalog_partition_filename(split, partition, partitions)
     destination = FileSystems.join(output_dir, name)
     fd, local = tempfile.mkstemp(suffix=".parquet")
     os.close(fd)
     try:
         with _local_copies(fragment_path(output_dir, s.file) for s in ordered) as fragments:
-            rows = merge_fragments(fragments, local, split=split)
+            rows = merge_fragments(fragments, local, split=split, first_index=first_index)
         if rows != expected:
             raise ValueError(
                 f"{name}: merged {rows} catalog rows, but the shards of {split!r} hold {expected}"
@@ -189,22 +222,47 @@ def merge_split_catalog(
         write_object(destination, local_path=local)  # retried; whole or absent on buckets
     finally:
         os.remove(local)
-    return CatalogResult(split, name, rows, num_bytes, digest)
+    return CatalogResult(split, name, rows, num_bytes, digest, partition, partitions)
 
 
 def read_catalog_batches(
-    output_dir: str, name: str, columns: Sequence[str], *, batch_size: int = 8192
+    output_dir: str, names: str | Sequence[str], columns: Sequence[str], *, batch_size: int = 8192
 ) -> Iterator[pa.RecordBatch]:
-    """Yields a published catalog's ``columns`` in batches of at most ``batch_size`` rows.
+    """Yields published catalog files' ``columns``, file after file, in batches of at most
+    ``batch_size`` rows.
 
-    Memory stays at about one batch whatever the catalog's size: the file is copied locally
-    (Parquet reads need random access), then read one batch at a time.
+    Memory stays at about one batch whatever the catalog's size: each file (a split's catalog
+    or one of its partitions) is copied locally (Parquet reads need random access), then read
+    one batch at a time.
     """
-    with _local_copies([FileSystems.join(output_dir, name)]) as copies:
+    listed = [names] if isinstance(names, str) else list(names)
+    with _local_copies(FileSystems.join(output_dir, name) for name in listed) as copies:
         for local in copies:
             yield from pq.ParquetFile(local).iter_batches(
                 batch_size=batch_size, columns=list(columns), use_threads=False
             )
+
+
+def _partition_key(shard: ShardResult, max_rows: dict[str, int], partition_rows: int):
+    parts = partition_count(
+        shard.count, shards_per_partition(max_rows[shard.split], partition_rows)
+    )
+    return (shard.split, partition_of(shard.index, parts, shard.count), parts), shard
+
+
+def _first_indexes(element) -> tuple[str, dict[int, int]]:
+    """``(split, [(partition, rows)]) -> (split, {partition: its first row's index})``."""
+    split, counts = element
+    ordered = sorted(counts)
+    if [p for p, _ in ordered] != list(range(len(ordered))):
+        raise ValueError(
+            f"catalog partitions of {split!r} are not 0..n-1: {[p for p, _ in ordered]}"
+        )
+    firsts, total = {}, 0
+    for partition, rows in ordered:
+        firsts[partition] = total
+        total += rows
+    return split, firsts
 
 
 @beam.typehints.with_output_types(CatalogResult)
@@ -212,30 +270,70 @@ class _MergeFn(beam.DoFn):
     def __init__(self, output_dir: str) -> None:
         self._output_dir = output_dir
 
-    def process(self, element):
-        split, shards = element
-        yield merge_split_catalog(self._output_dir, split, shards)
+    def process(self, element, first_indexes):
+        (split, partition, partitions), shards = element
+        yield merge_split_catalog(
+            self._output_dir,
+            split,
+            shards,
+            partition=partition,
+            partitions=partitions,
+            first_index=first_indexes[split][partition],
+        )
 
 
 class MergeCatalogs(beam.PTransform):
-    """``ShardResult -> CatalogResult``: one merged catalog per split, once all its shards are in.
+    """``ShardResult -> CatalogResult``: each split's catalog, one file or partitions of
+    consecutive shards, each merged by its own worker once its shards are in.
 
-    Only the small ``ShardResult`` values cross the group-by-split; the rows are read back
-    from the staged fragments.
+    Only the small ``ShardResult`` values cross the shuffles, and per split only the most
+    records of a shard and each partition's row count are gathered (hundreds of numbers at a
+    billion rows); the rows are read back from the staged fragments.
+
+    Args:
+      output_dir: the dataset directory.
+      partition_rows: the rows a partition holds at most (``catalog.partitions``); None
+        for ``PARTITION_ROWS``, read when the pipeline is built (tests set it small to get
+        several partitions from a few shards).
     """
 
-    def __init__(self, output_dir: str) -> None:
+    def __init__(self, output_dir: str, *, partition_rows: int | None = None) -> None:
         super().__init__()
+        if partition_rows is None:
+            partition_rows = PARTITION_ROWS
+        shards_per_partition(0, partition_rows)  # checks it
         self._output_dir = output_dir
+        self._partition_rows = partition_rows
 
     def expand(self, shards):
-        return (
+        max_rows = (
             shards
-            | "BySplit" >> beam.Map(lambda s: (s.split, s))
-            # (split, ShardResult)
+            | "ShardRows" >> beam.Map(lambda s: (s.split, s.num_examples))
+            # (split, records of a shard)
+            | "MaxShardRows" >> beam.CombinePerKey(max)
+        )
+        # (split, most records of any of its shards)
+        keyed = shards | "ToPartition" >> beam.Map(
+            _partition_key, beam.pvalue.AsDict(max_rows), self._partition_rows
+        )
+        # ((split, partition, partitions), ShardResult)
+        first_indexes = (
+            keyed
+            | "PartitionRows" >> beam.Map(lambda kv: (kv[0][:2], kv[1].num_examples))
+            | "SumPartitionRows" >> beam.CombinePerKey(sum)
+            # ((split, partition), rows)
+            | "BySplit" >> beam.Map(lambda kv: (kv[0][0], (kv[0][1], kv[1])))
             | "GroupBySplit" >> beam.GroupByKey()
-            # (split, [ShardResult])
-            | "MergeFragments" >> beam.ParDo(_MergeFn(self._output_dir))
+            # (split, [(partition, rows)])
+            | "FirstIndexes" >> beam.Map(_first_indexes)
+        )
+        # (split, {partition: first index})
+        return (
+            keyed
+            | "GroupByPartition" >> beam.GroupByKey()
+            # ((split, partition, partitions), [ShardResult])
+            | "MergeFragments"
+            >> beam.ParDo(_MergeFn(self._output_dir), beam.pvalue.AsDict(first_indexes))
         )
 
 
@@ -276,13 +374,14 @@ def remove_unlisted_catalog_files(output_dir: str, manifest: Manifest) -> list[s
     """Deletes index files and catalogs the published manifest does not list.
 
     They are left by an earlier run with other shard counts or splits. Only files named like
-    ours (``<split>-NNNNN-of-NNNNN.idx``, ``catalog-<split>.parquet``) are candidates.
+    ours (``<split>-NNNNN-of-NNNNN.idx``, ``catalog-<split>.parquet``,
+    ``catalog-<split>-NNNNN-of-NNNNN.parquet``) are candidates.
 
     Returns:
       The paths deleted.
     """
     listed = {s.index.file for s in manifest.all_shards() if s.index is not None}
-    listed |= {s.catalog.file for s in manifest.splits.values() if s.catalog is not None}
+    listed |= {f.file for s in manifest.splits.values() for f in s.catalog_files}
     stale = []
     for pattern, name_re in (
         ("*.idx", _INDEX_NAME_RE),

@@ -395,6 +395,28 @@ def _probe_writable(output_dir: str) -> None:
         ) from e
 
 
+def split_catalog_files(catalogs: Sequence[CatalogResult]) -> dict[str, tuple[FileInfo, ...]]:
+    """Each split's catalog files in partition order: one, or its partitions.
+
+    Raises:
+      ValueError: if a split's partitions are not exactly ``0..n-1`` of ``n``.
+    """
+    by_split: dict[str, list[CatalogResult]] = {}
+    for c in catalogs:
+        by_split.setdefault(c.split, []).append(c)
+    files = {}
+    for split, parts in sorted(by_split.items()):
+        parts.sort(key=lambda c: c.partition)
+        found = [(c.partition, c.partitions) for c in parts]
+        if found != [(p, len(parts)) for p in range(len(parts))]:
+            raise ValueError(
+                f"the catalog of split {split!r} came as partitions {found} (partition, of): "
+                "some are missing or repeated"
+            )
+        files[split] = tuple(FileInfo(c.file, c.num_bytes, c.sha256) for c in parts)
+    return files
+
+
 def build_manifest(
     staged: StagedResult, *, image: ImageSpec, options: dict[str, Any], splits: Sequence[str]
 ) -> Manifest:
@@ -406,7 +428,7 @@ def build_manifest(
     by_split: dict[str, list[ShardResult]] = {name: [] for name in splits}
     for shard in staged.shards:
         by_split.setdefault(shard.split, []).append(shard)
-    catalogs = {c.split: FileInfo(c.file, c.num_bytes, c.sha256) for c in staged.catalogs}
+    catalogs = split_catalog_files(staged.catalogs)
     split_infos = {
         name: SplitInfo(
             num_examples=sum(s.num_examples for s in shards),
@@ -422,7 +444,8 @@ def build_manifest(
                 )
                 for s in sorted(shards, key=lambda s: s.index)
             ),
-            catalog=catalogs.get(name),
+            catalog=catalogs[name][0] if len(catalogs.get(name, ())) == 1 else None,
+            catalog_partitions=catalogs[name] if len(catalogs.get(name, ())) > 1 else (),
             class_counts=staged.class_counts(name),
         )
         for name, shards in by_split.items()

@@ -7,8 +7,9 @@ These functions then check, against those notes:
 
 * each shard's index file (``<stem>.idx``): listed size and SHA-256, format, and one line per
   record with exactly the record's offset and length;
-* each split's catalog: listed size and SHA-256, schema v1, one row per record in shard order,
-  with the record's shard, position, offset, length and key, and ``index`` 0..n-1.
+* each split's catalog, its one file or each partition in turn: listed size and SHA-256,
+  schema v1, one row per record in shard order, with the record's shard, position, offset,
+  length and key, and ``index`` 0..n-1 across the split.
 
 Every problem names the file. The entry points that run these checks are in
 ``dataset_tools.verify.verification``.
@@ -25,6 +26,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 import numpy as np
 
 from catalog.index_files import check_contiguous, parse_index
+from catalog.partitions import partition_of, partition_shards
 from catalog.table import read_table_bytes
 from dataset_tools.foreign import adopted_label_offset, parse_foreign
 from dataset_tools.keys import KeyCollector
@@ -36,7 +38,15 @@ from tfrecord_io.source import exists, open_binary, read_bytes
 if TYPE_CHECKING:
     from tfrecord_io.random_access import DatasetFiles
 
-__all__ = ["check_adopted_record", "check_catalog", "check_index_file", "check_shard"]
+__all__ = [
+    "catalog_part_of",
+    "catalog_part_shards",
+    "check_adopted_record",
+    "check_catalog",
+    "check_catalog_part",
+    "check_index_file",
+    "check_shard",
+]
 
 _HASH_CHUNK = 8 * 1024 * 1024
 _MAX_ROW_PROBLEMS = 5
@@ -308,7 +318,8 @@ def check_catalog(
     split: str,
     shards: Sequence[tuple[ShardInfo, Sequence[RecordNote] | None]],
 ) -> list[str]:
-    """Checks a split's catalog against the manifest and the records seen in its shards.
+    """Checks a split's catalog (its one file, or each partition in turn) against the manifest
+    and the records seen in its shards.
 
     Args:
       files: the dataset.
@@ -317,11 +328,69 @@ def check_catalog(
         if the shard could not be read whole; its rows are then only counted).
 
     Returns:
-      Problems, each naming the catalog; empty if it holds.
+      Problems, each naming the catalog file; empty if it holds.
     """
-    info = files.manifest.split(split).catalog
-    if info is None:
+    listed = files.manifest.split(split).catalog_files
+    problems: list[str] = []
+    first_index = 0
+    for partition in range(len(listed)):
+        part = [shards[i] for i in catalog_part_shards(len(listed), partition, len(shards))]
+        problems += check_catalog_part(files, split, partition, part, first_index=first_index)
+        first_index += sum(s.num_examples for s, _ in part)
+    return problems
+
+
+def catalog_part_shards(parts: int, part: int, num_shards: int) -> range:
+    """The positions of the shards catalog file ``part`` of ``parts`` describes (all of them
+    for a single file; ``catalog.partitions.partition_shards`` for partitions). A split that
+    lists more partitions than shards is damaged (``check_catalog_part`` reports it): its
+    shards are all given to partition 0."""
+    if parts == 1 or parts > num_shards:
+        return range(num_shards) if part == 0 else range(0)
+    return partition_shards(part, parts, num_shards)
+
+
+def catalog_part_of(parts: int, position: int, num_shards: int) -> int:
+    """Which of a split's ``parts`` catalog files describes the shard at ``position``."""
+    if parts <= 1 or parts > num_shards:
+        return 0
+    return partition_of(position, parts, num_shards)
+
+
+def check_catalog_part(
+    files: DatasetFiles,
+    split: str,
+    partition: int,
+    shards: Sequence[tuple[ShardInfo, Sequence[RecordNote] | None]],
+    *,
+    first_index: int,
+) -> list[str]:
+    """Checks one of a split's catalog files (the single file is partition 0 of 1) against
+    the records seen in the shards it describes (``catalog_part_shards``).
+
+    Args:
+      files, split: the dataset and split.
+      partition: which of the split's ``catalog_files``.
+      shards: the shards it describes, in order, each with the records seen (or None).
+      first_index: the split-wide index of its first row (the rows of earlier partitions).
+
+    Returns:
+      Problems, each naming the catalog file; empty if it holds.
+    """
+    split_info = files.manifest.split(split)
+    listed = split_info.catalog_files
+    if not listed:
         return []
+    info = listed[partition]
+    if len(listed) > 1 and len(listed) > split_info.num_shards:
+        return (
+            []
+            if partition
+            else [
+                f"catalog of {split!r}: {len(listed)} partitions listed for "
+                f"{split_info.num_shards} shards"
+            ]
+        )
     data = _listed_bytes(files, info.file, info.num_bytes, info.sha256)
     if isinstance(data, str):
         return [f"catalog {data}"]
@@ -330,9 +399,20 @@ def check_catalog(
         table = read_table_bytes(data, name=name)
     except ValueError as e:
         return [str(e)]
+    return _check_catalog_rows(files, split, name, table, shards, first_index)
+
+
+def _check_catalog_rows(
+    files: DatasetFiles,
+    split: str,
+    name: str,
+    table: Any,
+    shards: Sequence[tuple[ShardInfo, Sequence[RecordNote] | None]],
+    first_index: int,
+) -> list[str]:
     expected_rows = sum(s.num_examples for s, _ in shards)
     if table.num_rows != expected_rows:
-        return [f"{name}: {table.num_rows} rows, the split holds {expected_rows} examples"]
+        return [f"{name}: {table.num_rows} rows, its shards hold {expected_rows} examples"]
     problems: list[str] = []
     columns: dict[str, Any] = {
         c: table.column(c).to_pylist() for c in ("key", "split", "index", "shard", "record")
@@ -363,8 +443,8 @@ def check_catalog(
                     )
                 if note.key is not None and columns["key"][row] != note.key:
                     problem(row, f"key {columns['key'][row]}, the record's key is {note.key}")
-            if columns["index"][row] != row:
-                problem(row, f"index {columns['index'][row]}, expected {row}")
+            if columns["index"][row] != first_index + row:
+                problem(row, f"index {columns['index'][row]}, expected {first_index + row}")
             if columns["split"][row] != split:
                 problem(row, f"split {columns['split'][row]!r}, expected {split!r}")
             label = labels[row]

@@ -9,8 +9,10 @@ then bring together what spans shards:
 
 * keys, by bucket of their hash: each bucket finds its duplicates (``keys.KeyCollector``), so
   no worker holds every key;
-* the records seen, by split, for that split's catalog (``checks.check_catalog``): a split's
-  catalog is one file, so its check holds the split's record notes (about 100 bytes a record).
+* the records seen, by catalog file (a split's one file, or each of its partitions), for that
+  file's check (``checks.check_catalog_part``): a check holds the record notes of the shards
+  its file describes (about 100 bytes a record; at most a partition's 2 M rows, about 200 MB,
+  for a partitioned catalog).
 
 The shard reports, duplicate keys and catalog problems are gathered into one ``VerifyReport``,
 written as the JSON ``verify --json`` prints, with the same problems in the same order.
@@ -33,7 +35,12 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 from dataset_tools.keys import KeyCollector
-from dataset_tools.verify.checks import check_catalog, check_index_file
+from dataset_tools.verify.checks import (
+    catalog_part_of,
+    catalog_part_shards,
+    check_catalog_part,
+    check_index_file,
+)
 from dataset_tools.verify.report import RecordNote, ShardReport, VerifyReport
 from dataset_tools.verify.verification import shard_reports, verify_shard
 from schemas import Manifest, ShardInfo
@@ -60,7 +67,8 @@ def _open(source: str) -> tuple[Manifest, list[ShardReport]]:
 
 class _CheckShardFn(beam.DoFn):
     """``ordinal -> ("shard", ordinal, ShardReport)``, plus ``("keys", bucket, entries)`` per
-    bucket its keys fall in and ``("notes", split, (ordinal, notes))`` for the catalog check.
+    bucket its keys fall in and ``("notes", (split, part), (ordinal, notes))`` for the check of
+    catalog file ``part`` of the split.
 
     One shard per element: read once, checked, and its index file checked against it.
     """
@@ -83,6 +91,16 @@ class _CheckShardFn(beam.DoFn):
             info for split in sorted(manifest.splits) for info in manifest.split(split).shards
         ]
         self._files = dataset_files(self._source)
+        self._firsts: dict[str, int] = {}
+        for ordinal, report in enumerate(self._reports):
+            self._firsts.setdefault(report.split, ordinal)
+
+    def _catalog_part(self, split: str, ordinal: int) -> int:
+        """Which catalog file of its split describes the shard at ``ordinal``."""
+        assert self._manifest is not None  # set in setup
+        info = self._manifest.split(split)
+        parts = len(info.catalog_files)
+        return catalog_part_of(parts, ordinal - self._firsts[split], info.num_shards)
 
     def process(self, ordinal: int) -> Iterator[tuple[str, Any, Any]]:
         assert self._manifest is not None and self._files is not None  # set in setup
@@ -100,7 +118,8 @@ class _CheckShardFn(beam.DoFn):
         for problem in check_index_file(self._files, self._infos[ordinal], notes):
             report.add(problem)
         yield "shard", ordinal, report
-        yield "notes", report.split, (ordinal, notes)
+        part = self._catalog_part(report.split, ordinal)
+        yield "notes", (report.split, part), (ordinal, notes)
         by_bucket: dict[int, list[tuple[int, int, str]]] = {}
         for record, note in enumerate(notes or ()):
             if note.key is not None:
@@ -124,16 +143,25 @@ def _duplicates(
     return collector.duplicates(limit=len(entries))
 
 
-def _check_split_catalog(
-    group: tuple[str, Iterable[tuple[int, list[RecordNote] | None]]], source: str
+def _check_catalog_part(
+    group: tuple[tuple[str, int], Iterable[tuple[int, list[RecordNote] | None]]], source: str
 ) -> list[str]:
-    """The split's catalog checked against every record its shards held, in shard order."""
-    split, parts = group
+    """A catalog file checked against every record its shards held, in shard order."""
+    (split, part), parts = group
     files = dataset_files(source)
     notes = dict(parts)
     ordinals = sorted(notes)
-    shards = files.manifest.split(split).shards
-    return check_catalog(files, split, list(zip(shards, (notes[o] for o in ordinals), strict=True)))
+    split_info = files.manifest.split(split)
+    shards = split_info.shards
+    positions = catalog_part_shards(len(split_info.catalog_files) or 1, part, len(shards))
+    first_index = sum(shards[i].num_examples for i in range(positions.start))
+    return check_catalog_part(
+        files,
+        split,
+        part,
+        list(zip((shards[i] for i in positions), (notes[o] for o in ordinals), strict=True)),
+        first_index=first_index,
+    )
 
 
 class VerifyShards(beam.PTransform):
@@ -181,10 +209,11 @@ class VerifyShards(beam.PTransform):
         catalogs = (
             checked
             | "Notes" >> beam.Filter(lambda e: e[0] == "notes")
-            | "NotesBySplit" >> beam.Map(lambda e: (e[1], e[2]))
-            | "GroupSplits" >> beam.GroupByKey()
+            | "NotesByCatalogFile" >> beam.Map(lambda e: (e[1], e[2]))
+            # ((split, catalog file), (ordinal, notes))
+            | "GroupCatalogFiles" >> beam.GroupByKey()
             | "CheckCatalog"
-            >> beam.Map(lambda g: ("catalog", (g[0], _check_split_catalog(g, source))))
+            >> beam.Map(lambda g: ("catalog", (g[0], _check_catalog_part(g, source))))
         )
         return (
             (reports, duplicates, catalogs)
@@ -210,9 +239,9 @@ def _assemble(
     problems = lines[:_DUPLICATE_LINES]
     if len(lines) > _DUPLICATE_LINES:
         problems.append(f"... and {len(lines) - _DUPLICATE_LINES} more duplicated keys")
-    by_split = dict(found for kind, found in parts if kind == "catalog")
+    by_file = sorted(found for kind, found in parts if kind == "catalog")
     for split in splits:
-        problems += by_split.get(split, [])
+        problems += [p for (name, _), found in by_file if name == split for p in found]
     return VerifyReport(source, deep, shards, problems)
 
 
