@@ -195,11 +195,46 @@ def _bad_fraction_refusal(staged: StagedResult, config: PipelineConfig, argv: Se
     )
 
 
+def _empty_build_refusal(staged: StagedResult, config: PipelineConfig) -> str:
+    """Why a build that would write no example is not published, and what to do instead."""
+    rejected = FileSystems.join(config.output, REJECTED_NAME)
+    if staged.input == 0:
+        return f"--input {config.input} gave no input file (hidden and system files are skipped)"
+    if staged.no_label == staged.input:
+        if is_listing(config.input):
+            return (
+                f"no line of the listing --input {config.input} has a label: give each image "
+                'its class, uri,label (.csv) or {"uri": ..., "label": ...} (.jsonl)'
+            )
+        return (
+            f"no class folders under --input {config.input} ({_count(staged.input, 'file')} "
+            "directly in it): put each class's images in a folder of its own, "
+            "--input DIR/<class>/<file>; or give a .csv/.jsonl listing of uri,label"
+        )
+    return (
+        f"no example to write: all {_count(staged.input, 'input')} were rejected "
+        f"({_reason_counts(staged)}); each file and why: {rejected}"
+    )
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _reason_counts(staged: StagedResult) -> str:
+    reasons = sorted(staged.rejected_by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+    more = f" (+{len(reasons) - TOP_REASONS} more)" if len(reasons) > TOP_REASONS else ""
+    return ", ".join(f"{reason} {n}" for reason, n in reasons[:TOP_REASONS]) + more
+
+
 def _publish_blockers(
     staged: StagedResult, config: PipelineConfig, argv: Sequence[str]
 ) -> list[str]:
     """Why the dataset must not be published, one entry per gate that failed; each says what
-    to run instead."""
+    to run instead. A build that would write no example is never published: its one entry
+    says why (publishing it anyway would only move the failure to the reader or trainer)."""
+    if staged.written == 0:
+        return [_empty_build_refusal(staged, config)]
     blockers = []
     if staged.bad_fraction > config.max_bad_fraction:
         blockers.append(_bad_fraction_refusal(staged, config, argv))
@@ -344,6 +379,11 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
     manifest = _manifest(config, staged, metrics, base)
     blockers = _publish_blockers(staged, config, list(sys.argv[1:] if argv is None else argv))
     removed = [] if blockers else _publish(config.output, manifest, old_manifest)
+    # Inputs neither prepared nor rejected nor taken from a --base came from staging.
+    from_staging = None
+    if config.resume:
+        taken = metrics.get("images_prepared", 0) + metrics.get("images_reused", 0)
+        from_staging = max(staged.input - staged.rejected - taken, 0)
     return RunSummary(
         output=config.output,
         published=not blockers,
@@ -357,6 +397,7 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
         label_conflicts=tuple(staged.label_conflicts),
         near_duplicates=staged.near_duplicates,
         not_published_because=tuple(blockers),
+        reused_from_staging=from_staging,
     )
 
 
@@ -398,6 +439,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger(_WORKER_LOGGER).addFilter(_drop_worker_startup_noise)
     logging.getLogger("beam_pipelines.progress").setLevel(logging.INFO)
     logging.getLogger("beam_pipelines.engines").setLevel(logging.INFO)  # engine job id and UI
+    logging.getLogger("beam_pipelines.builds.resume").setLevel(logging.INFO)  # what --resume takes
     with catch_interrupts() as caught:
         try:
             return _run_and_report(argv, args.json, caught)

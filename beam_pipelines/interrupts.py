@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shlex
 import signal
@@ -21,11 +22,14 @@ from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
+from beam_pipelines.engines.filesystems import read_object
+from beam_pipelines.graph.plan import plan_path
 from beam_pipelines.output.catalog_io import STAGING_DIR
+from beam_pipelines.output.staging import DEFAULT_FILE_BYTES, DEFAULT_FILE_SECONDS, list_sidecars
 from cliflags import command_name
 from cliflags.interrupts import signal_name
 
-__all__ = ["interrupted_line", "workers_shielded_from_ctrl_c"]
+__all__ = ["interrupted_line", "kept_in_staging", "workers_shielded_from_ctrl_c"]
 
 
 _SIG_IGN = 1
@@ -97,6 +101,36 @@ def workers_shielded_from_ctrl_c() -> Iterator[None]:
         worker_handlers.SUBPROCESS_LOCK = original
 
 
+# Past this many committed staging files the line gives their count only: reading every
+# sidecar of a large build on a bucket would keep the user waiting after Ctrl-C.
+_SIDECARS_COUNTED = 200
+
+
+def kept_in_staging(output: str, staging: str) -> str:
+    """What an interrupted build's staging area holds that ``--resume`` reuses, in words.
+
+    Only committed staging files count (those with a sidecar): an image prepared into a file
+    not yet committed is lost with the process, and is prepared again.
+    """
+    sidecars = list_sidecars(output)
+    if not sidecars:
+        plan = "reuses the shard plan" if FileSystems.exists(plan_path(output)) else "starts over"
+        return (
+            f"no prepared image was kept yet in {staging} (staged files are committed every "
+            f"{DEFAULT_FILE_SECONDS:g} s or --staging_file_mb MiB, {DEFAULT_FILE_BYTES // 2**20} "
+            f"by default; --resume {plan})"
+        )
+    if len(sidecars) > _SIDECARS_COUNTED:
+        return f"{len(sidecars)} committed staging files of prepared images are kept in {staging}"
+    images = 0
+    for path in sidecars:
+        try:
+            images += len(json.loads(read_object(path).decode("utf-8"))["records"])
+        except (OSError, ValueError, KeyError):
+            continue  # a sidecar being written as the signal came: counted by --resume, not here
+    return f"{images} prepared image{' is' if images == 1 else 's are'} kept in {staging}"
+
+
 def interrupted_line(signum: int, output: str | None, argv: Sequence[str]) -> str:
     """The one line the command prints when a signal stopped it: what was kept, and the
     command that continues the build (``--resume``)."""
@@ -110,6 +144,6 @@ def interrupted_line(signum: int, output: str | None, argv: Sequence[str]) -> st
     resume = [token for token in argv if token != "--resume"] + ["--resume"]
     command = f"{command_name('beam_pipelines.images_to_tfrecord')} {shlex.join(resume)}"
     return (
-        f"{stopped}; nothing new was published, the images prepared so far are kept in "
-        f"{staging}: continue with {command}"
+        f"{stopped}; nothing new was published; {kept_in_staging(output, staging)}: continue "
+        f"with {command}"
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
@@ -20,6 +21,17 @@ _CONFLICTS_SHOWN = 5
 
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _relative_to_input(uri: str, root: str) -> str:
+    """``uri`` as a path under ``--input`` (``cats/.DS_Store``): bare names would not say which
+    folder holds the file; the whole URI where it is not under ``root``."""
+    candidates = [root] if "://" in root else [root, os.path.abspath(root)]
+    for base in candidates:
+        prefix = base.rstrip("/") + "/"
+        if base and uri.startswith(prefix):
+            return uri[len(prefix) :]
+    return uri
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +53,8 @@ class RunSummary:
         (``publish.label_conflict_groups``).
       not_published_because: why the dataset was not published, one line per gate that failed.
       near_duplicates: the near-duplicate counts (``leakage``), None when not searched.
+      reused_from_staging: for a ``--resume`` run, the inputs whose examples an earlier attempt
+        had staged (neither read nor decoded again); None for a run that did not resume.
     """
 
     output: str
@@ -55,6 +69,7 @@ class RunSummary:
     label_conflicts: tuple[dict[str, Any], ...] = ()
     not_published_because: tuple[str, ...] = ()
     near_duplicates: dict[str, Any] | None = None
+    reused_from_staging: int | None = None
 
     @property
     def images_per_s(self) -> float:
@@ -89,8 +104,15 @@ class RunSummary:
                 f"--base: reused {_plural(reused, 'example')} from the base (stored bytes, not "
                 f"decoded again), prepared {prepared}"
             )
+        if self.reused_from_staging is not None:
+            prepared = self.metrics.get("images_prepared", 0)
+            lines.append(
+                f"--resume: reused {_plural(self.reused_from_staging, 'prepared image')} from "
+                f"staging (not read or decoded again), prepared {prepared}"
+            )
         if c.skipped:
-            examples = ", ".join(FileSystems.split(p)[1] for p in self.skipped_examples)
+            root = str(m.options.get("input", ""))
+            examples = ", ".join(_relative_to_input(p, root) for p in self.skipped_examples)
             lines.append(
                 f"skipped {_plural(c.skipped, 'hidden or system file')} (not inputs): {examples}"
                 + (" …" if c.skipped > len(self.skipped_examples) else "")
@@ -219,4 +241,5 @@ class RunSummary:
             "metrics": dict(self.metrics),
             "removed": list(self.removed),
             "near_duplicates": self.near_duplicates,
+            "reused_from_staging": self.reused_from_staging,
         }

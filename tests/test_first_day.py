@@ -7,6 +7,7 @@ TensorFlow start-up line and no warning."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shlex
@@ -93,10 +94,12 @@ def test_a_folder_of_ones_own_publishes_then_verifies_inspects_and_reads(photos,
 
 
 def test_a_refusal_prints_the_command_that_publishes_and_that_command_does(
-    photos, tmp_path, capsys
+    photos, tmp_path, capsys, caplog
 ):
     images = tmp_path / "photos"
     make_image_tree(images, {"cat": 10, "dog": 9}, size=(64, 48))
+    (images / "cat" / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
+    (images / "dog" / ".DS_Store").write_bytes(b"\0\0\0\1Bud1")
     (images / "dog" / "empty.jpg").write_bytes(b"")  # 1 of 20: 5 % is at the limit...
     (images / "dog" / "page.jpg").write_bytes(make_bad_files()["not_an_image"])  # ...10 % not
     output = tmp_path / "out"
@@ -106,12 +109,52 @@ def test_a_refusal_prints_the_command_that_publishes_and_that_command_does(
     assert "NOT published: bad fraction 9.52% is above --max_bad_fraction 0.05" in out
     assert "empty_file 1, not_an_image 1" in out
     assert f"each file and why: {output / 'rejected.jsonl'}" in out
+    # Which folders the skipped files were in, not two bare ".DS_Store".
+    assert "(not inputs): cat/.DS_Store, dog/.DS_Store\n" in out
     command = out.rsplit("\n", 2)[-2].strip()
     assert command.endswith("--resume --max_bad_fraction 0.1"), out
     words = shlex.split(command)
     assert words[:3] == ["python", "-m", "beam_pipelines.images_to_tfrecord"]
+    caplog.set_level(logging.INFO, logger="beam_pipelines.builds.resume")
     assert images_to_tfrecord.main(words[3:]) == 0
     assert (output / "dataset.json").exists()
+    # What --resume takes over is information in words, and the summary says what it reused.
+    taken = [r for r in caplog.records if r.name == "beam_pipelines.builds.resume"]
+    assert [(r.levelname, r.getMessage()) for r in taken] == [
+        ("INFO", "--resume: plan of 1 train shard; 1 shard to check, 1 staged file to reuse"),
+    ]  # fmt: skip
+    resumed = capsys.readouterr().out
+    assert "--resume: reused 19 prepared images from staging (not read or decoded again), " \
+        "prepared 0\n" in resumed, resumed  # fmt: skip
+
+
+def test_a_folder_without_class_folders_is_not_published_and_says_what_to_do(tmp_path, capsys):
+    flat = tmp_path / "photos" / "cats"
+    make_image_tree(flat, {"cat": 4}, size=(32, 24))
+    for path in (flat / "cat").iterdir():
+        path.rename(flat / path.name)  # the images right in --input, as a camera leaves them
+    (flat / "cat").rmdir()
+    output = tmp_path / "out" / "flat"
+    argv = ["--input", str(flat), "--output", str(output), "--num_shards", "1", "--progress", "off"]
+    assert images_to_tfrecord.main(argv) == 1
+    out = capsys.readouterr().out
+    assert (
+        f"NOT published: no class folders under --input {flat} (4 files directly in it): put "
+        "each class's images in a folder of its own, --input DIR/<class>/<file>; or give a "
+        ".csv/.jsonl listing of uri,label\n"
+    ) in out + "\n", out
+    assert "published: " not in out.replace("NOT published: ", "")
+    assert not (output / "dataset.json").exists()
+    # A folder whose every image is rejected is not published either, and says why.
+    for path in flat.iterdir():
+        path.write_bytes(b"")
+    (flat / "cat").mkdir()
+    (flat / "cat" / "a.jpg").write_bytes(b"not a JPEG")
+    assert images_to_tfrecord.main([*argv, "--overwrite"]) == 1
+    out = capsys.readouterr().out
+    assert "NOT published: no example to write: all 5 inputs were rejected (no_label 4, " in out
+    assert "--max_bad_fraction" not in out.split("NOT published")[1]  # no "publish anyway"
+    assert not (output / "dataset.json").exists()
 
 
 def test_publish_anyway_names_the_fraction_rounded_up_and_drops_earlier_limits():

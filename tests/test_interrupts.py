@@ -7,6 +7,7 @@ and end quietly (141) when the reader of their output goes away (``| head``)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from beam_pipelines import images_to_tfrecord
+from beam_pipelines.interrupts import interrupted_line
+from beam_pipelines.output.staging import RecordStager
 from cliflags.interrupts import BROKEN_PIPE, catch_interrupts, run_command
 from tests.fixtures.images import make_image_tree
 from tests.fixtures.processes import REPO, process_env, run_in_terminal
@@ -81,6 +84,8 @@ def test_an_interrupted_build_says_how_to_resume_and_resumes_byte_identically(
     assert len(lines) == 1, text
     signal_name = "Ctrl-C (SIGINT)" if how == "ctrl-c" else "SIGTERM"
     assert lines[0].startswith(f"interrupted by {signal_name}; nothing new was published"), text
+    # It waited for a committed staging file, so some prepared images are kept, and it says so.
+    assert re.search(r"; [1-9]\d* prepared images? (is|are) kept in ", lines[0]), text
     assert lines[0].endswith(" --resume"), text
     assert str(output / ".staging") in lines[0]
     assert not (output / "dataset.json").exists()
@@ -88,6 +93,26 @@ def test_an_interrupted_build_says_how_to_resume_and_resumes_byte_identically(
     summary = images_to_tfrecord.run([*argv, "--resume"])
     assert summary.published
     assert _snapshot(output) == reference
+
+
+def test_the_interrupt_line_counts_the_committed_images_not_a_bare_staging_area(tmp_path):
+    output = tmp_path / "dataset"
+    argv = ["--input", "photos", "--output", str(output)]
+    (output / ".staging").mkdir(parents=True)
+    (output / ".staging" / "plan.json").write_text("{}")
+    line = interrupted_line(signal.SIGINT, str(output), argv)
+    assert "no prepared image was kept yet in" in line, line
+    assert "--resume reuses the shard plan" in line, line
+    assert line.endswith(f"--output {output} --resume"), line
+    stager = RecordStager(str(output))
+    for i in range(3):
+        stager.add(f"{i:064x}", f"photos/cat/{i}.jpg", b"example %d" % i, None)
+    stager.add(f"{9:064x}", "photos/cat/9.jpg", b"another file", None)
+    assert stager.flush()  # 4 records in one committed file
+    stager.add(f"{8:064x}", "photos/cat/8.jpg", b"not committed", None)  # lost with a kill
+    line = interrupted_line(signal.SIGINT, str(output), argv)
+    assert f"4 prepared images are kept in {output / '.staging'}: continue with" in line, line
+    assert line.endswith(" --resume"), line
 
 
 def test_run_command_turns_a_signal_into_its_status_and_one_line(capsys):

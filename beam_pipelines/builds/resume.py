@@ -103,10 +103,17 @@ class ResumeState:
         """One line for the log: what is taken over."""
         if self.shard_counts is None:
             return "--resume: no saved plan: building from the start"
+        plan = " and ".join(f"{n} {split}" for split, n in self.shard_counts.items())
+        # "1 train and 1 validation shard": the noun agrees with the count next to it.
+        shard = "shard" if list(self.shard_counts.values())[-1] == 1 else "shards"
         return (
-            f"--resume: plan {dict(self.shard_counts)}, {len(self.done_records)} shard(s) to "
-            f"check, {len(self.sidecars)} staged file(s) to reuse"
+            f"--resume: plan of {plan} {shard}; {_plural(len(self.done_records), 'shard')} to "
+            f"check, {_plural(len(self.sidecars), 'staged file')} to reuse"
         )
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def load_resume_state(output_dir: str, options: Mapping[str, Any]) -> ResumeState:
@@ -155,7 +162,7 @@ def start_build(
     remove_stale_temporaries(output_dir)
     if resume:
         state = load_resume_state(output_dir, options)
-        _log.warning(state.describe())
+        _log.info(state.describe())  # information, not a problem: the user asked for it
     elif FileSystems.exists(plan_path(output_dir)) or list_sidecars(output_dir):
         _log.warning(
             "%s holds an interrupted build: starting over (pass --resume to continue it)",
