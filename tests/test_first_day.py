@@ -251,3 +251,26 @@ def test_adding_and_removing_images_moves_no_example_between_splits(tmp_path, st
     assert len(after) == len(before) + 4 - 1
     moved = {key for key in set(before) & set(after) if before[key] != after[key]}
     assert not moved
+
+
+def test_the_trainer_calls_an_empty_train_split_empty_not_a_batch_size_problem(tmp_path):
+    from trainer.config import DataConfig
+    from trainer.inputs import ReaderInputs
+
+    make_image_tree(tmp_path / "images", {"a": 3, "b": 3}, size=(16, 16))
+    output = tmp_path / "dataset"
+    assert images_to_tfrecord.run(
+        ["--input", str(tmp_path / "images"), "--output", str(output), "--image_size", "16",
+         "--validation_fraction", "0.3", "--progress", "off"]
+    ).published  # fmt: skip
+    # A dataset.json whose train split holds nothing, as pipelines before the empty-build gate
+    # published: its counts made consistent, so only the trainer's check can refuse it.
+    manifest = json.loads((output / "dataset.json").read_text())
+    kept = manifest["splits"]["validation"]["num_examples"]
+    manifest["splits"]["train"].update(num_examples=0, class_counts={"a": 0, "b": 0})
+    manifest["counts"].update(input=kept, written=kept)
+    (output / "dataset.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError) as refused:
+        ReaderInputs.from_config(DataConfig(source=str(output)), global_batch_size=256, seed=0)
+    assert str(refused.value).startswith(f"split 'train' of {str(output)!r} is empty (0 examples)")
+    assert "--global_batch_size" not in str(refused.value)

@@ -245,6 +245,12 @@ class ReaderInputs:
                 f"lists {len(names)} labels"
             )
         train_examples = manifest.split(data.train_split).num_examples
+        if train_examples == 0:  # no batch size fits: the dataset is the problem
+            raise ValueError(
+                f"split {data.train_split!r} of {data.source!r} is empty (0 examples): build "
+                "the dataset again from a folder of <class name>/<image file>, or pass the "
+                "--train_split that holds the examples"
+            )
         if train_examples < global_batch_size:
             raise ValueError(
                 f"split {data.train_split!r} of {data.source!r} has {train_examples} examples, "
