@@ -225,3 +225,21 @@ def test_bases_of_either_layout_are_reused_and_partitions_rebuild_byte_for_byte(
     for name in [*_TRAIN_PARTS, "catalog-validation.parquet"]:
         assert (again / name).read_bytes() == (partitioned / name).read_bytes(), name
     assert _manifest(again).splits == _manifest(partitioned).splits
+
+
+@pytest.mark.slow
+def test_partitions_on_dask_are_byte_identical_to_the_in_process_ones(
+    partitioned: Path, dask_cluster, tmp_path: Path
+) -> None:
+    output = tmp_path / "dask"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(catalog_io, "PARTITION_ROWS", _PARTITION_ROWS)
+        summary = images_to_tfrecord.run(
+            ["--input", str(partitioned.parent / "images"), "--output", str(output), *_FLAGS,
+             *dask_cluster.runner_args()]
+        )  # fmt: skip
+    assert summary.published, summary.describe()
+    names = sorted(p.name for p in partitioned.iterdir() if p.is_file())
+    assert sorted(p.name for p in output.iterdir() if p.is_file()) == names
+    for name in names:
+        assert (output / name).read_bytes() == (partitioned / name).read_bytes(), name
