@@ -185,6 +185,23 @@ def test_overfitting(tmp_path):
     assert "overfitting" in _finding(model_dir, "validation")[0]
 
 
+def test_a_wobble_of_a_loss_near_zero_is_not_overfitting(tmp_path):
+    # The quickstart's run at 100 % validation accuracy: 0.0026 -> 0.035 is 13x its best and
+    # more than 5 % of the first loss, but 0.03 nats is no loss of generalisation.
+    model_dir = _run(tmp_path, _healthy(), validation=[0.6, 0.1, 0.00257, 0.03521])
+    assert _warnings(model_dir) == set()
+    assert _finding(model_dir, "validation")[0] == "validation loss tracks training"
+
+
+def test_a_large_steady_gap_is_a_note_not_a_warning(tmp_path):
+    # Training loss ends near 0.3, validation loss stays near 1.1: no rising trend.
+    model_dir = _run(tmp_path, _healthy(), validation=[1.5, 1.2, 1.15, 1.117])
+    assert _warnings(model_dir) == set()
+    finding, evidence = _finding(model_dir, "validation")
+    assert finding == "steady, with a generalisation gap"
+    assert "above the last-quarter training loss 0.3" in evidence, evidence
+
+
 def test_too_few_points_are_not_judged(tmp_path):
     short = {tag: values[:3] for tag, values in _healthy().items()}
     statuses = _statuses(_run(tmp_path, short, validation=[1.0, 0.9]))
