@@ -136,8 +136,9 @@ class ShardFiles(Sequence[ShardFile]):
 
     def column(self, name: str) -> Any:
         """One manifest field of every shard, without a ``ShardFile`` per shard: ``num_examples``
-        or ``num_bytes`` as an int64 numpy array, ``file`` (relative to ``root``) as a numpy
-        array of str.
+        or ``num_bytes`` as an int64 numpy array; ``file`` (relative to ``root``) as the shard
+        table's Arrow column (a ``pyarrow.ChunkedArray``, no Python object per shard), or a
+        list of str for inline entries.
 
         Raises:
           ValueError: if ``name`` is none of those three; as ``ShardTable.column`` if the
@@ -152,9 +153,10 @@ class ShardFiles(Sequence[ShardFile]):
             from schemas.shard_table import ShardTable
 
             if isinstance(table, ShardTable):
-                return table.column(name).to_numpy()
+                column = table.column(name)
+                return column if name == "file" else column.to_numpy()
         values = [getattr(s, name) for s in table]
-        return np.array(values, dtype=object if name == "file" else np.int64)
+        return values if name == "file" else np.array(values, dtype=np.int64)
 
     def _file(self, s: ShardInfo) -> ShardFile:
         return ShardFile(join(self._root, s.file), s.num_bytes, s.num_examples, s.sha256)

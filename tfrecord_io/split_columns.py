@@ -12,10 +12,12 @@ table (3.2 MB an int64 column), never a ``ShardFile`` or a serialised end marker
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import tensorflow as tf
 
+from objstore import GLOB_CHARS
 from tfrecord_io.decode import shard_damage_record
 from tfrecord_io.shard_reading import damage_records
 from tfrecord_io.source import ResolvedSource, ShardFile, ShardFiles, join
@@ -27,48 +29,85 @@ __all__ = ["DamageMarker", "SplitColumns"]
 class SplitColumns:
     """A split's shards as columns, in manifest order: what exact epochs need of every shard.
 
+    The names are kept as the bytes of all of them back to back (``blob``) and where each
+    starts (``offsets``), as Arrow holds a string column: 400 k names cost their bytes and
+    3.2 MB, not a Python str (about 80 bytes) each.
+
     Attributes:
       prefix: joined before each name to give the shard's path (``join(root, "")``).
-      names: the shards' manifest names (str; whole paths when ``prefix`` is empty).
+      blob: the names' UTF-8 bytes, back to back (whole paths when ``prefix`` is empty).
+      offsets: ``[num_shards + 1]`` int64, name ``i`` is ``blob[offsets[i]:offsets[i + 1]]``.
       counts: records per shard (int64).
       sizes: bytes per shard (int64).
     """
 
     prefix: str
-    names: np.ndarray
+    blob: bytes
+    offsets: np.ndarray
     counts: np.ndarray
     sizes: np.ndarray
 
     @classmethod
     def of(cls, resolved: ResolvedSource) -> SplitColumns:
         """The columns of ``resolved``'s split: from a shard table, three columns and no
-        ``ShardFile`` per shard.
+        Python object per shard.
 
         Raises:
           FileNotFoundError, ValueError: if the split's shard table is missing or damaged.
         """
         files = resolved.shard_files
         if isinstance(files, ShardFiles):
-            return cls(
-                join(files.root, ""),
-                files.column("file"),
-                files.column("num_examples"),
-                files.column("num_bytes"),
-            )
+            blob, offsets = _packed(files.column("file"))
+            counts, sizes = files.column("num_examples"), files.column("num_bytes")
+            return cls(join(files.root, ""), blob, offsets, counts, sizes)
         shards = resolved.shards
-        return cls(
-            "",
-            np.array([s.path for s in shards], dtype=object),
-            np.array([s.num_examples for s in shards], dtype=np.int64),
-            np.array([s.num_bytes for s in shards], dtype=np.int64),
+        blob, offsets = _packed([s.path for s in shards])
+        counts = np.array([s.num_examples for s in shards], dtype=np.int64)
+        return cls("", blob, offsets, counts, np.array([s.num_bytes for s in shards], np.int64))
+
+    def names_tensor(self) -> tf.Tensor:
+        """``[num_shards]`` string tensor of the names, cut from ``blob`` in one op.
+
+        A vector, which a ``tf.data`` function captures by reference; a scalar (such as
+        ``blob`` itself) would be copied into each function's graph as a constant.
+        """
+        starts = self.offsets[:-1]
+        return tf.strings.substr(self.blob, starts, self.offsets[1:] - starts)
+
+    @property
+    def has_glob(self) -> bool:
+        """Whether a path holds a glob character (then a missing file cannot be guarded
+        against in the graph: ``present_shards``)."""
+        return any(char.encode() in self.blob or char in self.prefix for char in GLOB_CHARS)
+
+    def rows(self, rows: np.ndarray) -> tuple[ShardFile, ...]:
+        """The ``ShardFile``s (path, size, count) of ``rows`` alone (manifest positions)."""
+        offsets = self.offsets
+        return tuple(
+            ShardFile(
+                self.prefix + self.blob[offsets[i] : offsets[i + 1]].decode(),
+                int(self.sizes[i]),
+                int(self.counts[i]),
+            )
+            for i in rows
         )
 
-    def rows(self, resolved: ResolvedSource, rows: np.ndarray) -> tuple[ShardFile, ...]:
-        """The ``ShardFile``s of ``rows`` alone (manifest positions)."""
-        files = resolved.shard_files
-        if isinstance(files, ShardFiles):
-            return files.rows(rows)
-        return tuple(files[int(i)] for i in rows)
+
+def _packed(names: Any) -> tuple[bytes, np.ndarray]:
+    """``(blob, offsets)`` of ``names``: an Arrow string column (its buffers, without a Python
+    object per name) or a list of str."""
+    if isinstance(names, list):
+        encoded = [n.encode() for n in names]
+        lengths = np.array([len(n) for n in encoded], dtype=np.int64)
+        return b"".join(encoded), np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    blobs, ends = [], [np.zeros(1, np.int64)]
+    for chunk in names.chunks:
+        offsets = np.frombuffer(chunk.buffers()[1], np.int32, len(chunk) + 1, chunk.offset * 4)
+        data = chunk.buffers()[2]
+        if data is not None:
+            blobs.append(data.to_pybytes()[offsets[0] : offsets[-1]])
+        ends.append((offsets[1:] - offsets[0]).astype(np.int64) + ends[-1][-1])
+    return b"".join(blobs), np.concatenate(ends)
 
 
 class DamageMarker:
@@ -80,7 +119,7 @@ class DamageMarker:
 
     _PATH, _COUNT = "\x01", 8_070_450_532_247_928_832  # stand-ins found in the probe's text
 
-    def __init__(self, columns: SplitColumns, names: tf.Tensor) -> None:
+    def __init__(self, columns: SplitColumns) -> None:
         probe = damage_records((ShardFile(self._PATH, 0, self._COUNT),))[0]
         features = tf.train.Example.FromString(probe).features.feature.values()
         message = next(
@@ -88,7 +127,7 @@ class DamageMarker:
         ).decode()
         self.head, rest = message.split(self._PATH)
         self.middle, self.tail = rest.split(str(self._COUNT))
-        longest = int(tf.reduce_max(tf.strings.length(names))) if columns.names.size else 0
+        longest = int(np.diff(columns.offsets).max()) if columns.counts.size else 0
         fixed = (self.head + columns.prefix + self.middle + self.tail).encode()
         self.width = len(fixed) + longest + 20  # 20: the digits of any int64
         # Starts with a byte unlike the rest, so that its first occurrence is the message's.
