@@ -43,21 +43,18 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from benchmarks.common import publish_synthetic_manifest
 from catalog.table import build_table, catalog_filename, write_table
 from schemas import (
     MANIFEST_NAME,
-    Counts,
     FileInfo,
     ImageRecord,
-    ImageSpec,
-    Manifest,
     ShardInfo,
     SplitInfo,
     serialize_record,
     shard_filename,
 )
 from schemas.framing import write_frame
-from schemas.shard_table import encode_manifest
 
 __all__ = ["write_datasets", "main"]
 
@@ -142,22 +139,8 @@ def write_datasets(work: Path, num_shards: int) -> dict[str, Path]:
     splits = {
         name: _split(shards, [inline, tables], name, count, size) for name, count in counts.items()
     }
-    total = sum(counts.values())
-    manifest = Manifest(
-        label_names=_LABELS,
-        splits=splits,
-        counts=Counts(input=total, written=total, rejected=0, duplicates=0),
-        image=ImageSpec(encoding="png", image_size=8, crop="none"),
-        options={"image_size": 8, "encoding": "png", "crop": "none"},
-        shard_root=str(shards),
-    )
-    (inline / MANIFEST_NAME).write_text(manifest.with_format(1).to_json())
-    text, files = encode_manifest(manifest)
-    for name, data in files.items():
-        (tables / name).write_bytes(data)
-    (tables / MANIFEST_NAME).write_text(text)
-    for root in (inline, tables):
-        (root / "rejected.jsonl").write_text("")
+    publish_synthetic_manifest(inline, splits, _LABELS, shard_root=str(shards), format_version=1)
+    publish_synthetic_manifest(tables, splits, _LABELS, shard_root=str(shards))
     return {"inline": inline, "tables": tables}
 
 

@@ -23,23 +23,11 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from benchmarks.common import run_module
+from benchmarks.common import publish_synthetic_manifest, run_module
 from catalog.index_files import entries_from_payload_sizes, format_index, index_filename
 from catalog.table import build_table, catalog_filename, write_table
-from schemas import (
-    MANIFEST_NAME,
-    Counts,
-    FileInfo,
-    ImageRecord,
-    ImageSpec,
-    Manifest,
-    ShardInfo,
-    SplitInfo,
-    serialize_record,
-    shard_filename,
-)
+from schemas import FileInfo, ImageRecord, ShardInfo, SplitInfo, serialize_record, shard_filename
 from schemas.framing import write_frame
-from schemas.shard_table import encode_manifest
 
 __all__ = ["write_tiny_dataset", "main"]
 
@@ -105,20 +93,10 @@ def write_tiny_dataset(root: Path, records: list[ImageRecord], num_shards: int) 
         {**columns, **location, "height": [8] * n, "width": [8] * n, "format": ["PNG"] * n}
     )
     write_table(table, str(root / catalog_filename("train")))
-    manifest = Manifest(
-        label_names=_LABELS,
-        splits={
-            "train": SplitInfo(n, tuple(shards), catalog=_file_info(root / "catalog-train.parquet"))
-        },
-        counts=Counts(input=n, written=n, rejected=0, duplicates=0),
-        image=ImageSpec(encoding="png", image_size=8, crop="none"),
-        options={"image_size": 8, "encoding": "png", "crop": "none"},
+    catalog = _file_info(root / "catalog-train.parquet")
+    publish_synthetic_manifest(
+        root, {"train": SplitInfo(n, tuple(shards), catalog=catalog)}, _LABELS
     )
-    (root / manifest.rejected_file).write_text("")
-    text, tables = encode_manifest(manifest)  # shard tables first, dataset.json last
-    for name, data in tables.items():
-        (root / name).write_bytes(data)
-    (root / MANIFEST_NAME).write_text(text)
 
 
 def _verify(root: Path) -> tuple[float, float, dict]:

@@ -9,6 +9,9 @@
   benchmarks measure in fresh processes, as users run pipelines and trainers.
 * ``photo_datasets``: the set-up the reader, service and trainer benchmarks share: ImageNet-like
   photos in a temporary directory, written as JPEG-256 (and RAW-224) datasets.
+* ``publish_synthetic_manifest``: ``dataset.json`` (and its shard tables) for the synthetic
+  8-pixel PNG datasets of the manifest and verify benchmarks, written as the pipeline
+  publishes them.
 """
 
 from __future__ import annotations
@@ -21,9 +24,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from schemas import MANIFEST_NAME, Counts, ImageSpec, Manifest, SplitInfo
+from schemas.shard_table import encode_manifest
 
 __all__ = [
     "JPEG_256",
@@ -33,6 +39,7 @@ __all__ = [
     "PhotoDatasets",
     "tuned_jpeg_dataset",
     "photo_datasets",
+    "publish_synthetic_manifest",
     "run_module",
     "write_shards",
 ]
@@ -209,3 +216,45 @@ def parse_rows(text: str, keys: dict[str, str], every: Sequence[str]) -> list[st
     if not chosen or any(k not in keys for k in chosen):
         raise SystemExit(f"--rows {text!r}: choose 'all' or names from {list(keys)}")
     return [keys[k] for k in chosen]
+
+
+def publish_synthetic_manifest(
+    root: Path,
+    splits: Mapping[str, SplitInfo],
+    label_names: Sequence[str],
+    *,
+    shard_root: str | None = None,
+    format_version: int | None = None,
+) -> Manifest:
+    """Writes the ``dataset.json`` of a synthetic 8-pixel PNG dataset whose every input was
+    written, with an empty ``rejected.jsonl``: its shard tables first and ``dataset.json``
+    last, as the pipeline publishes them.
+
+    Args:
+      root: the dataset directory (exists).
+      splits: the splits, with their shard entries.
+      label_names: the class names.
+      shard_root: where the shards are, when not in ``root``.
+      format_version: 1 for the inline layout (every shard entry in ``dataset.json``); None
+        for the current one.
+
+    Returns:
+      The manifest written.
+    """
+    total = sum(split.num_examples for split in splits.values())
+    manifest = Manifest(
+        label_names=tuple(label_names),
+        splits=dict(splits),
+        counts=Counts(input=total, written=total, rejected=0, duplicates=0),
+        image=ImageSpec(encoding="png", image_size=8, crop="none"),
+        options={"image_size": 8, "encoding": "png", "crop": "none"},
+        shard_root=shard_root,
+    )
+    if format_version is not None:
+        manifest = manifest.with_format(format_version)
+    (root / manifest.rejected_file).write_text("")
+    text, tables = encode_manifest(manifest)
+    for name, data in tables.items():
+        (root / name).write_bytes(data)
+    (root / MANIFEST_NAME).write_text(text)
+    return manifest
