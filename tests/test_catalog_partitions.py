@@ -243,3 +243,43 @@ def test_partitions_on_dask_are_byte_identical_to_the_in_process_ones(
     assert sorted(p.name for p in output.iterdir() if p.is_file()) == names
     for name in names:
         assert (output / name).read_bytes() == (partitioned / name).read_bytes(), name
+
+
+def _catalog_results(root: Path) -> list[catalog_io.CatalogResult]:
+    results = []
+    for split, info in _manifest(root).splits.items():
+        files = info.catalog_files
+        for number, f in enumerate(files):
+            results.append(
+                catalog_io.CatalogResult(
+                    split, f.file, 0, f.num_bytes, f.sha256, number, len(files)
+                )
+            )
+    return results
+
+
+def test_the_near_duplicate_report_names_members_from_every_partition(
+    partitioned: Path, single: Path
+) -> None:
+    from beam_pipelines.graph.leakage import key_number, members_from_catalogs
+
+    keys = load_catalog(str(single), "train", columns=["key"]).column("key").to_pylist()
+    keys += load_catalog(str(single), "validation", columns=["key"]).column("key").to_pylist()
+    numbers = {key_number(k) for k in keys}
+    found = members_from_catalogs(str(partitioned), _catalog_results(partitioned), numbers)
+    assert len(found) == len(numbers) == 16
+    assert found == members_from_catalogs(str(single), _catalog_results(single), numbers)
+
+
+def test_publishing_removes_catalogs_and_partitions_no_manifest_lists(
+    partitioned: Path, tmp_path: Path
+) -> None:
+    copy = tmp_path / "dataset"
+    shutil.copytree(partitioned, copy)
+    stale = ["catalog-train.parquet", "catalog-train-00000-of-00002.parquet",
+             "catalog-validation-000001-of-100000.parquet"]  # fmt: skip
+    for name in stale:
+        (copy / name).write_bytes(b"left by an earlier run")
+    removed = catalog_io.remove_unlisted_catalog_files(str(copy), _manifest(copy))
+    assert sorted(Path(p).name for p in removed) == sorted(stale)
+    assert all((copy / name).exists() for name in _TRAIN_PARTS)

@@ -66,7 +66,7 @@ __all__ = [
 ]
 
 STAGING_DIR = ".staging"
-_INDEX_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*-\d{5}-of-\d{5}\.idx$")
+_INDEX_NAME_RE = re.compile(r"^[a-z][a-z0-9_]*-\d{5,}-of-\d{5,}\.idx$")
 _CATALOG_NAME_RE = re.compile(r"^catalog-[a-z][a-z0-9_]*(-\d{5,}-of-\d{5,})?\.parquet$")
 _UNCOMPRESSED = CompressionTypes.UNCOMPRESSED
 #: The rows a catalog partition holds at most when ``MergeCatalogs`` is not told.
