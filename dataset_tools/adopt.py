@@ -34,8 +34,7 @@ from typing import Any
 
 from catalog.index_files import format_index, index_filename
 from catalog.table import build_table, catalog_filename, table_bytes
-from cliflags import StrictArgumentParser, add_verbose_flag, command_name, quiet_tensorflow
-from cliflags.interrupts import run_command, signal_name
+from dataset_tools.command import parse_tool_args, run_tool, tool_parser
 from dataset_tools.foreign import ADOPTED_OPTION, ForeignRecord, parse_foreign
 from schemas import (
     KEY_LABEL,
@@ -337,21 +336,14 @@ def _same_place(a: str, b: str) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status: 130 or 143 after Ctrl-C or SIGTERM (one line,
-    no traceback), 141 when the reader of its output went away (``| head``)."""
-    return run_command(
-        lambda: _main(argv),
-        on_interrupt=lambda signum: (
-            f"interrupted by {signal_name(signum)}; "
-            "dataset.json was not written: run the command again"
-        ),
-    )
+    """CLI entry point; returns the exit status (``dataset_tools.command.run_tool``)."""
+    return run_tool(lambda: _main(argv), unfinished="dataset.json was not written")
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = StrictArgumentParser(
-        prog=command_name("dataset_tools.adopt"),
-        description=(
+    parser = tool_parser(
+        "dataset_tools.adopt",
+        (
             "Describe existing TFRecord shards (e.g. TensorFlow's ImageNet converter output) "
             "with dataset.json, index files and a catalog, without rewriting them."
         ),
@@ -368,10 +360,7 @@ def _main(argv: Sequence[str] | None) -> int:
         "--split", default="train", help="split of shards not named <split>-NNNNN-of-NNNNN"
     )
     parser.add_argument("--overwrite", action="store_true", help="replace an existing dataset.json")
-    add_verbose_flag(parser)
-    args = parser.parse_args(argv)
-    # TensorFlow's start-up lines would bury the report; --verbose or the user's level shows them.
-    quiet_tensorflow(verbose=args.verbose)
+    args = parse_tool_args(parser, argv)
     try:
         manifest = adopt(
             args.pattern,

@@ -43,8 +43,7 @@ import pyarrow.compute as pc
 
 from catalog.keys import key_prefixes
 from catalog.table import catalog_filename, read_table
-from cliflags import StrictArgumentParser, add_verbose_flag, command_name, quiet_tensorflow
-from cliflags.interrupts import run_command
+from dataset_tools.command import parse_tool_args, run_tool, tool_parser
 from schemas import (
     KEY_CHANNELS,
     KEY_ENCODED,
@@ -717,15 +716,13 @@ def _print_human(report: DiffReport) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status: 130 or 143 after Ctrl-C or SIGTERM (one line,
-    no traceback), 141 when the reader of its output went away (``| head``)."""
-    return run_command(lambda: _main(argv))
+    """CLI entry point; returns the exit status (``dataset_tools.command.run_tool``)."""
+    return run_tool(lambda: _main(argv))
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = StrictArgumentParser(
-        prog=command_name("dataset_tools.diff"),
-        description="Compare two dataset versions from their manifests and catalogs.",
+    parser = tool_parser(
+        "dataset_tools.diff", "Compare two dataset versions from their manifests and catalogs."
     )
     parser.add_argument("old", help="the older dataset (directory, URI, or versions root)")
     parser.add_argument("new", help="the newer dataset")
@@ -738,10 +735,7 @@ def _main(argv: Sequence[str] | None) -> int:
         action="store_true",
         help="exit 1 when anything differs (for CI gates); by default exit 0 whenever it ran",
     )
-    add_verbose_flag(parser)
-    args = parser.parse_args(argv)
-    # TensorFlow's start-up lines would bury the report; --verbose or the user's level shows them.
-    quiet_tensorflow(verbose=args.verbose)
+    args = parse_tool_args(parser, argv)
     if args.limit < 0:
         parser.error(f"--limit must be >= 0, got {args.limit}")
     try:

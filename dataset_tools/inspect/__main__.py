@@ -24,8 +24,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from cliflags import StrictArgumentParser, add_verbose_flag, command_name, quiet_tensorflow
-from cliflags.interrupts import run_command, signal_name
+from dataset_tools.command import parse_tool_args, run_tool, tool_parser
 from dataset_tools.inspect.inspection import gather
 from dataset_tools.inspect.report_html import write_report
 
@@ -33,21 +32,14 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status: 130 or 143 after Ctrl-C or SIGTERM (one line,
-    no traceback), 141 when the reader of its output went away (``| head``)."""
-    return run_command(
-        lambda: _main(argv),
-        on_interrupt=lambda signum: (
-            f"interrupted by {signal_name(signum)}; "
-            "the report may be incomplete: run the command again"
-        ),
-    )
+    """CLI entry point; returns the exit status (``dataset_tools.command.run_tool``)."""
+    return run_tool(lambda: _main(argv), unfinished="the report may be incomplete")
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = StrictArgumentParser(
-        prog=command_name("dataset_tools.inspect"),
-        description="Write an HTML report of a dataset: samples, classes, rejects, leakage.",
+    parser = tool_parser(
+        "dataset_tools.inspect",
+        "Write an HTML report of a dataset: samples, classes, rejects, leakage.",
     )
     parser.add_argument("dataset", help="dataset directory or URI holding dataset.json")
     parser.add_argument("--out", required=True, help="local directory for the report")
@@ -60,10 +52,7 @@ def _main(argv: Sequence[str] | None) -> int:
         action="store_true",
         help="exit 1 when a validation example has a near-duplicate in train",
     )
-    add_verbose_flag(parser)
-    args = parser.parse_args(argv)
-    # TensorFlow's start-up lines would bury the report; --verbose or the user's level shows them.
-    quiet_tensorflow(verbose=args.verbose)
+    args = parse_tool_args(parser, argv)
     if args.per_class < 1:
         parser.error(f"--per_class must be >= 1, got {args.per_class}")
     try:

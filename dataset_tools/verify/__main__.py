@@ -17,8 +17,7 @@ import posixpath
 import sys
 from collections.abc import Sequence
 
-from cliflags import StrictArgumentParser, add_verbose_flag, command_name, quiet_tensorflow
-from cliflags.interrupts import run_command
+from dataset_tools.command import parse_tool_args, run_tool, tool_parser
 from dataset_tools.verify.report import VerifyReport
 from dataset_tools.verify.verification import verify_dataset, verify_keys
 from schemas.lineage import LATEST_NAME
@@ -85,15 +84,13 @@ def _verify_keys(dataset: str, keys: list[str], *, as_json: bool) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point; returns the exit status: 130 or 143 after Ctrl-C or SIGTERM (one line,
-    no traceback), 141 when the reader of its output went away (``| head``)."""
-    return run_command(lambda: _main(argv))
+    """CLI entry point; returns the exit status (``dataset_tools.command.run_tool``)."""
+    return run_tool(lambda: _main(argv))
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    parser = StrictArgumentParser(
-        prog=command_name("dataset_tools.verify"),
-        description="Verify a dataset's shards against its dataset.json.",
+    parser = tool_parser(
+        "dataset_tools.verify", "Verify a dataset's shards against its dataset.json."
     )
     parser.add_argument(
         "dataset",
@@ -111,10 +108,7 @@ def _main(argv: Sequence[str] | None) -> int:
         help="check only the example with key K (repeatable): found in the catalog, read by "
         "its byte range, intact and holding that key",
     )
-    add_verbose_flag(parser)
-    args = parser.parse_args(argv)
-    # TensorFlow's start-up lines would bury the report; --verbose or the user's level shows them.
-    quiet_tensorflow(verbose=args.verbose)
+    args = parse_tool_args(parser, argv)
     if args.key:
         return _verify_keys(args.dataset, args.key, as_json=args.json)
     try:
