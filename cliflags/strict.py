@@ -6,7 +6,11 @@ when a required flag is also missing, reports that first, so a misspelled ``--st
 before anything else: an unknown one ends the program with status 2, its name and the closest
 known flag (``--num-shards`` -> ``--num_shards``, ``--encodng`` -> ``--encoding``), the
 command's own flags before those it hands on (``--stratify`` -> ``--stratify_validation``, not
-Beam's ``--streaming``).
+Beam's ``--streaming``). A command with subcommands checks the flags before the subcommand as its
+own and hands the rest to the subcommand's parser, so suggestions come from the chosen
+subcommand's flags (``dispatcher --dispatcher_prot`` -> ``--port``), and a flag of another
+subcommand, or one given before the subcommand, is named as such. ``flag_hints`` answers flags a
+user is likely to bring from another command (the trainer's ``--resume``) with what to do instead.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import os
 import re
 import sys
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 __all__ = [
     "StrictArgumentParser",
@@ -67,12 +71,20 @@ def suggest_flag(flag: str, known: Iterable[str], *, first: Iterable[str] = ()) 
         started = [normal for normal in table if normal.startswith(wanted)]
         if len(started) == 1:
             return table[started[0]]
-    # A close spelling among the preferred flags must be closer than one among all.
-    for table, cutoff in zip(tables, (0.75, 0.6), strict=True):
-        close = difflib.get_close_matches(wanted, list(table), n=1, cutoff=cutoff)
+    # A close spelling among the preferred flags must be closer than one among all; a flag
+    # qualified with a leading word (--dispatcher_prot for a dispatcher's --port) is tried
+    # without it before the looser match among all.
+    close = difflib.get_close_matches(wanted, list(preferred), n=1, cutoff=0.75)
+    if close:
+        return preferred[close[0]]
+    words = wanted[2:].split("_")
+    for dropped in range(1, len(words)):
+        unqualified = "--" + "_".join(words[dropped:])
+        close = difflib.get_close_matches(unqualified, list(preferred), n=1, cutoff=0.75)
         if close:
-            return table[close[0]]
-    return None
+            return preferred[close[0]]
+    close = difflib.get_close_matches(wanted, list(tables[1]), n=1, cutoff=0.6)
+    return tables[1][close[0]] if close else None
 
 
 def unknown_flags(argv: Sequence[str], known: Iterable[str]) -> list[str]:
@@ -99,40 +111,116 @@ class StrictArgumentParser(argparse.ArgumentParser):
 
     Abbreviated flags are not accepted (``allow_abbrev=False``): a typo must never select some
     other flag. ``extra_known_flags`` lets a command pass flags it hands on to another parser
-    (Beam's pipeline options) through ``parse_known_args``.
+    (Beam's pipeline options) through ``parse_known_args``. ``flag_hints`` maps a flag the
+    command does not take to the line that replaces "did you mean" (what to do instead).
     """
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.extra_known_flags: set[str] = set()
+        self.flag_hints: dict[str, str] = {}
 
-    def known_flags(self) -> set[str]:
-        """Every flag this parser, its subcommands or the parser it hands over to accept.
-
-        A subcommand's parser checks its own flags again when it runs.
-        """
-        known = set(self._option_string_actions) | self.extra_known_flags
+    def subcommands(self) -> dict[str, argparse.ArgumentParser]:
+        """Subcommand name -> its parser (empty for a command without subcommands)."""
+        found: dict[str, argparse.ArgumentParser] = {}
         for action in self._actions:
             if isinstance(action, argparse._SubParsersAction):
-                for sub in action.choices.values():
-                    known |= (
-                        sub.known_flags()
-                        if isinstance(sub, StrictArgumentParser)
-                        else set(sub._option_string_actions)
-                    )
-        return known
+                found.update(action.choices)
+        return found
 
-    def check_flags(self, argv: Sequence[str]) -> None:
-        """Exits with status 2 on the first unknown flag, with a "did you mean" line."""
+    def known_flags(self) -> set[str]:
+        """The flags this parser takes itself or hands over (not its subcommands')."""
+        return set(self._option_string_actions) | self.extra_known_flags
+
+    def _subcommand_at(self, argv: Sequence[str], names: Iterable[str]) -> int | None:
+        """The index of the subcommand in ``argv`` (the first token naming one that is not a
+        flag's value), or None."""
+        names = set(names)
+        takes_value = {
+            name for name, action in self._option_string_actions.items() if action.nargs != 0
+        }
+        value_next = False
+        for index, token in enumerate(argv):
+            if token == "--":
+                return None
+            if value_next:
+                value_next = False
+            elif token.startswith("-") and token != "-" and not _NUMBER.match(token):
+                value_next = "=" not in token and token in takes_value
+            elif token in names:
+                return index
+        return None
+
+    def check_flags(
+        self, argv: Sequence[str], *, siblings: Mapping[str, set[str]] | None = None
+    ) -> None:
+        """Exits with status 2 on the first unknown flag, with a "did you mean" line.
+
+        Flags after a subcommand are checked by its parser, against its own flags first.
+
+        Args:
+          argv: the command line after the program (or subcommand) name.
+          siblings: for a subcommand's parser, the other subcommands' names -> their flags,
+            so a flag of another one is named as such.
+        """
+        argv = list(argv)
+        subcommands = self.subcommands()
+        at = self._subcommand_at(argv, subcommands)
+        if at is not None:
+            chosen = subcommands[argv[at]]
+            if isinstance(chosen, StrictArgumentParser):
+                others = {
+                    name: set(sub._option_string_actions)
+                    for name, sub in subcommands.items()
+                    if name != argv[at]
+                }
+                chosen.check_flags(argv[at + 1 :], siblings=others)
+            argv = argv[:at]
         known = self.known_flags()
-        own = known - self.extra_known_flags
         for flag in unknown_flags(argv, known):
-            # The command's own flags first: a near miss of ours (--stratify) is far likelier
-            # than one of the many flags handed on (Beam's --streaming).
-            suggestion = suggest_flag(flag, known, first=own)
-            hint = f"\ndid you mean {suggestion}?" if suggestion else f"\nsee {self.prog} --help"
-            self.error(f"unrecognized flag {flag}{hint}")
+            self.error(f"unrecognized flag {flag}\n{self._hint(flag, known, siblings or {})}")
+
+    def _hint(self, flag: str, known: set[str], siblings: Mapping[str, set[str]]) -> str:
+        """The line after "unrecognized flag": what to do instead, the closest flag, or --help."""
+        wanted = _normalised(flag.split("=", 1)[0])
+        hints = {_normalised(name): hint for name, hint in self.flag_hints.items()}
+        if wanted in hints:
+            return hints[wanted]
+        # The command's own flags first: a near miss of ours (--stratify) is far likelier
+        # than one of the many flags handed on (Beam's --streaming).
+        own = known - self.extra_known_flags
+        suggestion = suggest_flag(flag, known, first=own)
+        if suggestion is not None and _normalised(suggestion) == wanted:
+            return f"did you mean {suggestion}?"  # the same flag, spelt with dashes or capitals
+        for name, flags in siblings.items():
+            if wanted in _by_normal(flags):
+                return f"{_by_normal(flags)[wanted]} is a flag of {name}; see {self.prog} --help"
+        if suggestion is not None:
+            return f"did you mean {suggestion}?"
+        elsewhere = {
+            name: set(sub._option_string_actions) for name, sub in self.subcommands().items()
+        }
+        if elsewhere:
+            return self._subcommand_hint(flag, elsewhere) or f"see {self.prog} --help"
+        return f"see {self.prog} --help"
+
+    def _subcommand_hint(self, flag: str, subcommands: Mapping[str, set[str]]) -> str | None:
+        """For a flag given before the subcommand: the subcommand and flag it likely meant,
+        ``--dispatcher_port`` naming ``dispatcher --port``."""
+        wanted = _normalised(flag.split("=", 1)[0])
+        for name, flags in subcommands.items():
+            qualifier = _normalised(name) + "_"
+            if wanted.startswith(qualifier) and len(wanted) > len(qualifier):
+                suggestion = suggest_flag("--" + wanted[len(qualifier) :], flags)
+                if suggestion is not None:
+                    return f"did you mean {self.prog} {name} {suggestion}?"
+        suggestion = suggest_flag(flag, set().union(*subcommands.values()))
+        if suggestion is None:
+            return None
+        names = [name for name, flags in subcommands.items() if suggestion in flags]
+        where = names[0] if len(names) == 1 else "{" + ",".join(names) + "}"
+        return f"did you mean {self.prog} {where} {suggestion}? (a subcommand's flags follow it)"
 
     def parse_known_args(self, args=None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)

@@ -87,6 +87,66 @@ def test_a_subcommand_checks_its_own_flags(capsys):
     assert "did you mean --port?" in capsys.readouterr().err
 
 
+def _service_error(argv: list[str], capsys) -> list[str]:
+    from tfrecord_io.service.server import command_line_parser
+
+    with pytest.raises(SystemExit) as exit_info:
+        command_line_parser().parse_args(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err.splitlines()
+
+
+def test_suggestions_come_from_the_chosen_subcommands_flags_first(capsys):
+    from tfrecord_io.service.server import command_line_parser
+
+    prog = command_line_parser().prog
+    # The dispatcher's port, not the worker's --dispatcher (a close spelling, of another role).
+    err = _service_error(["dispatcher", "--dispatcher_prot", "5"], capsys)
+    assert err[-2:] == [
+        f"{prog} dispatcher: error: unrecognized flag --dispatcher_prot",
+        "did you mean --port?",
+    ]
+    assert err[0].startswith(f"usage: {prog} dispatcher ")
+    # In the worker, the worker's own --dispatcher is the close one.
+    assert _service_error(["worker", "--dispatcher_prot", "5"], capsys)[-1] == (
+        "did you mean --dispatcher?"
+    )
+    # Before any subcommand: the subcommand the flag names, with its flag.
+    assert _service_error(["--dispatcher_prot", "5"], capsys)[-1] == (
+        f"did you mean {prog} dispatcher --port?"
+    )
+    assert _service_error(["--port", "5", "dispatcher"], capsys)[-1] == (
+        f"did you mean {prog} {{dispatcher,worker}} --port? (a subcommand's flags follow it)"
+    )
+    # Another role's flag is named as such.
+    assert _service_error(["worker", "--dispatcher", "h:1", "--work_dir", "d"], capsys)[-1] == (
+        f"--work_dir is a flag of dispatcher; see {prog} worker --help"
+    )
+    assert _service_error(["dispatcher", "--port", "0", "--work-dir", "d"], capsys)[-1] == (
+        "did you mean --work_dir?"
+    )
+    parsed = command_line_parser().parse_args(["dispatcher", "--port", "0", "--work_dir", "d"])
+    assert (parsed.role, parsed.port, parsed.work_dir) == ("dispatcher", 0, "d")
+
+
+def test_a_flag_named_in_flag_hints_gets_its_hint_not_a_suggestion(capsys):
+    parser = StrictArgumentParser(prog="tool")
+    parser.add_argument("--model_dir")
+    parser.flag_hints["--resume"] = "rerun to resume"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model_dir", "m", "--Resume=1"])
+    assert capsys.readouterr().err.splitlines()[-2:] == [
+        "tool: error: unrecognized flag --Resume",
+        "rerun to resume",
+    ]
+
+
+def test_a_qualified_flag_is_matched_without_its_qualifier_among_the_commands_own():
+    own = {"--port", "--work_dir"}
+    assert suggest_flag("--dispatcher_prot", own | {"--dispatcher"}, first=own) == "--port"
+    assert suggest_flag("--zzz_yyy", own, first=own) is None
+
+
 # --- every entry point ---------------------------------------------------------------------------
 
 # (module, argv with one misspelled flag, the flag it should suggest). "OUT" is a path the
@@ -98,6 +158,7 @@ MISSPELLED = [
     ("beam_pipelines.samples", ["--output", "OUT", "--per-class", "3"], "--per_class"),
     ("dataset_tools.verify", ["IN", "--jsn"], "--json"),
     ("tfrecord_io.service", ["dispatcher", "--port", "0", "--work-dir", "OUT"], "--work_dir"),
+    ("tfrecord_io.service", ["dispatcher", "--dispatcher_prot", "0"], "--port"),
     ("trainer.train", ["--data", "IN", "--model_dir", "OUT", "--stpes", "5"], "--steps"),
     ("trainer.diagnose", ["OUT", "--treshold", "input_wait=0.1"], "--threshold"),
     ("dataset_tools.diff", ["IN", "OUT", "--limt", "3"], "--limit"),
