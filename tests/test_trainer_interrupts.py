@@ -129,3 +129,27 @@ def test_flag_errors_print_a_short_usage_and_point_to_help(tmp_path, capsys):
         train.main(["--help"])
     assert exit_info.value.code == 0
     assert "--checkpoint_every" in capsys.readouterr().out  # the full help
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--resume_from_checkpoint=runs/a", "--restore"])
+def test_a_resume_flag_says_that_rerunning_resumes(tmp_path, capsys, flag):
+    # The pipeline takes --resume; the trainer resumes from --model_dir's checkpoint by itself.
+    argv = ["--data", str(tmp_path), "--model_dir", str(tmp_path / "run"), "--steps", "5", flag]
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(argv)
+    assert exit_info.value.code == 2
+    prog = command_name("trainer.train")
+    assert capsys.readouterr().err.splitlines() == [
+        f"usage: {prog} --data DATA --model_dir DIR (--steps N | --epochs N) [flags]",
+        f"{prog}: error: unrecognized flag {flag.split('=')[0]}",
+        "training needs no resume flag: rerun the same command (the same --model_dir) to resume "
+        "from the last checkpoint there",
+    ]
+    assert not (tmp_path / "run").exists()
+    # A misspelling still gets its suggestion, and no "see --help" after it.
+    with pytest.raises(SystemExit):
+        train.main(["--data", str(tmp_path), "--model_dir", str(tmp_path), "--stpes", "5"])
+    assert capsys.readouterr().err.splitlines()[1:] == [
+        f"{prog}: error: unrecognized flag --stpes",
+        "did you mean --steps?",
+    ]

@@ -78,10 +78,23 @@ class _ShortUsageParser(StrictArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.print_usage(sys.stderr)
-        hint = (
-            "" if "--help" in message or "did you mean" in message else f"\nsee {self.prog} --help"
-        )
+        # An unknown flag's message carries its own second line (a suggestion, or what to do).
+        hinted = "--help" in message or message.startswith("unrecognized flag")
+        hint = "" if hinted or "did you mean" in message else f"\nsee {self.prog} --help"
         self.exit(2, f"{self.prog}: error: {message}{hint}\n")
+
+
+# Flags a user brings from elsewhere (the pipeline's --resume, other trainers' resume flags):
+# this trainer resumes whenever --model_dir holds a checkpoint.
+_RESUME_HINT = (
+    "training needs no resume flag: rerun the same command (the same --model_dir) to resume "
+    "from the last checkpoint there"
+)
+_FLAGS_FROM_ELSEWHERE = {
+    "--resume": _RESUME_HINT,
+    "--resume_from_checkpoint": _RESUME_HINT,
+    "--restore": _RESUME_HINT,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -90,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog=command_name("trainer.train"),
         description="Train an image classifier on TFRecord shards, with exact resume.",
     )
+    p.flag_hints.update(_FLAGS_FROM_ELSEWHERE)
     add_dataclass_flags(p.add_argument_group("data"), DataConfig)
     run = p.add_argument_group("run")
     add_dataclass_flags(run, TrainConfig)
