@@ -171,6 +171,20 @@ def feature_spec(*, strict: bool = True) -> dict[str, Any]:
     return spec
 
 
+def _single_value(features: Any, key: str, kind: str) -> Any:
+    """The one value of feature ``key``, a ``kind`` (``"bytes"`` or ``"int64"``) list.
+
+    Raises:
+      ValueError: if the feature is missing, of another kind, or holds other than one value.
+    """
+    if key not in features or features[key].WhichOneof("kind") != f"{kind}_list":
+        raise ValueError(f"missing {kind} feature {key!r}; expected keys {_BYTES_KEYS + _INT_KEYS}")
+    items = getattr(features[key], f"{kind}_list").value
+    if len(items) != 1:
+        raise ValueError(f"feature {key!r} must hold exactly 1 value, got {len(items)}")
+    return int(items[0]) if kind == "int64" else items[0]
+
+
 def record_from_example(example: tf.train.Example | bytes) -> ImageRecord:
     """Recovers and validates the record held by an example of our layout.
 
@@ -190,25 +204,8 @@ def record_from_example(example: tf.train.Example | bytes) -> ImageRecord:
         except Exception as e:  # protobuf raises DecodeError, which is not a ValueError
             raise ValueError(f"not a serialised tf.train.Example: {e}") from e
     features = example.features.feature
-    values: dict[str, Any] = {}
-    for key in _BYTES_KEYS:
-        if key not in features or features[key].WhichOneof("kind") != "bytes_list":
-            raise ValueError(
-                f"missing bytes feature {key!r}; expected keys {_BYTES_KEYS + _INT_KEYS}"
-            )
-        items = features[key].bytes_list.value
-        if len(items) != 1:
-            raise ValueError(f"feature {key!r} must hold exactly 1 value, got {len(items)}")
-        values[key] = items[0]
-    for key in _INT_KEYS:
-        if key not in features or features[key].WhichOneof("kind") != "int64_list":
-            raise ValueError(
-                f"missing int64 feature {key!r}; expected keys {_BYTES_KEYS + _INT_KEYS}"
-            )
-        items = features[key].int64_list.value
-        if len(items) != 1:
-            raise ValueError(f"feature {key!r} must hold exactly 1 value, got {len(items)}")
-        values[key] = int(items[0])
+    values = {key: _single_value(features, key, "bytes") for key in _BYTES_KEYS}
+    values.update((key, _single_value(features, key, "int64")) for key in _INT_KEYS)
     try:
         return ImageRecord(
             encoded=values[KEY_ENCODED],
