@@ -223,13 +223,32 @@ def _too_few(check: str, tag: str, count: int, t: Thresholds) -> Verdict:
     return Verdict(check, NA, "too few points", f"{count} '{tag}' points < {t.min_points}")
 
 
+def _enough_points(
+    check: str,
+    series: dict[str, Series],
+    tag: str,
+    t: Thresholds,
+    *,
+    warmup: bool,
+    absent: str = "",
+) -> list[float] | Verdict:
+    """The values of scalar ``tag`` (past the warm-up when ``warmup``), or ``check``'s n/a
+    verdict when it was not logged (``absent`` says why it may not be) or has too few points."""
+    if tag not in series:
+        return Verdict(check, NA, "not logged", f"no '{tag}' scalar{absent}")
+    values = _values(series[tag])
+    if warmup:
+        values = _after_warmup(values, t)
+    if len(values) < t.min_points:
+        return _too_few(check, tag, len(values), t)
+    return values
+
+
 def _step_time(train: dict[str, Series], t: Thresholds) -> Verdict:
     check = "step time"
-    if STEP_TIME not in train:
-        return Verdict(check, NA, "not logged", "no 'step_time' scalar")
-    values = _after_warmup(_values(train[STEP_TIME]), t)
-    if len(values) < t.min_points:
-        return _too_few(check, STEP_TIME, len(values), t)
+    values = _enough_points(check, train, STEP_TIME, t, warmup=True)
+    if isinstance(values, Verdict):
+        return values
     median = statistics.median(values)
     p10, p90 = _quantile(values, 0.1), _quantile(values, 0.9)
     spread = (p90 - p10) / median if median > 0 else math.inf
@@ -272,11 +291,9 @@ def _input_wait(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
 def _accelerator(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
     check = "accelerator"
     train = runs.get(TRAIN_RUN, {})
-    if GPU_UTILIZATION not in train:
-        return Verdict(check, NA, "not logged", "no 'gpu_utilization' scalar (no GPU)")
-    values = _after_warmup(_values(train[GPU_UTILIZATION]), t)
-    if len(values) < t.min_points:
-        return _too_few(check, GPU_UTILIZATION, len(values), t)
+    values = _enough_points(check, train, GPU_UTILIZATION, t, warmup=True, absent=" (no GPU)")
+    if isinstance(values, Verdict):
+        return values
     median = statistics.median(values)
     low = sum(v < t.gpu_utilization for v in values) / len(values)
     evidence = (
@@ -295,11 +312,9 @@ def _accelerator(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
 
 def _grad_norm(train: dict[str, Series], t: Thresholds) -> Verdict:
     check = "gradient norm"
-    if GRAD_NORM not in train:
-        return Verdict(check, NA, "not logged", "no 'grad_norm' scalar")
-    values = _values(train[GRAD_NORM])
-    if len(values) < t.min_points:
-        return _too_few(check, GRAD_NORM, len(values), t)
+    values = _enough_points(check, train, GRAD_NORM, t, warmup=False)
+    if isinstance(values, Verdict):
+        return values
     bad = [v for v in values if not math.isfinite(v)]
     if bad:
         return Verdict(
@@ -339,11 +354,9 @@ def _grad_norm(train: dict[str, Series], t: Thresholds) -> Verdict:
 
 def _loss(train: dict[str, Series], t: Thresholds) -> Verdict:
     check = "loss curve"
-    if LOSS not in train:
-        return Verdict(check, NA, "not logged", "no 'loss' scalar")
-    values = _values(train[LOSS])
-    if len(values) < t.min_points:
-        return _too_few(check, LOSS, len(values), t)
+    values = _enough_points(check, train, LOSS, t, warmup=False)
+    if isinstance(values, Verdict):
+        return values
     if not all(math.isfinite(v) for v in values):
         return Verdict(check, WARN, "diverged (NaN/inf loss)", f"{len(values)} points")
     first, last = _quarters(values)
