@@ -11,6 +11,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh dev
+# Bytecode caches written (see test.sh): without them each benchmark process compiles Beam and
+# TensorFlow from source.
+unset PYTHONDONTWRITEBYTECODE
 # TensorFlow's C++ info lines off in the processes tests and benchmarks start by hand (the
 # commands keep them out themselves, unless this is set by the user).
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"

@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh runtime
+# Bytecode caches written even where the environment says not to: each step would otherwise
+# compile Beam and TensorFlow from source again (about 10 CPU-s a step).
+unset PYTHONDONTWRITEBYTECODE
 OUT="${OUT:-quickstart_out}"
 rm -rf "$OUT/model"
 set -x

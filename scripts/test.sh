@@ -25,6 +25,10 @@ if [ "$fast" = 0 ] && { ! command -v java >/dev/null || ! command -v mvn >/dev/n
   $_sudo apt-get update -qq && $_sudo apt-get install -y -qq openjdk-17-jdk-headless maven >/dev/null
 fi
 source scripts/bootstrap.sh dev
+# Python writes its bytecode caches (.venv and the checkout's __pycache__/) even where the
+# environment says not to: otherwise each of the suite's hundreds of Python processes compiles
+# Beam and TensorFlow from source again (about 10 CPU-s a process on this project's machines).
+unset PYTHONDONTWRITEBYTECODE
 # TensorFlow's C++ info lines off in the processes tests and benchmarks start by hand (the
 # commands keep them out themselves, unless this is set by the user).
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
