@@ -33,9 +33,7 @@ from schemas.shard_table import encode_manifest
 
 __all__ = [
     "JPEG_256",
-    "MEAN_RGB",
     "RAW_224",
-    "STDDEV_RGB",
     "PhotoDatasets",
     "tuned_jpeg_dataset",
     "photo_datasets",
@@ -44,8 +42,6 @@ __all__ = [
     "write_shards",
 ]
 
-MEAN_RGB = (123.675, 116.28, 103.53)
-STDDEV_RGB = (58.395, 57.12, 57.375)
 # The two datasets the reading benchmarks compare, as ``write_shards`` flags.
 JPEG_256 = ("--image_size", "256")
 RAW_224 = ("--image_size", "224", "--crop", "center", "--encoding", "raw")
@@ -59,6 +55,9 @@ def tuned_jpeg_dataset(photos: Path, batch_size: int, image_size: int = 224, see
     ``(float32 [B, S, S, 3], int32 [B])``, repeating forever.
     """
     import tensorflow as tf
+
+    # The reader's own statistics: the baseline's float32 output means what the reader's does.
+    from tfrecord_io.decode import MEAN_RGB, STDDEV_RGB
 
     paths = sorted(str(p) for p in photos.glob("*/*") if p.is_file())
     classes = sorted({Path(p).parent.name for p in paths})
