@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,7 @@ from beam_pipelines import images_to_tfrecord
 from beam_pipelines.images_to_tfrecord import publish_anyway_command, publish_anyway_fraction
 from cliflags import suggest_flag
 from tests.fixtures.images import make_bad_files, make_image_tree
-from tests.fixtures.processes import REPO
+from tests.fixtures.processes import REPO, LoggedProcess
 
 # What TensorFlow's libraries and Python print when nobody keeps them quiet.
 NOISE = re.compile(
@@ -91,6 +92,17 @@ def test_a_folder_of_ones_own_publishes_then_verifies_inspects_and_reads(photos,
     manifest = json.loads((out / "dataset.json").read_text())
     expected = manifest["splits"]["validation"]["num_examples"]
     assert read.stdout.split() == [str(expected)], read.stdout + read.stderr
+
+    # A short training run on it, as "Your own images" gives it (fewer steps, so no warm-up:
+    # the trainer warns of a warm-up as long as the run), quiet as well.
+    run = tmp_path / "runs" / "photos"
+    trained = _command(
+        "-m", "trainer.train", "--data", str(out), "--model_dir", str(run), "--steps", "3",
+        "--global_batch_size", "8", "--warmup_steps", "0", timeout=300,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stdout + trained.stderr
+    assert "done at step 3" in trained.stderr, trained.stderr
+    assert list((run / "checkpoints").glob("ckpt-3.index")), trained.stderr
 
 
 def test_a_refusal_prints_the_command_that_publishes_and_that_command_does(
@@ -197,14 +209,31 @@ def versions(photos, tmp_path_factory) -> Path:
         ["-m", "dataset_tools.verify", "{out}"],
         ["-m", "beam_pipelines.versions", "{root}"],
         ["-m", "dataset_tools.adopt", "{out}/train-*.tfrecord", "--output", "{adopted}"],
+        ["-m", "beam_pipelines.samples", "--output", "{samples}", "--per_class", "3"],
     ],
-    ids=["diff", "verify", "versions", "adopt"],
+    ids=["diff", "verify", "versions", "adopt", "samples"],
 )
 def test_every_tool_is_quiet_on_a_clean_run(versions, tmp_path, argv):
     out = versions / "v0001"
     values = {"out": str(out), "root": str(versions), "adopted": str(tmp_path / "adopted")}
+    values["samples"] = str(tmp_path / "samples")
     done = _command(*(arg.format(**values) for arg in argv))
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.slow
+def test_the_tf_data_service_is_quiet_and_stops_cleanly(tmp_path):
+    # Its log holds its own lines only: no TensorFlow start-up line, no warning.
+    dispatcher = LoggedProcess(
+        [sys.executable, "-m", "tfrecord_io.service", "dispatcher", "--port", "0"],
+        env=_user_env(),
+        name="dispatcher",
+    )
+    dispatcher.wait_for(r"tf\.data service dispatcher: 0 worker\(s\) registered", timeout=120)
+    dispatcher.send_signal(signal.SIGTERM)
+    assert dispatcher.finish() == 0, dispatcher.log
+    assert "stopped cleanly" in dispatcher.log, dispatcher.log
+    assert not NOISE.findall(dispatcher.log), dispatcher.log
 
 
 @pytest.mark.slow
