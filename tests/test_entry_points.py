@@ -78,6 +78,19 @@ def test_scripts_follow_one_naming_scheme() -> None:
         assert target.split(".")[0] in PACKAGES, (name, target)
 
 
+def test_every_command_the_readme_names_has_a_console_script() -> None:
+    # The README says each of its commands has a tfrecord-* script, not only python -m.
+    named = set(re.findall(r"python -m ([a-z_]+(?:\.[a-z_]+)+)", (REPO / "README.md").read_text()))
+    assert {"beam_pipelines.images_to_tfrecord", "dataset_tools.diff", "trainer.train"} <= named
+    scripted = set(COMMAND_MODULES)
+    missing = sorted(
+        module
+        for module in named
+        if not {module, f"{module}.__main__", ALIASES.get(module)} & scripted
+    )
+    assert not missing, f"README commands without a console script: {missing}"
+
+
 @pytest.mark.parametrize("module", COMMAND_MODULES)
 def test_each_command_module_has_main_taking_argv(module: str) -> None:
     main = importlib.import_module(module).main

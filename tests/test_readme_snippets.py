@@ -110,6 +110,17 @@ def test_the_reader_snippet_runs_as_written(own_images: Path) -> None:
     assert not NOISE.findall(done.stdout + done.stderr), done.stderr[-3000:]
 
 
+def test_the_paths_your_own_images_writes_are_ignored_by_git() -> None:
+    # Run in a clone, "Your own images" must not leave its datasets and runs as untracked files.
+    script = _block(OWN_IMAGES)
+    written = re.findall(r"--(?:output|model_dir) (\S+)", script)
+    assert len(written) == 2, script
+    ignored = set((REPO / ".gitignore").read_text().split())
+    for path in written:
+        top = path.split("/")[0]
+        assert {f"/{top}/", f"{top}/", f"/{top}", top} & ignored, f"{path}: {top}/ not ignored"
+
+
 def test_the_pipeline_synopsis_names_real_flags() -> None:
     from beam_pipelines.command_line import build_parser
 
