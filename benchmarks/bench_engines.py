@@ -36,9 +36,11 @@ from pathlib import Path
 
 from benchmarks.steady_state import (
     NoisyMeasurement,
+    add_size_flags,
     photo_sets,
     pillow_loop,
     pipeline_run,
+    sizes_from_flags,
     steady_rate,
 )
 from tests.fixtures.dask_cluster import local_dask_cluster
@@ -133,10 +135,7 @@ def _table(rows: list[Row], n: int, pillow_cpu_ms: float) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs every row and prints the table; returns 0 (targets are reported, not enforced)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=200, help="N; runs use N and 3N images (200)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: N=12, one repeat")
-    parser.add_argument("--repeats", type=int, default=2, help="timings per size, fastest kept (2)")
-    parser.add_argument("--workdir", default=None, help="where to put images and outputs")
+    add_size_flags(parser, quick_n=12, repeats=2)
     parser.add_argument(
         "--engines",
         default=",".join(ENGINES),
@@ -149,10 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--engines: unknown {unknown}; expected names from {list(ENGINES)}")
     # Worker processes log every discarded pipeline flag; the table is what matters here.
     logging.getLogger("apache_beam").setLevel(logging.ERROR)
-    n = 12 if args.quick else args.n
-    repeats = 1 if args.quick else args.repeats
-    if n < 1 or repeats < 1:
-        parser.error(f"--n and --repeats must be >= 1, got {n} and {repeats}")
+    n, repeats = sizes_from_flags(parser, args, quick_n=12)
 
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)

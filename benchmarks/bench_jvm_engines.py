@@ -48,7 +48,7 @@ import psutil
 from beam_pipelines.engines.local_clusters import local_flink_cluster, local_spark_cluster
 from benchmarks.bench_engines import Row, measure_engine
 from benchmarks.bench_scale import CLASSES, SMALL_RECORDS, write_noise_pngs
-from benchmarks.steady_state import photo_sets
+from benchmarks.steady_state import add_size_flags, photo_sets, sizes_from_flags
 
 __all__ = ["ENGINES", "MEMORY_ROLES", "RolePeaks", "engine_cluster", "main", "process_role"]
 
@@ -287,10 +287,7 @@ def _table(rows: list[Row], n: int) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the rows and prints the table; returns 0 (targets are reported, not enforced)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=200, help="N; runs use N and 3N images (200)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: N=12, one repeat")
-    parser.add_argument("--repeats", type=int, default=1, help="timings per size, fastest kept")
-    parser.add_argument("--workdir", default=None, help="where to put images and outputs")
+    add_size_flags(parser, quick_n=12, repeats=1)
     parser.add_argument("--engines", default=",".join(ENGINES), help="comma-separated rows")
     parser.add_argument(
         "--memory",
@@ -303,9 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engines = [e for e in args.engines.split(",") if e]
     if unknown := sorted(set(engines) - set(ENGINES)):
         parser.error(f"--engines: unknown {unknown}; expected names from {list(ENGINES)}")
-    n = 12 if args.quick else args.n
-    if n < 1 or args.repeats < 1:
-        parser.error(f"--n and --repeats must be >= 1, got {n} and {args.repeats}")
+    n, repeats = sizes_from_flags(parser, args, quick_n=12)
     logging.getLogger("apache_beam").setLevel(logging.ERROR)
     if args.memory:
         try:
@@ -327,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         rows = []
         for engine in engines:
-            rows.append(_measure(engine, work / "n", work / "3n", work, args.repeats))
+            rows.append(_measure(engine, work / "n", work / "3n", work, repeats))
             print(f"  {rows[-1]}", flush=True)
     print()
     print(_table(rows, n))

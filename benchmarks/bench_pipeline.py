@@ -60,10 +60,12 @@ from benchmarks.common import run_module
 from benchmarks.steady_state import (
     IMAGE_SIZE,
     NoisyMeasurement,
+    add_size_flags,
     photo_sets,
     pillow_loop,
     pillow_loops_at_once,
     pipeline_run,
+    sizes_from_flags,
     steady_rate,
 )
 
@@ -150,10 +152,7 @@ def _data_plane_in_this_process(n: int, extra: Sequence[str], *, planned: bool) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=200, help="N; runs use N and 3N images (200)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: N=16")
-    parser.add_argument("--repeats", type=int, default=2, help="keep the fastest of R runs (2)")
-    parser.add_argument("--workdir", default=None, help="where to put images and outputs")
+    add_size_flags(parser, quick_n=16, repeats=2)
     parser.add_argument(
         "--photos_cache", default=None, help="write the photos here once, reuse them after"
     )
@@ -177,9 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     selected = set(args.rows.split(","))
     if unknown := selected - set(ROW_GROUPS):
         parser.error(f"--rows: unknown {','.join(sorted(unknown))}; choose from {ROW_GROUPS}")
-    n = 16 if args.quick else args.n
-    if args.quick:
-        args.repeats = 1
+    n, repeats = sizes_from_flags(parser, args, quick_n=16)
 
     with tempfile.TemporaryDirectory(dir=args.workdir) as work:
         root = Path(work)
@@ -195,14 +192,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "pillow" in selected:
             pillow_loop(paths_n + paths_3n)  # warm the page cache and Pillow's plugins
             rows["pillow"] = _measure(
-                lambda: pillow_loop(paths_n), lambda: pillow_loop(paths_3n), args.repeats
+                lambda: pillow_loop(paths_n), lambda: pillow_loop(paths_3n), repeats
             )
         if "pillow_x2" in selected:
             pillow_loop(paths_n + paths_3n)
             rows["pillow_x2"] = _measure(
                 lambda: pillow_loops_at_once(paths_n),
                 lambda: pillow_loops_at_once(paths_3n),
-                args.repeats,
+                repeats,
             )
         for name, flags in PIPELINE_ROWS.items():
             if name not in selected:
@@ -212,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows[name] = _measure(
                 lambda f=flags: pipeline_run(small, root / "out_n", f),
                 lambda f=flags: pipeline_run(large, root / "out_3n", f),
-                args.repeats,
+                repeats,
             )
         for name, (extra, planned) in DATA_PLANE_ROWS.items():
             if "data_plane" not in selected:
@@ -221,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rows[name] = _measure(
                 lambda e=extra, pl=planned: data_plane_run(n, e, planned=pl),
                 lambda e=extra, pl=planned: data_plane_run(3 * n, e, planned=pl),
-                args.repeats,
+                repeats,
             )
 
     print()

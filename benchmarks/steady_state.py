@@ -8,6 +8,7 @@ CPU time is counted too, over this process, its reaped children and any other pr
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import io
 import multiprocessing
@@ -26,15 +27,44 @@ from schemas.manifest import MANIFEST_NAME, Manifest
 __all__ = [
     "IMAGE_SIZE",
     "NoisyMeasurement",
+    "add_size_flags",
     "cpu_seconds",
     "photo_sets",
     "pillow_loop",
     "pillow_loops_at_once",
     "pipeline_run",
+    "sizes_from_flags",
     "steady_rate",
 ]
 
 IMAGE_SIZE = 256  # the pipeline's default --image_size, which pillow_loop matches
+
+
+def add_size_flags(parser: argparse.ArgumentParser, *, quick_n: int, repeats: int) -> None:
+    """Adds the flags every steady-state benchmark takes: ``--n`` (runs use N and 3N images),
+    ``--quick`` (a smoke run: N = ``quick_n``, one repeat), ``--repeats`` (timings per size,
+    the fastest kept; default ``repeats``) and ``--workdir``. ``sizes_from_flags`` reads them."""
+    parser.add_argument("--n", type=int, default=200, help="N; runs use N and 3N images (200)")
+    parser.add_argument("--quick", action="store_true", help=f"smoke run: N={quick_n}, one repeat")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=repeats,
+        help=f"timings per size, fastest kept ({repeats})",
+    )
+    parser.add_argument("--workdir", default=None, help="where to put images and outputs")
+
+
+def sizes_from_flags(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, *, quick_n: int
+) -> tuple[int, int]:
+    """``(N, repeats)`` as the flags of ``add_size_flags`` ask: ``quick_n`` and one repeat with
+    ``--quick``. Exits through ``parser.error`` unless both are at least 1."""
+    n = quick_n if args.quick else args.n
+    repeats = 1 if args.quick else args.repeats
+    if n < 1 or repeats < 1:
+        parser.error(f"--n and --repeats must be >= 1, got {n} and {repeats}")
+    return n, repeats
 
 
 def pillow_loop(paths: Sequence[Path]) -> int:
