@@ -10,10 +10,12 @@ from PIL import Image
 
 from beam_pipelines.image.phash import (
     SAMPLE,
+    WORKING,
     luma_grid_of,
     luma_sample,
     perceptual_hash,
     perceptual_hashes,
+    source_sample,
 )
 from beam_pipelines.image.prepare import ImageOptions, prepare_image
 from beam_pipelines.samples import scene_rgb
@@ -94,6 +96,33 @@ def test_pipeline_sample_hash_is_close_to_the_exact_area_hash():
         distances.append(hamming(perceptual_hash(image), phash(np.asarray(image))))
         assert np.abs(luma_grid_of(image) - luma_grid(np.asarray(image))).mean() < 12
     assert np.mean(distances) <= 3.5 and max(distances) <= 7, distances
+
+
+@pytest.mark.parametrize("size", [(200, 150), (300, 300), (500, 375), (1024, 768)])
+def test_source_sample_area_averages_by_whole_factors_before_the_bicubic(size):
+    # Each side at least twice WORKING is first reduced by the whole factor that keeps it at
+    # least WORKING (500x375 -> 166x187); the bicubic resample runs on the reduced pixels.
+    luma = Image.fromarray(_scene(7, size)).convert("L")
+    w, h = size
+    fx, fy = max(1, w // WORKING), max(1, h // WORKING)
+    reduced = luma.reduce((fx, fy)) if (fx, fy) != (1, 1) else luma
+    working = reduced.resize(
+        (WORKING, WORKING), Image.Resampling.BICUBIC, box=(0, 0, w / fx, h / fy)
+    )
+    expected = working.resize((SAMPLE, SAMPLE), Image.Resampling.BOX).tobytes()
+    assert source_sample(Image.fromarray(_scene(7, size))) == expected
+
+
+def test_source_sample_hashes_as_the_plain_bicubic_would():
+    distances = []
+    for seed in range(8):
+        for size in ((500, 375), (1024, 768)):
+            image = Image.fromarray(_scene(seed, size))
+            plain = image.convert("L").resize((WORKING, WORKING), Image.Resampling.BICUBIC)
+            exact = plain.resize((SAMPLE, SAMPLE), Image.Resampling.BOX).tobytes()
+            ours, theirs = perceptual_hashes([source_sample(image), exact])
+            distances.append(hamming(ours, theirs))
+    assert np.mean(distances) <= 0.5 and max(distances) <= 2, distances
 
 
 def test_many_samples_hash_as_each_alone():
