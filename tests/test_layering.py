@@ -5,6 +5,8 @@
   tools and the trainer stand on it; the tools and the trainer also use the reader.
 * No module imports, at any depth (inside functions too), a module that imports it back: the
   module graph has no cycle.
+* No module uses another's private names (``from m import _x`` or ``m._x``), benchmarks
+  included.
 * ``beam_pipelines`` imports neither ``tfrecord_io`` nor ``trainer``, at any depth (also inside
   functions), and so never TensorFlow: Beam workers install the package without it.
 * The pipeline runs where TensorFlow cannot be imported (``sys.modules["tensorflow"] = None``,
@@ -155,6 +157,60 @@ def test_each_package_imports_only_the_floors_below_it(package: str) -> None:
     }
     assert not {k: v for k, v in offenders.items() if v}, offenders
     assert set(LAYERS) == set(PACKAGES)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _private_uses(sources: dict[str, str]) -> list[str]:
+    """Where a module uses a private name (``_x``) of another project module: ``from m import
+    _x``, or ``m._x`` on a module it imported. ``sources``: module name -> its text."""
+    found = []
+    for name, text in sources.items():
+        tree = ast.parse(text)
+        modules = {}  # local name -> project module
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                if node.module.split(".")[0] not in LAYERS:
+                    continue
+                for alias in node.names:
+                    if _private(alias.name):
+                        found.append(f"{name}: from {node.module} import {alias.name}")
+                    if f"{node.module}.{alias.name}" in sources:
+                        modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+            elif isinstance(node, ast.Import):
+                modules.update(
+                    (alias.asname or alias.name, alias.name)
+                    for alias in node.names
+                    if alias.name in sources
+                )
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                base = node.value
+                if isinstance(base, ast.Name) and modules.get(base.id, name) != name:
+                    found.append(f"{name}: {base.id}.{node.attr}")
+    return sorted(set(found))
+
+
+def test_no_private_name_crosses_a_module() -> None:
+    paths = [path for package in LAYERS for path in _modules(package)]
+    paths += sorted((REPO / "benchmarks").glob("*.py"))
+    assert _private_uses({_module_name(p): p.read_text() for p in paths}) == []
+
+
+def test_the_private_name_check_finds_both_kinds_of_use() -> None:
+    sources = {
+        "schemas.a": "_hidden = 1\n",
+        "schemas.b": "from schemas.a import _hidden\n",
+        "schemas.c": "from schemas import a\nx = a._hidden\n",
+        "schemas.d": "import schemas.a as m\nx = m._hidden + m.__name__.count('_')\n",
+    }
+    assert _private_uses(sources) == [
+        "schemas.b: from schemas.a import _hidden",
+        "schemas.c: a._hidden",
+        "schemas.d: m._hidden",
+    ]
 
 
 def _run_blocked(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
