@@ -5,6 +5,7 @@
   tools and the trainer stand on it; the tools and the trainer also use the reader.
 * No module imports, at any depth (inside functions too), a module that imports it back: the
   module graph has no cycle.
+* No library function is over 80 lines and no module over 800.
 * No module uses another's private names (``from m import _x`` or ``m._x``), benchmarks
   included.
 * ``beam_pipelines`` imports neither ``tfrecord_io`` nor ``trainer``, at any depth (also inside
@@ -211,6 +212,36 @@ def test_the_private_name_check_finds_both_kinds_of_use() -> None:
         "schemas.c: a._hidden",
         "schemas.d: m._hidden",
     ]
+
+
+MAX_FUNCTION_LINES, MAX_MODULE_LINES = 80, 800
+
+
+def _too_long(path: Path) -> list[str]:
+    """The functions of ``path`` over ``MAX_FUNCTION_LINES`` (decorators and docstring
+    included), and the module itself if it is over ``MAX_MODULE_LINES``."""
+    text = path.read_text()
+    found = [
+        f"{path.name}:{node.lineno} {node.name}, {node.end_lineno - node.lineno + 1} lines"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and node.end_lineno is not None
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    if len(text.splitlines()) > MAX_MODULE_LINES:
+        found.append(f"{path.name}: {len(text.splitlines())} lines")
+    return found
+
+
+def test_no_library_function_or_module_is_too_long() -> None:
+    long = [found for package in LAYERS for p in _modules(package) for found in _too_long(p)]
+    assert long == []
+
+
+def test_the_length_check_finds_a_long_function(tmp_path: Path) -> None:
+    body = "".join(f"    x{i} = {i}\n" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "m.py").write_text(f"def short():\n    pass\n\n\ndef long():\n{body}")
+    assert _too_long(tmp_path / "m.py") == [f"m.py:5 long, {MAX_FUNCTION_LINES + 1} lines"]
 
 
 def _run_blocked(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
