@@ -30,6 +30,7 @@ FLAGS = [
     "--staging_file_mb", "0.002", "--progress", "off",
 ]  # fmt: skip
 MULTI_PROCESS = ["--direct_num_workers", "2", "--direct_running_mode", "multi_processing"]
+DASK = ("dask",)  # stands for the session's Dask cluster's runner flags
 DEADLINE_S = 180.0
 FEW_SECONDS = 15.0  # from the signal to the exit, on a shared, loaded CI machine
 
@@ -38,6 +39,18 @@ def _snapshot(root: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
     }
+
+
+def _assert_no_tasks_left(address: str) -> None:
+    """The job was cancelled on the cluster: within seconds its scheduler holds no task (a task
+    already running on a worker ends with its partition)."""
+    from distributed import Client
+
+    with Client(address, timeout=30) as client:
+        deadline = time.monotonic() + FEW_SECONDS
+        while tasks := client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)):
+            assert time.monotonic() < deadline, f"{tasks} tasks still on the Dask scheduler"
+            time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +76,16 @@ def reference(images, tmp_path_factory) -> dict[str, bytes]:
         ("ctrl-c", (), 130),
         ("ctrl-c", MULTI_PROCESS, 130),
         ("sigterm", MULTI_PROCESS, 143),
+        ("ctrl-c", DASK, 130),
     ],
-    ids=["ctrl-c-in-process", "ctrl-c-multi-process", "sigterm-multi-process"],
+    ids=["ctrl-c-in-process", "ctrl-c-multi-process", "sigterm-multi-process", "ctrl-c-dask"],
 )
 def test_an_interrupted_build_says_how_to_resume_and_resumes_byte_identically(
-    images, reference, tmp_path, how, runner, status
+    images, reference, tmp_path, request, how, runner, status
 ):
+    dask = request.getfixturevalue("dask_cluster") if runner == DASK else None
+    if dask is not None:
+        runner = dask.runner_args()
     output = tmp_path / "dataset"
     argv = ["--input", str(images), "--output", str(output), *FLAGS, *runner]
     code, text, elapsed = run_in_terminal(
@@ -89,6 +106,8 @@ def test_an_interrupted_build_says_how_to_resume_and_resumes_byte_identically(
     assert lines[0].endswith(" --resume"), text
     assert str(output / ".staging") in lines[0]
     assert not (output / "dataset.json").exists()
+    if dask is not None:
+        _assert_no_tasks_left(dask.address)
     # The command it names continues the build to the same bytes as an uninterrupted one.
     summary = images_to_tfrecord.run([*argv, "--resume"])
     assert summary.published

@@ -82,6 +82,8 @@ DEFAULT_PARTITIONS_PER_THREAD = 4
 DEFAULT_RESHUFFLE_PARTITION_SIZE = 16
 
 _METRICS_TOPIC_PREFIX = "beam-metrics-"
+# Beam's Create's partition size when no --dask_npartitions or --dask_partition_size is given.
+_CREATE_PARTITION_SIZE = 128
 _READ_BUNDLE_BYTES = 64 << 20
 
 
@@ -320,7 +322,7 @@ class _BagTranslator(PipelineVisitor):
 
         transform = node.transform
         if isinstance(transform, beam_overrides._Create):
-            return beam_eval.Create(node, bag_kwargs=self._bag_kwargs).apply(None)
+            return beam_eval.Create(node, bag_kwargs=self._create_kwargs(transform)).apply(None)
         if isinstance(transform, beam.Impulse):
             return db.from_sequence([None], npartitions=1).map_partitions(_impulse)
         if isinstance(transform, beam_overrides._Read):
@@ -363,6 +365,13 @@ class _BagTranslator(PipelineVisitor):
             f"DaskRunner cannot run step {node.full_label!r}: primitive "
             f"{type(transform).__module__}.{type(transform).__qualname__} is not supported"
         )
+
+    def _create_kwargs(self, transform: Any) -> dict[str, Any]:
+        # Beam's Create picks this same size when given none, with a warning on every run.
+        if self._bag_kwargs.get("npartitions") or self._bag_kwargs.get("partition_size"):
+            return self._bag_kwargs
+        size = max(_CREATE_PARTITION_SIZE, math.ceil(math.sqrt(len(transform.values)) / 10))
+        return {**self._bag_kwargs, "partition_size": size}
 
     def _spread(self, pcoll: pvalue.PCollection) -> Any:
         """A ``Reshuffle`` of ``pcoll``: its elements spread evenly over partitions of bounded
@@ -471,6 +480,10 @@ class DaskPipelineResult(PipelineResult):
                 pass
         except ddist.TimeoutError:
             raise
+        except KeyboardInterrupt:
+            # Ctrl-C or SIGTERM in the launcher: the job ends with it, not on the cluster alone.
+            self.cancel()
+            raise
         except BaseException:
             self._state = PipelineState.FAILED
             self._close()
@@ -480,9 +493,13 @@ class DaskPipelineResult(PipelineResult):
         return self._state
 
     def cancel(self) -> str:
-        """Cancels every outstanding task and closes the client."""
+        """Cancels every outstanding task and closes the client.
+
+        Tasks not yet started never start; a task already running on a worker finishes its
+        partition (Dask cannot stop a running thread) and its result is dropped.
+        """
         self._state = PipelineState.CANCELLING
-        self.client.cancel(self.futures)
+        self.client.cancel(self.futures, force=True)
         self._close()
         self._state = PipelineState.CANCELLED
         return self._state
