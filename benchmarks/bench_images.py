@@ -5,8 +5,10 @@ Throughput rows (``--rows throughput``): ``prepare_image`` from two versions of
 100 KB, q90, no ICC profile), the two versions taking turns on each photo and timed in CPU
 seconds, so that load from other jobs on a shared machine falls on both alike. The baseline comes from a git revision
 (``--baseline_rev``), the candidate from another (``--candidate_rev``) or the working tree.
-Rows: photos without a profile (the 2% budget), and the candidate on the same photos tagged
-with a Display P3-like profile (the cost of converting).
+Rows: photos without a profile (the 2% budget), the candidate without the perceptual hash's
+per-image step (``phash.source_sample``, or ``perceptual_hash`` in older revisions; each
+revision with its own ``beam_pipelines/image/phash.py``), and the candidate on the same photos
+tagged with a Display P3-like profile (the cost of converting).
 
 Memory row (``--rows memory``): peak RSS of ``python -m beam_pipelines.images_to_tfrecord`` on
 the in-process DirectRunner, run in a fresh process, over a corpus of decompression bombs
@@ -43,26 +45,58 @@ GIB = 1 << 30
 __all__ = ["load_images_module", "throughput_rows", "memory_rows", "main"]
 
 
-def load_images_module(rev: str | None, name: str) -> ModuleType:
-    """``beam_pipelines/image/prepare.py`` at git revision ``rev`` (None: the working tree), as a
-    module; revisions before the packages by stage had it at ``beam_pipelines/images.py``."""
-    if rev is None:
-        return importlib.import_module("beam_pipelines.image.prepare")
-    for where in ("beam_pipelines/image/prepare.py", "beam_pipelines/images.py"):
-        shown = subprocess.run(
-            ["git", "show", f"{rev}:{where}"], cwd=REPO, capture_output=True, text=True
-        )
-        if shown.returncode == 0:
-            break
-    else:
-        raise SystemExit(f"--baseline_rev {rev}: no image module at that revision")
+def _module_from(source: str, name: str) -> ModuleType:
     path = Path(tempfile.mkdtemp()) / f"{name}.py"
-    path.write_text(shown.stdout)
+    path.write_text(source)
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
+
+
+def _module_at(rev: str | None, where: str, name: str) -> ModuleType | None:
+    """``where`` at git revision ``rev`` (None: the working tree) as a module named ``name``;
+    None if it is not there."""
+    if rev is None:
+        return _module_from((REPO / where).read_text(), name)
+    shown = subprocess.run(
+        ["git", "show", f"{rev}:{where}"], cwd=REPO, capture_output=True, text=True
+    )
+    return _module_from(shown.stdout, name) if shown.returncode == 0 else None
+
+
+def load_images_module(rev: str | None, name: str) -> ModuleType:
+    """``beam_pipelines/image/prepare.py`` at git revision ``rev`` (None: the working tree), as a
+    module of its own (two loads do not share a patched function); revisions before the
+    packages by stage had it at ``beam_pipelines/images.py``.
+
+    Where the revision has ``beam_pipelines/image/phash.py`` (the perceptual hash's sample),
+    the image module imports that revision's, not the working tree's."""
+    if rev is None:
+        return _module_from((REPO / "beam_pipelines/image/prepare.py").read_text(), name)
+    phash_name = "beam_pipelines.image.phash"
+    current = importlib.import_module(phash_name)
+    phash = _module_at(rev, "beam_pipelines/image/phash.py", f"{name}_phash")
+    sys.modules[phash_name] = phash or current  # what the image module's import finds
+    try:
+        for where in ("beam_pipelines/image/prepare.py", "beam_pipelines/images.py"):
+            module = _module_at(rev, where, name)
+            if module is not None:
+                return module
+    finally:
+        sys.modules[phash_name] = current
+    raise SystemExit(f"--baseline_rev {rev}: no image module at that revision")
+
+
+def _unhashed(module: ModuleType) -> ModuleType:
+    """``module`` with the perceptual hash's per-image step switched off: the sample of the
+    decoded source (``phash.source_sample``), or in older versions the hash itself."""
+    for step in ("source_sample", "perceptual_hash"):
+        if hasattr(module, step):
+            setattr(module, step, lambda image: None)
+            return module
+    return module  # a revision before the hash: nothing to switch off
 
 
 def _photos(root: Path, n: int) -> list[bytes]:
@@ -105,9 +139,7 @@ def throughput_rows(n: int, rounds: int, baseline_rev: str, candidate_rev: str |
     candidate = load_images_module(candidate_rev, "images_candidate")
     # The same candidate without the perceptual hash of the catalog (a cost of its own, with
     # its own benchmark): what the rest of the per-image work costs against the baseline.
-    unhashed = load_images_module(candidate_rev, "images_unhashed")
-    if hasattr(unhashed, "perceptual_hash"):
-        unhashed.perceptual_hash = lambda image: None
+    unhashed = _unhashed(load_images_module(candidate_rev, "images_unhashed"))
     with tempfile.TemporaryDirectory() as tmp:
         photos = _photos(Path(tmp), n)
     tagged = _with_profile(photos)
@@ -139,7 +171,7 @@ def throughput_rows(n: int, rounds: int, baseline_rev: str, candidate_rev: str |
         f"{statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f}) |"
     )
     print(
-        f"| candidate without the perceptual hash, no profile | {rate([p[2] for p in plain])} | "
+        f"| candidate without the perceptual hash's sample, no profile | {rate([p[2] for p in plain])} | "
         f"{statistics.median(unhashed_ratios):.3f} "
         f"({min(unhashed_ratios):.3f}-{max(unhashed_ratios):.3f}) |"
     )
