@@ -20,6 +20,9 @@ light and shade, so distinct images differ in their coarse structure, as photos 
 planted copies come within the default near-duplicate threshold.
 
 Everything is generated from fixed seeds: the same arguments always write the same bytes.
+Each file is written under a hidden temporary name and renamed into place, so an interrupted
+run (Ctrl-C, SIGTERM: it ends with one line and status 130 or 143) leaves whole files only, and
+rerunning the same command writes the whole set.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ from PIL import Image
 
 from beam_pipelines.output.shards import TRAIN, VALIDATION, assign_split
 from cliflags import StrictArgumentParser, command_name
+from cliflags.interrupts import run_command, signal_name
+from objstore import write_atomic
 
 __all__ = [
     "SAMPLE_CLASSES",
@@ -141,6 +146,11 @@ def scene_rgb(size: tuple[int, int], *, seed: int = 0) -> np.ndarray:
     return np.asarray(image)
 
 
+def _write(path: Path, data: bytes) -> None:
+    # Whole or not at all: an interrupted run leaves no half-written image.
+    write_atomic(str(path), data)
+
+
 def _jpeg(array: np.ndarray, quality: int = 90, **save_args) -> bytes:
     buffer = io.BytesIO()
     Image.fromarray(array).save(buffer, format="JPEG", quality=quality, **save_args)
@@ -202,7 +212,7 @@ def write_class_jpegs(
         name = names[i % len(names)]
         path = root / name / f"img_{seed:03d}_{i:06d}.JPEG"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(make(name, seed * 1_000_003 + i))
+        _write(path, make(name, seed * 1_000_003 + i))
         paths.append(path)
     return paths
 
@@ -252,7 +262,7 @@ def _plant_near_duplicates(
         if _split(data, validation_fraction) == TRAIN:
             break
     copy = original.with_name(f"{original.stem}_reencoded.JPEG")
-    copy.write_bytes(data)
+    _write(copy, data)
     planted.append((copy, original))
     original = (in_train or plain)[0]
     image = Image.open(original)
@@ -263,7 +273,7 @@ def _plant_near_duplicates(
             break
     other = names[(names.index(original.parent.name) + 1) % len(names)]
     copy = root / other / f"near_copy_of_{original.stem}.JPEG"
-    copy.write_bytes(data)
+    _write(copy, data)
     planted.append((copy, original))
     return planted
 
@@ -307,26 +317,27 @@ def write_sample_set(
             array = _styled(style, size, c * 100_003 + i)
             path = directory / f"{name.replace(' ', '_')}_{i:04d}.JPEG"
             if i == 0:
-                path.write_bytes(_exif_rotated(array))  # stored sideways, EXIF says rotate
+                _write(path, _exif_rotated(array))  # stored sideways, EXIF says rotate
             elif i == 1:
                 buffer = io.BytesIO()
                 Image.fromarray(array).save(buffer, format="PNG")
-                path.write_bytes(buffer.getvalue())  # the ImageNet PNG-named-.JPEG case
+                _write(path, buffer.getvalue())  # the ImageNet PNG-named-.JPEG case
             else:
-                path.write_bytes(_jpeg(array))
+                _write(path, _jpeg(array))
                 plain.append(path)
     _plant_near_duplicates(root, sorted(plain), validation_fraction)
     first = sorted(SAMPLE_CLASSES)[0]
     source = root / first / f"{first.replace(' ', '_')}_0002.JPEG"
-    (root / first / "copy_of_0002.JPEG").write_bytes(source.read_bytes())
+    _write(root / first / "copy_of_0002.JPEG", source.read_bytes())
     good = source.read_bytes()
     bad_dir = root / sorted(SAMPLE_CLASSES)[-1]
-    (bad_dir / "empty.JPEG").write_bytes(b"")
-    (bad_dir / "error_page.jpg").write_bytes(
+    _write(bad_dir / "empty.JPEG", b"")
+    _write(
+        bad_dir / "error_page.jpg",
         b"<!DOCTYPE html>\n<html><head><title>403 Forbidden</title></head>"
-        b"<body><h1>Forbidden</h1></body></html>\n"
+        b"<body><h1>Forbidden</h1></body></html>\n",
     )
-    (bad_dir / "truncated.JPEG").write_bytes(good[: len(good) // 3])
+    _write(bad_dir / "truncated.JPEG", good[: len(good) // 3])
     return {
         "images": per_class * len(SAMPLE_CLASSES),
         "bad": 3,
@@ -358,6 +369,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the pipeline's --validation_fraction the leakage near-duplicate is placed for (0.2)",
     )
     args = parser.parse_args(argv)
+    return run_command(
+        lambda: _write_and_report(parser, args),
+        on_interrupt=lambda signum: _interrupted_line(signum, Path(args.output), args.per_class),
+    )
+
+
+def _write_and_report(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         counts = write_sample_set(
             args.output,
@@ -374,6 +392,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"to {args.output}"
     )
     return 0
+
+
+def _interrupted_line(signum: int, output: Path, per_class: int) -> str:
+    """The one line after Ctrl-C or SIGTERM: how much of the set ``output`` holds (every file
+    in it is whole, written atomically) and how to finish it."""
+    total = per_class * len(SAMPLE_CLASSES) + 6  # + 3 bad, 1 duplicate, 2 near-duplicates
+    whole = sum(
+        1
+        for name in SAMPLE_CLASSES
+        if (output / name).is_dir()
+        for path in (output / name).iterdir()
+        if path.is_file() and not path.name.startswith(".")
+    )
+    return (
+        f"interrupted by {signal_name(signum)}; {output} holds {whole} of the set's {total} "
+        "files, each one whole: rerun the same command to write the whole set"
+    )
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Ctrl-C and SIGTERM as users expect: the pipeline, run under a pseudo-terminal on the
 in-process runner and on multi-process DirectRunner workers, ends within seconds with one line
 (what was kept, the ``--resume`` command), status 130 or 143 and no traceback, publishes
-nothing, and ``--resume`` then finishes byte-identically; the dataset tools end the same way,
-and end quietly (141) when the reader of their output goes away (``| head``)."""
+nothing, and ``--resume`` then finishes byte-identically; the dataset tools and the sample set
+end the same way (the sample set keeps whole files only, and a rerun writes the whole set), and
+end quietly (141) when the reader of their output goes away (``| head``)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from beam_pipelines import images_to_tfrecord
+from beam_pipelines import images_to_tfrecord, samples
 from beam_pipelines.interrupts import interrupted_line
 from beam_pipelines.output.staging import RecordStager
 from cliflags.interrupts import BROKEN_PIPE, catch_interrupts, run_command
 from tests.fixtures.images import make_image_tree
-from tests.fixtures.processes import REPO, process_env, run_in_terminal
+from tests.fixtures.processes import REPO, catches_signal, process_env, run_in_terminal
 
 # Tiny staging files, so the first one is committed (the event the test waits for) early in a
 # run that has most of its images still to prepare.
@@ -111,6 +112,42 @@ def test_an_interrupted_build_says_how_to_resume_and_resumes_byte_identically(
     # The command it names continues the build to the same bytes as an uninterrupted one.
     summary = images_to_tfrecord.run([*argv, "--resume"])
     assert summary.published
+    assert _snapshot(output) == reference
+
+
+@pytest.mark.slow
+def test_interrupted_samples_keep_whole_files_and_a_rerun_writes_the_set(tmp_path):
+    output = tmp_path / "samples"
+    argv = ["--output", str(output), "--per_class", "8"]  # 38 files, about 2 s of work
+    first_class = output / next(iter(samples.SAMPLE_CLASSES))
+    code, text, elapsed = run_in_terminal(
+        ["-m", "beam_pipelines.samples", *argv],
+        # Its handler is in place (Python's default has none for SIGTERM) and it has begun.
+        wait_for=lambda pid: catches_signal(pid, signal.SIGTERM) and any(first_class.iterdir()),
+        how="ctrl-c",
+        deadline_s=60.0,
+    )
+    assert code == 130, text
+    assert elapsed < FEW_SECONDS, text
+    assert "Traceback" not in text and "Error" not in text, text
+    lines = [line for line in text.replace("^C", "").splitlines() if line.strip()]
+    assert len(lines) == 1, text
+    match = re.fullmatch(
+        rf"interrupted by Ctrl-C \(SIGINT\); {re.escape(str(output))} holds (\d+) of the set's "
+        "38 files, each one whole: rerun the same command to write the whole set",
+        lines[0],
+    )
+    assert match, text
+    kept = _snapshot(output)
+    assert 1 <= int(match[1]) == len(kept) < 38, sorted(kept)
+    reference_dir = tmp_path / "reference"
+    samples.write_sample_set(reference_dir, per_class=8)
+    reference = _snapshot(reference_dir)
+    # Every file kept is whole: no temporary left beside them, no file cut short.
+    assert set(kept) <= set(reference), sorted(set(kept) - set(reference))
+    assert all(data == reference[name] for name, data in kept.items())
+    # The same command writes the whole set, the same bytes as an uninterrupted run.
+    assert samples.main(argv) == 0
     assert _snapshot(output) == reference
 
 
