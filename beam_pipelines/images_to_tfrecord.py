@@ -45,6 +45,7 @@ from beam_pipelines.builds.resume import (
 from beam_pipelines.command_line import parse_command_line
 from beam_pipelines.config import ImagesToTFRecordOptions, PipelineConfig, config_from_options
 from beam_pipelines.engines.runners import (
+    cancel_job,
     in_process_runner,
     private_temp_dir,
     resolve_runner_aliases,
@@ -289,7 +290,11 @@ def _run_pipeline(
         _ = results | "StageResults" >> StageResults(config.output, spec.run_id)
         try:
             result = pipeline.run()
-            result.wait_until_finish()
+            try:
+                result.wait_until_finish()
+            except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the engine's job ends too
+                cancel_job(result)
+                raise
         except Exception as e:  # runners re-raise a step's own exception type
             raise JobFailedError(f"the pipeline failed: {type(e).__name__}: {e}") from e
         finally:

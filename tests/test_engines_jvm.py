@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_pipelines.engines import flink, spark
+from beam_pipelines.engines import flink, portable, spark
 from beam_pipelines.engines.local_clusters import (
     FlinkCluster,
     SparkCluster,
@@ -34,7 +34,10 @@ from beam_pipelines.engines.runners import FLINK_RUNNER, SPARK_RUNNER, resolve_r
 from beam_pipelines.images_to_tfrecord import JobFailedError, run
 from benchmarks.profile_jvm_engines import stack_categories, task_thread_states
 from tests.fixtures.images import make_image_tree
+from tests.fixtures.processes import run_in_terminal
 from tests.test_engines import _PIPELINE_FLAGS, _dataset_files, engine_input  # noqa: F401
+from tests.test_interrupts import FEW_SECONDS, _snapshot, images, reference  # noqa: F401
+from tests.test_interrupts import FLAGS as _INTERRUPT_FLAGS
 
 _FLAGS = [*_PIPELINE_FLAGS, "--stratify_validation"]
 
@@ -167,8 +170,8 @@ def jvm_references(engine_input, tmp_path_factory):  # noqa: F811  (the imported
     }
 
 
-def _assert_identical(output: Path, reference: Path, engine: str) -> None:
-    files, expected = _dataset_files(output), _dataset_files(reference)
+def _assert_identical(output: Path, in_process: Path, engine: str) -> None:
+    files, expected = _dataset_files(output), _dataset_files(in_process)
     assert sorted(files) == sorted(expected)
     for name, data in expected.items():
         assert files[name] == data, f"{engine}: {name} differs from the in-process run"
@@ -276,3 +279,72 @@ def test_embedded_flink_writes_the_in_process_dataset(jvm_references, tmp_path):
     argv += ["--runner", "FlinkRunner", "--flink_master", "[local]", "--parallelism", "2"]
     assert run(argv).published
     _assert_identical(output, jvm_references["base"], "flink [local]")
+
+
+def _engine_jobs_left(cluster: FlinkCluster | SparkCluster) -> tuple[list[str], str]:
+    """The engine's jobs still running, and the state of the newest one."""
+    if isinstance(cluster, FlinkCluster):
+        overview = portable.http_json(f"{cluster.web_ui}/jobs/overview")
+        assert isinstance(overview, dict), overview
+        jobs = sorted(overview["jobs"], key=lambda j: j["start-time"])
+        return [j["jid"] for j in jobs if j["state"] not in ("CANCELED", "FAILED", "FINISHED")], (
+            jobs[-1]["state"] if jobs else "none"
+        )
+    master = portable.http_json(f"{cluster.web_ui}/json/")
+    assert isinstance(master, dict), master
+    done = sorted(master["completedapps"], key=lambda a: a["starttime"])
+    return [a["id"] for a in master["activeapps"]], done[-1]["state"] if done else "none"
+
+
+@pytest.mark.slow
+@pytest.mark.jvm
+@pytest.mark.parametrize(
+    ("engine", "how", "status", "ended"),
+    # Spark's application ends with its driver, the job server the launcher stops: FINISHED.
+    [("flink", "ctrl-c", 130, "CANCELED"), ("spark", "sigterm", 143, "FINISHED")],
+)
+def test_an_interrupted_engine_build_cancels_its_job_and_resumes_byte_identically(
+    images,  # noqa: F811  (the imported fixture)
+    reference,  # noqa: F811
+    tmp_path,
+    request,
+    engine,
+    how,
+    status,
+    ended,
+):
+    # Issue 32 on a cluster: under a terminal, Ctrl-C (the whole foreground group: launcher,
+    # job server, SDK workers) or SIGTERM (the launcher alone) ends the launcher within seconds
+    # with one line, and the engine's job with it, not left preparing images on its own.
+    cluster = read_cluster(request.getfixturevalue(f"{engine}_cluster").work_dir)
+    output = tmp_path / "dataset"
+    argv = ["--input", str(images), "--output", str(output), *_INTERRUPT_FLAGS]
+    argv += cluster.runner_args()
+    code, text, elapsed = run_in_terminal(
+        ["-m", "beam_pipelines.images_to_tfrecord", *argv],
+        wait_for=str(output / ".staging" / "records" / "*"),
+        how=how,
+        deadline_s=240,
+    )
+    assert code == status, text
+    assert elapsed < FEW_SECONDS, text
+    assert "Traceback" not in text and "Exception" not in text, text
+    assert not (output / "dataset.json").exists(), "the build ended before the signal"
+    # Besides the engine's job link (logged when the job started), one line.
+    lines = [
+        line
+        for line in text.replace("^C", "").splitlines()
+        if line.strip()
+        and not line.startswith(f"INFO beam_pipelines.engines.portable: {engine.title()} job")
+    ]
+    assert len(lines) == 1 and lines[0].startswith("interrupted by "), text
+    assert lines[0].endswith(" --resume") and str(output / ".staging") in lines[0], text
+    # The launcher cancelled the job on the engine before it exited.
+    running, newest = _engine_jobs_left(cluster)
+    assert not running and newest == ended, (running, newest)
+    staged = _snapshot(output / ".staging")
+    time.sleep(2)
+    assert _snapshot(output / ".staging") == staged, "something still writes to the staging area"
+    summary = run([*argv, "--resume"])
+    assert summary.published
+    assert _snapshot(output) == reference

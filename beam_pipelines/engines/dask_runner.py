@@ -498,6 +498,8 @@ class DaskPipelineResult(PipelineResult):
         Tasks not yet started never start; a task already running on a worker finishes its
         partition (Dask cannot stop a running thread) and its result is dropped.
         """
+        if self._state in (PipelineState.DONE, PipelineState.FAILED, PipelineState.CANCELLED):
+            return self._state
         self._state = PipelineState.CANCELLING
         self.client.cancel(self.futures, force=True)
         self._close()

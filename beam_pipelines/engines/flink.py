@@ -12,15 +12,23 @@ from __future__ import annotations
 
 import logging
 import re
+import time
+import urllib.request
 
 from apache_beam.options.pipeline_options import FlinkRunnerOptions, PipelineOptions
 from apache_beam.pipeline import Pipeline
-from apache_beam.runners.portability import flink_runner
+from apache_beam.runners.portability import flink_runner, job_server
 from apache_beam.runners.runner import PipelineResult
 
 from beam_pipelines.engines import portable, versions
 
-__all__ = ["DEFAULT_PARALLELISM", "FLINK_RUNNER", "FlinkRunner", "prepare_flink_options"]
+__all__ = [
+    "DEFAULT_PARALLELISM",
+    "FLINK_RUNNER",
+    "FlinkRunner",
+    "cancel_flink_job",
+    "prepare_flink_options",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -69,11 +77,16 @@ class FlinkRunner(flink_runner.FlinkRunner):
         self._job_server = None
 
     def default_job_server(self, options):
-        self._job_server = super().default_job_server(options)
+        server = super().default_job_server(options)
+        if type(server) is job_server.StopOnExitJobServer:
+            server = portable.StopOnExitJobServer(server._job_server)
+        self._job_server = server
         return self._job_server
 
     def run_pipeline(self, pipeline: Pipeline, options: PipelineOptions) -> PipelineResult:
         prepare_flink_options(options)
+        portable.keep_ctrl_c_from_engine_processes()
+        portable.drop_launch_warnings()
         master = options.view_as(FlinkRunnerOptions).flink_master.strip()
         result = super().run_pipeline(pipeline, options)
         if self._job_server is not None:
@@ -86,7 +99,60 @@ class FlinkRunner(flink_runner.FlinkRunner):
             portable.watch_for_engine_job(
                 lambda: _find_flink_job(rest, beam_job_id), "Flink", beam_job_id
             )
+            _cancel_on_the_cluster_too(result, rest, beam_job_id)
         return result
+
+
+def _cancel_on_the_cluster_too(result: PipelineResult, rest: str, beam_job_id: str) -> None:
+    """Makes ``result.cancel()`` cancel the Flink job through the cluster's REST API first.
+
+    Beam's cancel goes through the job server, which only stops waiting for the job: on a
+    session cluster the job would go on preparing images and writing staging files, with no
+    launcher. Flink's own cancel ends it (CANCELED); Beam's then stops the job server.
+    """
+    beam_cancel = result.cancel
+
+    def cancel():
+        try:
+            cancel_flink_job(rest, beam_job_id)
+        except Exception as e:  # Beam's cancel below still stops the job server
+            _log.debug("cancelling the Flink job of %s: %s", beam_job_id, e)
+        return beam_cancel()
+
+    result.cancel = cancel  # type: ignore[method-assign]  # the same call, one step more
+
+
+def cancel_flink_job(rest: str, beam_job_id: str, timeout_s: float = 10.0) -> str | None:
+    """Cancels the Flink job of ``beam_job_id`` and waits (≤ ``timeout_s``) for it to end.
+
+    Returns:
+      The job's last state (``CANCELED`` once cancelled), or None when the cluster lists no
+      such job.
+    """
+    found = _find_flink_job(rest, beam_job_id)
+    if found is None:
+        return None
+    jid = found[0]
+    deadline = time.monotonic() + timeout_s
+    state = _job_state(rest, jid)
+    if state not in _TERMINAL:
+        request = urllib.request.Request(f"{rest}/jobs/{jid}?mode=cancel", method="PATCH")
+        try:
+            urllib.request.urlopen(request, timeout=3).close()
+        except OSError as e:  # ended meanwhile, or the cluster is gone
+            _log.debug("cancelling Flink job %s: %s", jid, e)
+    while state not in _TERMINAL and time.monotonic() < deadline:
+        time.sleep(0.2)
+        state = _job_state(rest, jid)
+    return state
+
+
+_TERMINAL = ("CANCELED", "FAILED", "FINISHED")
+
+
+def _job_state(rest: str, jid: str) -> str | None:
+    job = portable.http_json(f"{rest}/jobs/{jid}")
+    return job.get("state") if isinstance(job, dict) else None
 
 
 def _find_flink_job(rest: str, beam_job_id: str) -> tuple[str, str] | None:

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -27,6 +28,7 @@ from apache_beam.options.pipeline_options import (
     PipelineOptions,
     PortableOptions,
 )
+from apache_beam.runners.portability import job_server as beam_job_server
 
 from beam_pipelines.engines import versions
 
@@ -34,10 +36,13 @@ __all__ = [
     "ENVIRONMENT_CACHE_MILLIS",
     "JAVA17_JOB_SERVER_OPENS",
     "LOOPBACK_PROCESS_WORKERS",
+    "StopOnExitJobServer",
     "add_job_server_opens",
     "check_job_server_jar",
     "check_reachable",
+    "drop_launch_warnings",
     "http_json",
+    "keep_ctrl_c_from_engine_processes",
     "stop_job_server_after",
     "stop_sdk_workers",
     "use_worker_processes",
@@ -136,6 +141,81 @@ def use_worker_processes(options: PipelineOptions, parallelism: int) -> None:
     found = shutil.which("python")
     if found is None or os.path.dirname(os.path.realpath(found)) != os.path.realpath(here):
         os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
+
+
+class _OwnProcessGroup:
+    """``subprocess`` for Beam's modules, whose ``Popen`` starts a process group of its own."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(subprocess, name)
+
+    @staticmethod
+    def Popen(*args, **kwargs) -> subprocess.Popen:
+        kwargs.setdefault("process_group", 0)
+        return subprocess.Popen(*args, **kwargs)
+
+
+def keep_ctrl_c_from_engine_processes() -> None:
+    """Starts Beam's job servers and LOOPBACK SDK workers in process groups of their own.
+
+    A terminal sends Ctrl-C's SIGINT to its whole foreground process group: the job server
+    (the Spark driver; Flink's client) would die at once, before the launcher could cancel
+    the job through it, and each SDK worker would print a traceback. Out of that group, only
+    the launcher sees Ctrl-C; it cancels the job, and the job's end stops them
+    (``stop_job_server_after``). Idempotent.
+    """
+    from apache_beam.runners.worker import worker_pool_main
+    from apache_beam.utils import subprocess_server
+
+    for module in (subprocess_server, worker_pool_main):
+        if not isinstance(module.subprocess, _OwnProcessGroup):
+            module.subprocess = _OwnProcessGroup()  # type: ignore[attr-defined]  # same surface
+
+
+# What Beam logs at WARNING on every run with a job server (the commands it starts and stops),
+# or when the job server is slow to start: a user's terminal got a dozen lines per run.
+_LAUNCH_NOISE = (
+    "Really starting service",
+    "Really destroying service",
+    "Starting worker with",
+    "Waiting for grpc channel to be ready",
+)
+_NOISY_LOGGERS = (
+    "apache_beam.utils.subprocess_server",
+    "apache_beam.runners.worker.worker_pool_main",
+    "",
+)
+
+
+def _not_launch_noise(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_LAUNCH_NOISE)
+
+
+def drop_launch_warnings() -> None:
+    """Drops Beam's WARNING lines about starting the job server and SDK workers (the commands
+    it runs, its wait for the job server's port); errors still show. Idempotent."""
+    for name in _NOISY_LOGGERS:
+        logger = logging.getLogger(name or None)
+        if _not_launch_noise not in logger.filters:
+            logger.addFilter(_not_launch_noise)
+
+
+class StopOnExitJobServer(beam_job_server.StopOnExitJobServer):
+    """Beam's ``StopOnExitJobServer`` without the SIGINT handler its ``start`` installs.
+
+    That handler stopped the job server at Ctrl-C, before the launcher's own handler ran: the
+    launcher could then not cancel the job through it, and it logged the stop. The launcher's
+    handling (``cancel_job``, then ``stop_job_server_after``) stops it instead; at exit it is
+    stopped as before.
+    """
+
+    def start(self):
+        handler = signal.getsignal(signal.SIGINT)
+        try:
+            return super().start()
+        finally:
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGINT, handler)
 
 
 def stop_sdk_workers() -> int:

@@ -18,6 +18,7 @@ __all__ = [
     "RUNNER_ALIASES",
     "SPARK_RUNNER",
     "InProcessRunner",
+    "cancel_job",
     "in_process_runner",
     "private_temp_dir",
     "resolve_runner_aliases",
@@ -82,6 +83,18 @@ class InProcessRunner(PipelineRunner):
             beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)
         )
         return fn_runner.FnApiRunner(provision_info=provision_info).run_pipeline(pipeline, options)
+
+
+def cancel_job(result: PipelineResult) -> None:
+    """Cancels ``result``'s job on its engine (after Ctrl-C or SIGTERM), quietly.
+
+    On a cluster (Dask, Flink, Spark) the job would otherwise go on without its launcher,
+    preparing images and writing staging files that nobody waits for. A runner that cannot
+    cancel (the in-process one: its work ends with the launcher) or a job already over is
+    left as it is.
+    """
+    with contextlib.suppress(Exception):
+        result.cancel()
 
 
 def in_process_runner(options: PipelineOptions) -> PipelineRunner | None:

@@ -21,7 +21,7 @@ from apache_beam.options.pipeline_options import (
     SparkRunnerOptions,
 )
 from apache_beam.pipeline import Pipeline
-from apache_beam.runners.portability import job_server, spark_runner
+from apache_beam.runners.portability import spark_runner
 from apache_beam.runners.runner import PipelineResult
 
 from beam_pipelines.engines import portable, versions
@@ -125,11 +125,13 @@ class SparkRunner(spark_runner.SparkRunner):
         spark = options.view_as(SparkRunnerOptions)
         if spark.spark_submit_uber_jar:
             return super().default_job_server(options)
-        self._job_server = job_server.StopOnExitJobServer(spark_runner.SparkJarJobServer(options))
+        self._job_server = portable.StopOnExitJobServer(spark_runner.SparkJarJobServer(options))
         return self._job_server
 
     def run_pipeline(self, pipeline: Pipeline, options: PipelineOptions) -> PipelineResult:
         ui = prepare_spark_options(options)
+        portable.keep_ctrl_c_from_engine_processes()
+        portable.drop_launch_warnings()
         result = super().run_pipeline(pipeline, options)
         if self._job_server is not None:
             portable.stop_job_server_after(result, self._job_server)
