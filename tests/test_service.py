@@ -3,7 +3,8 @@
 The process tests share one module-scoped cluster (a fault-tolerant dispatcher and 2 workers)
 because each process start costs seconds of TensorFlow import. They run in file order: the
 later tests break the cluster on purpose (kill a worker, crash the dispatcher, SIGTERM all) and
-each one first checks the cluster is whole again.
+each one first checks the cluster is whole again. Ctrl-C and SIGTERM under a pseudo-terminal
+run a dispatcher of their own.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures.data_service import DataServiceCluster, ServiceProcess
+from tests.fixtures.processes import free_ports, process_env, run_in_terminal
 from tests.fixtures.shards import WrittenDataset, write_dataset
 from tfrecord_io.service import server as service_cli
 from tfrecord_io.service.client import (
@@ -486,14 +488,77 @@ def test_sigterm_stops_dispatcher_and_workers_cleanly(cluster: DataServiceCluste
             assert time.monotonic() < deadline, f"abandoned jobs still run:\n{worker.log_tail()}"
             time.sleep(0.2)
     statuses = cluster.stop()
-    assert statuses == {"worker0": 0, "worker1": 0, "dispatcher": 0}
+    # 128 + SIGTERM, as a shell reports a process SIGTERM ended; the stop was still clean.
+    assert statuses == {"worker0": 143, "worker1": 143, "dispatcher": 143}
     for process in [*cluster.workers, cluster.dispatcher]:
         assert process is not None
         log = process.log_since_start()
-        assert "received SIGTERM" in log
-        assert f"tf.data service {process.role} stopped cleanly" in log
+        # One line after the signal: stopped cleanly, what was kept and how to continue (on the
+        # port it had, which a rerun of --port 0 would not get back).
+        asked = process.args[process.args.index("--port") + 1] if "--port" in process.args else "0"
+        rerun = "rerun the same command" if asked != "0" else f"rerun it with --port {process.port}"
+        kept = (
+            f"nothing was kept (a worker holds no state): {rerun} to serve its dispatcher again "
+            "at the same address"
+            if process.role == "worker"
+            else f"its journal in {cluster.work_dir} is kept: {rerun} to recover its datasets, "
+            "jobs and workers"
+        )
+        assert re.search(
+            rf"tf\.data service {process.role} stopped cleanly after SIGTERM, with "
+            rf"\d+ (worker\(s\) registered|task\(s\) running); {re.escape(kept)}\n$",
+            log,
+        ), log
     dispatcher_log = cluster.dispatcher.log_since_start()
     assert "mode fault-tolerant" in dispatcher_log and str(cluster.work_dir) in dispatcher_log
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("how", "status", "work_dir"),
+    [("ctrl-c", 130, True), ("sigterm", 143, False)],
+    ids=["ctrl-c-fault-tolerant", "sigterm-in-memory"],
+)
+def test_a_signal_stops_the_dispatcher_with_one_line_saying_what_was_kept(
+    tmp_path: Path, how: str, status: int, work_dir: bool
+) -> None:
+    port = free_ports(1)[0]
+    journal = tmp_path / "work_dir"
+    argv = ["-m", "tfrecord_io.service", "dispatcher", "--port", str(port)]
+    env = process_env()
+    del env["TF_CPP_MIN_LOG_LEVEL"]  # a user's shell: TensorFlow's start-up lines would show
+    code, text, elapsed = run_in_terminal(
+        [*argv, *(["--work_dir", str(journal)] if work_dir else [])],
+        wait_for=lambda pid: _listening(port),
+        how=how,
+        env=env,
+        deadline_s=120.0,
+    )
+    assert code == status, text
+    assert elapsed < 15.0, text  # a few seconds, on a shared, loaded machine
+    # Its start-up lines, then the one line the signal gives: no traceback, nothing else.
+    lines = [line for line in text.replace("^C", "").splitlines() if line.strip()]
+    assert len(lines) == 3, text
+    assert "tf.data service dispatcher serving at" in lines[0], text
+    assert lines[1].endswith("tf.data service dispatcher: 0 worker(s) registered"), text
+    name = "Ctrl-C (SIGINT)" if how == "ctrl-c" else "SIGTERM"
+    kept = (
+        f"its journal in {journal} is kept: rerun the same command to recover its datasets, "
+        "jobs and workers"
+        if work_dir
+        else "nothing was kept (without --work_dir its datasets and jobs were in memory): "
+        "rerun the same command to serve again"
+    )
+    assert lines[2].endswith(
+        f"tf.data service dispatcher stopped cleanly after {name}, with 0 worker(s) "
+        f"registered; {kept}"
+    ), text
+    assert (journal / "tf_data_dispatcher_journal").is_dir() == work_dir
 
 
 def test_examples_per_message_groups_whole_training_batches() -> None:

@@ -20,12 +20,12 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Runs a dispatcher or worker until SIGTERM/SIGINT, then ends the process.
+    """Runs a dispatcher or worker until SIGTERM/SIGINT, then ends the process with 143/130.
 
     Bad flags raise ``SystemExit(2)`` as usual. Once a server has run, the process exits with
-    its status at once (``os._exit``): the server has stopped and the log is flushed, and tearing
-    TensorFlow down in Python takes seconds and has nothing left to save (the dispatcher journals
-    every change as it happens).
+    its status at once (``os._exit``): the server has stopped, its one line (what was kept, how to
+    continue) is logged and the log is flushed, and tearing TensorFlow down in Python takes
+    seconds and has nothing left to save (the dispatcher journals every change as it happens).
 
     Returns:
       Never returns normally after serving; the return type is that of every command's ``main``.

@@ -9,9 +9,11 @@ recovers its datasets, jobs and workers, and trainers reconnect without restarti
 dispatcher assigns it and streams their elements to the trainers.
 
 Both log what they serve when they start and when it changes (workers registered, tasks
-running), and stop cleanly on SIGTERM or SIGINT: the server is stopped and the process exits 0
-after logging that it stopped. If stopping takes longer than ``--stop_timeout_s`` (a worker
-winds down each running task first), the process dumps its stacks to the log and exits 1.
+running), and stop cleanly on SIGTERM or SIGINT (Ctrl-C): the server is stopped, one line says
+so, what was kept (the dispatcher's journal in its ``work_dir``) and how to continue (rerun the
+same command), and the process exits 143 (SIGTERM) or 130 (SIGINT), as a shell reports a process
+the signal ended. If stopping takes longer than ``--stop_timeout_s`` (a worker winds down each
+running task first), the process dumps its stacks to the log and exits 1.
 
 Jobs whose consumers have gone keep their tasks running on the workers until the dispatcher
 collects them (``--job_gc_timeout_ms``, checked every ``--job_gc_check_interval_ms``; by
@@ -40,11 +42,13 @@ from cliflags import (
     flag_values,
     quiet_tensorflow,
 )
+from cliflags.interrupts import exit_status, signal_name
 from tfrecord_io.service.client import ServiceAddress
 
 __all__ = [
     "DEFAULT_STOP_TIMEOUT_S",
     "DispatcherSettings",
+    "StopRequest",
     "WorkerSettings",
     "command_line_parser",
     "serve_dispatcher",
@@ -169,6 +173,18 @@ class WorkerSettings:
         _check_stop_timeout(self.stop_timeout_s)
 
 
+class StopRequest(threading.Event):
+    """A request to stop serving: set by SIGTERM or SIGINT, which it records, or by code.
+
+    Attributes:
+      signum: the first signal that asked to stop, or None (not set, or set by code).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.signum: int | None = None
+
+
 class _Server(Protocol):
     def stop(self) -> None: ...
 
@@ -179,12 +195,18 @@ def _serve(
     describe_state: Callable[[], str],
     stop_event: threading.Event,
     stop_timeout_s: float,
+    kept: Callable[[], str],
 ) -> int:
     """Keeps ``server`` up until ``stop_event`` is set, logging changes of its state.
 
+    Args:
+      kept: after a signal, the end of the one line the stop logs: what was kept and how to
+        continue.
+
     Returns:
-      0 once the server has stopped. If it takes over ``stop_timeout_s``, the process exits
-      with status 1 instead of returning.
+      ``128 + signal`` (130, 143) once the server has stopped after SIGINT or SIGTERM (a
+      ``StopRequest`` that recorded one); 0 after a stop asked for by code. If stopping takes
+      over ``stop_timeout_s``, the process exits with status 1 instead of returning.
     """
     state = describe_state()
     _LOG.info("tf.data service %s: %s", role, state)
@@ -193,28 +215,34 @@ def _serve(
         if latest != state:
             state = latest
             _LOG.info("tf.data service %s: %s", role, state)
-    _LOG.info(
-        "tf.data service %s stopping (%s); exiting with status 1 if that takes over %.0f s",
-        role,
-        state,
-        stop_timeout_s,
-    )
     # tf.data's stop() holds the GIL while each task winds down, so no Python timer or signal
     # handler can run until it returns: the deadline is faulthandler's C watchdog thread, which
-    # dumps the stacks to the log and exits with status 1.
+    # dumps the stacks to the log ("Timeout (0:00:25)!") and exits with status 1.
     faulthandler.dump_traceback_later(stop_timeout_s, exit=True, file=sys.stderr)
     server.stop()
     faulthandler.cancel_dump_traceback_later()
-    _LOG.info("tf.data service %s stopped cleanly", role)
-    return 0
+    signum = stop_event.signum if isinstance(stop_event, StopRequest) else None
+    if signum is None:
+        _LOG.info("tf.data service %s stopped cleanly (%s)", role, state)
+        return 0
+    # The one line a signal gives: nothing is logged between the signal and it.
+    _LOG.info(
+        "tf.data service %s stopped cleanly after %s, with %s; %s",
+        role,
+        signal_name(signum),
+        state,
+        kept(),
+    )
+    return exit_status(signum)
 
 
-def _install_stop_handlers() -> threading.Event:
+def _install_stop_handlers() -> StopRequest:
     """Turns SIGTERM and SIGINT into a stop request the serving loop sees at once."""
-    stop_event = threading.Event()
+    stop_event = StopRequest()
 
     def _request_stop(signum: int, _frame: Any) -> None:
-        _LOG.info("received %s", signal.Signals(signum).name)
+        if stop_event.signum is None:
+            stop_event.signum = signum
         stop_event.set()
 
     signal.signal(signal.SIGTERM, _request_stop)
@@ -226,11 +254,18 @@ def _bound_port(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
 
+def _rerun(asked_port: int, port: int) -> str:
+    """How to start the same server again: on the port it had (a restart recovers or takes
+    over only there), which a rerun of ``--port 0`` would not get back."""
+    return "rerun the same command" if asked_port == port else f"rerun it with --port {port}"
+
+
 def serve_dispatcher(settings: DispatcherSettings, stop_event: threading.Event) -> int:
     """Runs a dispatcher until ``stop_event`` is set.
 
     Returns:
-      The process exit status, 0 on a clean stop.
+      The process exit status: 130 or 143 after SIGINT or SIGTERM, 0 after a stop asked for
+      by code.
     """
     import tensorflow as tf
     from tensorflow.core.protobuf import service_config_pb2
@@ -273,14 +308,27 @@ def serve_dispatcher(settings: DispatcherSettings, stop_event: threading.Event) 
         # A private accessor, but the only way to see registrations from Python.
         return f"{server._num_workers()} worker(s) registered"
 
-    return _serve("dispatcher", server, describe_state, stop_event, settings.stop_timeout_s)
+    def kept() -> str:
+        rerun = _rerun(settings.port, port)
+        if settings.work_dir is None:
+            return (
+                "nothing was kept (without --work_dir its datasets and jobs were in memory): "
+                f"{rerun} to serve again"
+            )
+        return (
+            f"its journal in {settings.work_dir} is kept: {rerun} to recover its datasets, "
+            "jobs and workers"
+        )
+
+    return _serve("dispatcher", server, describe_state, stop_event, settings.stop_timeout_s, kept)
 
 
 def serve_worker(settings: WorkerSettings, stop_event: threading.Event) -> int:
     """Runs a worker until ``stop_event`` is set.
 
     Returns:
-      The process exit status, 0 on a clean stop.
+      The process exit status: 130 or 143 after SIGINT or SIGTERM, 0 after a stop asked for
+      by code.
     """
     import tensorflow as tf
 
@@ -307,7 +355,13 @@ def serve_worker(settings: WorkerSettings, stop_event: threading.Event) -> int:
     def describe_state() -> str:
         return f"{server._num_tasks()} task(s) running"
 
-    return _serve("worker", server, describe_state, stop_event, settings.stop_timeout_s)
+    def kept() -> str:
+        return (
+            "nothing was kept (a worker holds no state): "
+            f"{_rerun(settings.port, port)} to serve its dispatcher again at the same address"
+        )
+
+    return _serve("worker", server, describe_state, stop_event, settings.stop_timeout_s, kept)
 
 
 def _host_name() -> str:
