@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import tensorflow as tf
 
-from schemas.framing import iter_frames
+from schemas.framing import FrameError, iter_frames
 from tfrecord_io.delivery import DeliveredSet
 from tfrecord_io.source import ShardFile, open_binary
 
@@ -68,16 +68,20 @@ def load_split_records(shards: Sequence[ShardFile]) -> np.ndarray:
 
     Raises:
       FileNotFoundError: if a shard is missing.
-      ValueError: naming the shard, if a frame is damaged (``FrameError``) or a shard's size,
-        record count or SHA-256 is not what ``dataset.json`` commits.
+      ValueError: naming the shard, if a frame is damaged (``FrameError``, in the words of the
+        reader's own check) or a shard's size, record count or SHA-256 is not what
+        ``dataset.json`` commits.
     """
     records: list[bytes] = []
     for shard in shards:
         digest: list[tuple[int, str]] = []
         with open_binary(shard.path) as stream:
-            payloads = [
-                frame.payload for frame in iter_frames(stream, name=shard.path, digest=digest)
-            ]
+            try:
+                payloads = [
+                    frame.payload for frame in iter_frames(stream, name=shard.path, digest=digest)
+                ]
+            except FrameError as e:  # the same words as the reader's own check
+                raise FrameError(f"damaged, missing or unreadable TFRecord shard: {e}") from e
         num_bytes, sha256 = digest[0]
         found = (num_bytes, len(payloads))
         if found != (shard.num_bytes, shard.num_examples) or shard.sha256 not in (None, sha256):

@@ -264,7 +264,8 @@ def _train(config: TrainConfig, log_level: str) -> int:
             log.info("this is worker %d of %d", dist.worker_index, dist.num_workers)
         result = fit(config.model, config, distribution=dist)
     except (ValueError, KeyError, FileNotFoundError) as e:
-        log.error("%s", e.args[0] if isinstance(e, KeyError) and e.args else e)
+        damaged = _damaged_shard_message(e, config.data.source)  # read before the first step
+        log.error("%s", damaged or (e.args[0] if isinstance(e, KeyError) and e.args else e))
         log.debug("where it was raised:", exc_info=True)
         _quiet_teardown()
         return 2
