@@ -13,6 +13,7 @@ import contextlib
 import os
 import shutil
 import signal
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -90,6 +91,16 @@ def test_an_unreachable_cluster_is_named_with_the_command_that_starts_one(tmp_pa
     options = PipelineOptions(["--spark_master_url", "yarn", "--spark_job_server_jar", jar])
     with pytest.raises(ValueError, match="'yarn' is not a Spark master"):
         spark.prepare_spark_options(options)
+
+
+def test_a_cluster_asks_for_the_slots_of_its_running_taskmanagers_only(tmp_path):
+    # After a TaskManager is killed and replaced, cluster.json lists both: a job that asked
+    # for four slots on the two that are left waited for slots that never came.
+    stopped = subprocess.Popen(["true"])
+    stopped.wait()
+    cluster = FlinkCluster(1, tmp_path, os.getpid(), (stopped.pid, os.getpid()), slots=2)
+    assert cluster.runner_args()[-2:] == ["--parallelism", "2"]
+    assert cluster.runner_args(parallelism=3)[-1] == "3"
 
 
 def test_sdk_workers_run_as_one_process_per_slot_kept_for_the_job(tmp_path, monkeypatch):

@@ -103,8 +103,11 @@ class FlinkCluster:
         return f"http://{HOST}:{self.rest_port}"
 
     def runner_args(self, parallelism: int | None = None) -> list[str]:
-        """Pipeline options that send a pipeline to this cluster, one task per slot."""
-        slots = parallelism or self.slots * len(self.taskmanager_pids)
+        """Pipeline options that send a pipeline to this cluster, one task per slot of the
+        TaskManagers still running (``taskmanager_pids`` keeps those that were stopped: a job
+        asking for their slots too would wait for slots that never come)."""
+        live = sum(1 for pid in self.taskmanager_pids if is_running(pid))
+        slots = parallelism or self.slots * max(live, 1)
         return [
             "--runner",
             "FlinkRunner",
