@@ -38,10 +38,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from beam_pipelines.output.shards import TRAIN, VALIDATION, assign_split
 from cliflags import StrictArgumentParser, command_name
 from cliflags.interrupts import run_command, signal_name
 from objstore import write_atomic
+from schemas.constants import TRAIN, VALIDATION
 
 __all__ = [
     "SAMPLE_CLASSES",
@@ -237,6 +237,10 @@ def _exif_rotated(array: np.ndarray) -> bytes:
 
 
 def _split(data: bytes, validation_fraction: float) -> str:
+    # Here, not at the top: the shard writer's module imports Apache Beam, which takes seconds
+    # that a Ctrl-C would interrupt before the command's own handling is in place.
+    from beam_pipelines.output.shards import assign_split
+
     return assign_split(hashlib.sha256(data).hexdigest(), validation_fraction)
 
 

@@ -263,6 +263,18 @@ def test_beam_pipelines_never_imports_the_reader_trainer_or_tensorflow() -> None
     assert not {k: v for k, v in offenders.items() if v}, offenders
 
 
+def test_the_package_and_the_samples_command_import_without_beam() -> None:
+    # Names load on first use: the quickstart's first command starts at once (a Ctrl-C in a
+    # seconds-long Beam import came before its one-line interrupt handling).
+    code = "import beam_pipelines, beam_pipelines.samples\nassert 'apache_beam' not in sys.modules"
+    done = _run_blocked(code)
+    assert done.returncode == 0, done.stderr
+    done = _run_blocked(
+        "from beam_pipelines import ImagesToShards\nassert 'apache_beam' in sys.modules"
+    )
+    assert done.returncode == 0, done.stderr
+
+
 @pytest.mark.slow
 def test_every_beam_pipelines_module_imports_with_tensorflow_blocked() -> None:
     # The whole import graph, as Python resolves it: every module of the bottom floor and of
