@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import tensorflow as tf
 
 from objstore import GLOB_CHARS
@@ -100,14 +101,14 @@ def _packed(names: Any) -> tuple[bytes, np.ndarray]:
         encoded = [n.encode() for n in names]
         lengths = np.array([len(n) for n in encoded], dtype=np.int64)
         return b"".join(encoded), np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    blobs, ends = [], [np.zeros(1, np.int64)]
-    for chunk in names.chunks:
-        offsets = np.frombuffer(chunk.buffers()[1], np.int32, len(chunk) + 1, chunk.offset * 4)
-        data = chunk.buffers()[2]
-        if data is not None:
-            blobs.append(data.to_pybytes()[offsets[0] : offsets[-1]])
-        ends.append((offsets[1:] - offsets[0]).astype(np.int64) + ends[-1][-1])
-    return b"".join(blobs), np.concatenate(ends)
+    # One array with 64-bit offsets, whatever the column's chunks and string type.
+    array = names.combine_chunks().cast(pa.large_string())
+    if len(array) == 0:
+        return b"", np.zeros(1, np.int64)
+    offsets = np.frombuffer(array.buffers()[1], np.int64, len(array) + 1, array.offset * 8)
+    data = array.buffers()[2]
+    blob = data[int(offsets[0]) : int(offsets[-1])].to_pybytes() if data is not None else b""
+    return blob, offsets - offsets[0]
 
 
 class DamageMarker:
