@@ -1,0 +1,115 @@
+"""The build graph as Beam's in-process runner fuses it: no per-record collection held whole.
+
+The in-process runner (FnApiRunner, the default) holds in memory, whole, every PCollection it
+passes from one fused stage to another. A build streams its records only while the image
+step, the split, the shard assignment and the near-duplicate search's first map run in one
+stage: the image step waits for the class names (a side input), so it starts a stage of its
+own after the listing's, and the shard assignment's own wait (for the shard plan, counted in
+the listing's stage) is then already over. These tests build the graph the launcher builds,
+ask the runner how it fuses it (``FnApiRunner.create_stages``, what ``run_pipeline`` does
+first) and name every PCollection read from a buffer. The control is the graph an image step
+with no side input gives (what ``benchmarks/bench_metadata_scale.py`` simulated before its
+stand-in took the class names): there every ``(split, record)`` is held whole.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+from beam_pipelines import ImagesToShards, StageResults, config_from_options
+from beam_pipelines.graph import transforms
+from benchmarks.bench_metadata_scale import (
+    SimulatedPrepareImages,
+    _Outputs,
+    _SimulatedPrepareFn,
+    write_listing,
+)
+
+# Per-record steps: their outputs must stay inside the stage that makes them.
+_PER_RECORD = ("ImagesToShards/PrepareImages/", "ImagesToShards/AssignSplit/")
+
+
+def _buffered(argv: list[str]) -> set[str]:
+    """The producers of every PCollection the in-process runner buffers between stages."""
+    options = PipelineOptions(argv)
+    config = config_from_options(options)
+    pipeline = beam.Pipeline(options=options)
+    results = pipeline | "ImagesToShards" >> ImagesToShards(config)
+    _ = results | "StageResults" >> StageResults(config.output, "offline")
+    proto = pipeline.to_runner_api()
+    _, stages = FnApiRunner().create_stages(proto)
+    producers = {
+        pcollection: transform.unique_name
+        for transform in proto.components.transforms.values()
+        if not transform.subtransforms
+        for pcollection in transform.outputs.values()
+    }
+    buffered = set()
+    for stage in stages:
+        for transform in stage.transforms:
+            payload = transform.spec.payload
+            if transform.spec.urn == "beam:runner:source:v1" and payload.startswith(
+                b"materialize:"
+            ):
+                pcollection = payload.decode().split(":", 1)[1]
+                buffered.add(producers.get(pcollection, pcollection))
+    return buffered
+
+
+def _per_record(buffered: set[str]) -> list[str]:
+    return sorted(name for name in buffered if name.startswith(_PER_RECORD))
+
+
+@pytest.fixture
+def build_args(tmp_path: Path) -> list[str]:
+    listing = tmp_path / "inputs.csv"
+    write_listing(listing, 50)
+    return ["--input", str(listing), "--output", str(tmp_path / "out"), "--progress", "off"]
+
+
+class _NoWaitPrepare(SimulatedPrepareImages):
+    """The control: the stand-in image step given the class names as a plain argument instead
+    of a side input (what the benchmark ran before), so the runner fuses it into the listing's
+    stage."""
+
+    def expand(self, sources):
+        names = tuple(f"class{i:04d}" for i in range(1000))
+        fn = _SimulatedPrepareFn(self._staging, self._file_bytes, self.stand_in_bytes)
+        records = sources | "Simulate" >> beam.ParDo(fn, names)
+        rejected = sources.pipeline | "NoRejections" >> beam.Create([])
+        return _Outputs(records=records, rejected=rejected)
+
+
+@pytest.mark.parametrize(
+    "extra", [[], ["--near_duplicate_search", "bucketed"], ["--stratify_validation"]]
+)
+def test_build_streams_its_records_between_steps(build_args, extra):
+    buffered = _buffered([*build_args, *extra])
+    assert _per_record(buffered) == []
+    # The listing's batches are what crosses (about 12 bytes an input), read after the wait.
+    assert any(name.startswith("ImagesToShards/ListSources/") for name in buffered)
+
+
+def test_simulated_image_step_fuses_as_the_real_one(build_args, monkeypatch):
+    real = _buffered(build_args)
+    monkeypatch.setattr(transforms, "PrepareImages", SimulatedPrepareImages)
+    assert _per_record(_buffered(build_args)) == _per_record(real) == []
+
+
+def test_an_image_step_that_does_not_wait_holds_every_record(build_args, monkeypatch):
+    monkeypatch.setattr(transforms, "PrepareImages", _NoWaitPrepare)
+    assert _per_record(_buffered(build_args)) == [
+        "ImagesToShards/AssignSplit/BySplitValue",
+    ]
+
+
+def test_moving_leakage_to_train_holds_every_record(build_args):
+    """Known and documented: with ``--leakage move_to_train`` every record waits for the
+    search over all of them."""
+    buffered = _buffered([*build_args, "--leakage", "move_to_train"])
+    assert "ImagesToShards/AssignSplit/BySplitValue" in _per_record(buffered)
