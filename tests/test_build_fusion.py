@@ -22,11 +22,15 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 
 from beam_pipelines import ImagesToShards, StageResults, config_from_options
+from beam_pipelines.elements import StagedRecord
 from beam_pipelines.graph import transforms
+from beam_pipelines.output.shards import TRAIN, VALIDATION, _AssignAndPackFn, assign_shard
+from beam_pipelines.output.staging import unpack_locations
 from benchmarks.bench_metadata_scale import (
     SimulatedPrepareImages,
     _Outputs,
     _SimulatedPrepareFn,
+    simulated_meta,
     write_listing,
 )
 
@@ -113,3 +117,34 @@ def test_moving_leakage_to_train_holds_every_record(build_args):
     search over all of them."""
     buffered = _buffered([*build_args, "--leakage", "move_to_train"])
     assert "ImagesToShards/AssignSplit/BySplitValue" in _per_record(buffered)
+
+
+def _staged(i: int) -> StagedRecord:
+    sha256, meta = simulated_meta(i)
+    return StagedRecord(sha256, f"class{meta.label:04d}/{i:010d}.jpg", "f-0", 64 * i, 64, meta)
+
+
+@pytest.mark.parametrize("max_held", [5_000, 64, 1])
+def test_shard_assignment_holds_at_most_max_held_locations(max_held):
+    """The shard assignment's buffers (one bundle of the in-process runner is every record)
+    stay under ``max_held`` however many shards there are, and every location comes out once,
+    in its shard."""
+    plan = {TRAIN: 300, VALIDATION: 7}
+    records = [(TRAIN if i % 50 else VALIDATION, _staged(i)) for i in range(4_000)]
+    fn = _AssignAndPackFn(max_held=max_held)
+    fn.start_bundle()
+    out, most_held = [], 0
+    for element in records:
+        out.extend(fn.process(element, plan))
+        most_held = max(most_held, sum(len(b) for b in fn._buffers.values()))
+    out.extend(packed.value for packed in fn.finish_bundle())
+    assert most_held < max_held
+    assert not fn._buffers
+    unpacked = sorted((shard, r) for shard, data in out for r in unpack_locations(data))
+    want = sorted(
+        ((split, assign_shard(r.sha256, plan[split]), plan[split]), r) for split, r in records
+    )
+    assert unpacked == want
+    # Bounded by the shards alone, 4,000 locations over 307 shards would all wait to the end.
+    packs = len(out)
+    assert packs == 307 if max_held == 5_000 else packs > 307

@@ -61,6 +61,11 @@ DUPLICATES_TAG = "duplicates"
 LABEL_CONFLICT_POLICIES = ("keep_first", "drop_both", "fail")
 # Locations per packed element of the group-by-shard (a few tens of KB once packed).
 PACK_SIZE = 1000
+# Locations the shard assignment holds at once, over all shards, before it packs them all.
+# A bundle of the in-process runner is every record of the build: held by the PACK_SIZE per
+# shard, they would be about 1 KB each, up to PACK_SIZE times the shard count (5 GB at
+# 10 M images), so past this many each shard's pack is smaller instead.
+MAX_HELD_LOCATIONS = 50_000
 
 
 def _fraction(hex_digits: str) -> float:
@@ -416,7 +421,8 @@ class WriteShards(beam.PTransform):
         packed = records | "AssignShard" >> beam.ParDo(
             _AssignAndPackFn(), beam.pvalue.AsSingleton(plan)
         )
-        # ((split, index, count), bytes): up to PACK_SIZE locations of one shard, packed
+        # ((split, index, count), bytes): up to PACK_SIZE locations of one shard, packed (fewer
+        # when MAX_HELD_LOCATIONS are held)
         written = (
             packed
             | "GroupByShard" >> beam.GroupByKey()
@@ -443,23 +449,36 @@ class WriteShards(beam.PTransform):
 class _AssignAndPackFn(beam.DoFn):
     """``(split, StagedRecord) -> ((split, index, count), bytes)``: each location goes to its
     shard (``assign_shard``, side input ``plan``), packed by the ``PACK_SIZE`` per shard
-    (``staging.pack_locations``), so the shuffle holds few, compact elements."""
+    (``staging.pack_locations``), so the shuffle holds few, compact elements. Whenever
+    ``max_held`` locations wait over all shards, every shard's are packed as they are: what
+    this step holds stays bounded however many shards a bundle reaches."""
+
+    def __init__(self, max_held: int = MAX_HELD_LOCATIONS) -> None:
+        self._max_held = max_held
 
     def start_bundle(self) -> None:
         self._buffers: dict[tuple[str, int, int], list[StagedRecord]] = {}
+        self._held = 0
+
+    def _pack_all(self) -> list[tuple[tuple[str, int, int], bytes]]:
+        buffers, self._buffers, self._held = self._buffers, {}, 0
+        return [(shard, pack_locations(buffer)) for shard, buffer in sorted(buffers.items())]
 
     def process(self, element, plan):
         shard, record = _keyed_by_shard(element, plan)
         buffer = self._buffers.setdefault(shard, [])
         buffer.append(record)
+        self._held += 1
         if len(buffer) >= PACK_SIZE:
             del self._buffers[shard]
+            self._held -= len(buffer)
             yield shard, pack_locations(buffer)
+        elif self._held >= self._max_held:
+            yield from self._pack_all()
 
     def finish_bundle(self):
-        buffers, self._buffers = self._buffers, {}
-        for shard, buffer in sorted(buffers.items()):
-            yield GlobalWindows.windowed_value((shard, pack_locations(buffer)))
+        for packed in self._pack_all():
+            yield GlobalWindows.windowed_value(packed)
 
 
 def _unpacked(values: Iterable[bytes | StagedRecord]) -> Iterator[StagedRecord]:
