@@ -24,6 +24,8 @@ from apache_beam.runners.portability.fn_api_runner import FnApiRunner
 from beam_pipelines import ImagesToShards, StageResults, config_from_options
 from beam_pipelines.elements import StagedRecord
 from beam_pipelines.graph import transforms
+from beam_pipelines.images_to_tfrecord import run
+from beam_pipelines.output import shards
 from beam_pipelines.output.shards import TRAIN, VALIDATION, _AssignAndPackFn, assign_shard
 from beam_pipelines.output.staging import unpack_locations
 from benchmarks.bench_metadata_scale import (
@@ -33,6 +35,7 @@ from benchmarks.bench_metadata_scale import (
     simulated_meta,
     write_listing,
 )
+from tests.fixtures.images import make_image_tree
 
 # Per-record steps: their outputs must stay inside the stage that makes them.
 _PER_RECORD = ("ImagesToShards/PrepareImages/", "ImagesToShards/AssignSplit/")
@@ -148,3 +151,23 @@ def test_shard_assignment_holds_at_most_max_held_locations(max_held):
     # Bounded by the shards alone, 4,000 locations over 307 shards would all wait to the end.
     packs = len(out)
     assert packs == 307 if max_held == 5_000 else packs > 307
+
+
+def test_small_packs_write_the_same_dataset(tmp_path, monkeypatch):
+    """A build whose shard assignment packs every few locations (the bound reached all the
+    time) writes the same bytes as one that packs each shard's locations once."""
+    root = tmp_path / "images"
+    paths = make_image_tree(root, {"cat": 9, "dog": 8, "fox": 7})
+    (root / "fox" / "copy.jpg").write_bytes(paths["cat"][0].read_bytes())
+
+    def build(name: str) -> dict[str, bytes]:
+        out = tmp_path / name
+        flags = ["--validation_fraction", "0.25", "--num_shards", "3", "--progress", "off"]
+        assert run(["--input", str(root), "--output", str(out), *flags]).published
+        return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+
+    whole = build("whole")
+    monkeypatch.setattr(shards, "MAX_HELD_LOCATIONS", 2)
+    small = build("small")
+    assert sorted(small) == sorted(whole)
+    assert [n for n in whole if small[n] != whole[n]] == []

@@ -453,8 +453,8 @@ class _AssignAndPackFn(beam.DoFn):
     ``max_held`` locations wait over all shards, every shard's are packed as they are: what
     this step holds stays bounded however many shards a bundle reaches."""
 
-    def __init__(self, max_held: int = MAX_HELD_LOCATIONS) -> None:
-        self._max_held = max_held
+    def __init__(self, max_held: int | None = None) -> None:
+        self._max_held = MAX_HELD_LOCATIONS if max_held is None else max_held
 
     def start_bundle(self) -> None:
         self._buffers: dict[tuple[str, int, int], list[StagedRecord]] = {}
