@@ -10,7 +10,7 @@
 # (default: a temporary directory, printed at the end).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-source scripts/bootstrap.sh dev
+source scripts/bootstrap.sh bench
 # Bytecode caches written (see test.sh): without them each benchmark process compiles Beam and
 # TensorFlow from source.
 unset PYTHONDONTWRITEBYTECODE

@@ -1,14 +1,15 @@
 # Sourced by the quickstart and test scripts: makes .venv with the pinned packages, once.
-# Usage: source scripts/bootstrap.sh runtime|dev
+# Usage: source scripts/bootstrap.sh runtime|dev|bench
 set -euo pipefail
 _profile="${1:-runtime}"
 _req="requirements.txt"
 [ "$_profile" = "dev" ] && _req="requirements-dev.txt"
+[ "$_profile" = "bench" ] && _req="requirements-bench.txt"
 _venv="${VENV:-.venv}"
 if [ ! -x "$_venv/bin/python" ]; then
   python3.11 -m venv "$_venv" 2>/dev/null || python3 -m venv "$_venv"
 fi
-_stamp="$_venv/.installed-$_profile-$(cat requirements.txt requirements-dev.txt constraints.txt pyproject.toml | sha256sum | cut -c1-16)"
+_stamp="$_venv/.installed-$_profile-$(cat requirements.txt requirements-dev.txt requirements-bench.txt constraints.txt pyproject.toml | sha256sum | cut -c1-16)"
 if [ ! -f "$_stamp" ]; then
   echo "Installing $_req into $_venv (first run takes a few minutes)..."
   # pip, setuptools and uv are pinned like everything else. uv installs the pinned set: the
