@@ -209,8 +209,9 @@ def _interrupted(signum: int, model_dir: str | None, step: int | None = None) ->
         latest checkpoint on disk is then what a rerun resumes from).
     """
     stopped = f"interrupted by {signal_name(signum)}"
-    if model_dir is None:
-        return f"{stopped}; nothing was written"
+    start_again = f"{stopped} before the first checkpoint; rerun the same command to start again"
+    if model_dir is None:  # the flags were not read yet: nothing was written
+        return start_again
     if step is not None:
         return (
             f"{stopped}; saved step {step} in {model_dir}; rerun the same command to resume "
@@ -226,7 +227,7 @@ def _interrupted(signum: int, model_dir: str | None, step: int | None = None) ->
         if (m := re.search(r"ckpt-(\d+)\.index$", path))
     ]
     if not saved:
-        return f"{stopped} before the first checkpoint; rerun the same command to start again"
+        return start_again
     return (
         f"{stopped}; the last checkpoint, step {max(saved)}, is in {model_dir}; rerun the same "
         f"command to resume from step {max(saved)}"
