@@ -37,12 +37,29 @@ export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 ruff check .
 ruff format --check .
 markers=()
+mypy_pid=""
 if [ "$fast" = 1 ]; then
   markers=(-m "not slow")
 else
-  mypy  # the packages, as [tool.mypy] in pyproject.toml lists them
+  # The packages, as [tool.mypy] in pyproject.toml lists them; in the background while the
+  # first tests start (its output is shown after pytest's).
+  mypy_log="$(mktemp)"
+  mypy >"$mypy_log" 2>&1 &
+  mypy_pid=$!
 fi
 # One pytest worker per logical CPU (at most 4: each worker imports TensorFlow and Beam); a worker
 # that runs out of tests takes half of what another still has queued, so the long end-to-end
 # tests do not leave a core idle at the end. Pass -n 0 to run in one process.
-python -m pytest -n logical --maxprocesses 4 --dist worksteal "${markers[@]}" "$@"
+status=0
+python -m pytest -n logical --maxprocesses 4 --dist worksteal "${markers[@]}" "$@" || status=$?
+if [ -n "$mypy_pid" ]; then
+  mypy_status=0
+  wait "$mypy_pid" || mypy_status=$?
+  echo "mypy: $(tail -n 1 "$mypy_log")"
+  if [ "$mypy_status" != 0 ]; then
+    cat "$mypy_log"
+    [ "$status" != 0 ] || status=$mypy_status
+  fi
+  rm -f "$mypy_log"
+fi
+exit "$status"
