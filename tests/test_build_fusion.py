@@ -10,6 +10,10 @@ ask the runner how it fuses it (``FnApiRunner.create_stages``, what ``run_pipeli
 first) and name every PCollection read from a buffer. The control is the graph an image step
 with no side input gives (what ``benchmarks/bench_metadata_scale.py`` simulated before its
 stand-in took the class names): there every ``(split, record)`` is held whole.
+
+Within the stage, the shard assignment holds locations until it packs them, and one bundle of
+the in-process runner is every record: the last tests check its bound
+(``shards.MAX_HELD_LOCATIONS``) and that small packs write the same bytes.
 """
 
 from __future__ import annotations
