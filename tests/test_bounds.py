@@ -132,3 +132,54 @@ def test_a_worker_that_dies_is_a_rejection_and_the_next_image_starts_another(pre
 def test_budgets_are_checked(field, value):
     with pytest.raises(ValueError, match=field):
         ImageOptions(**{field: value})
+
+
+_PARENT_GONE = """
+import os, pickle, struct, sys
+from beam_pipelines.image.options import ImageOptions
+from tests.fixtures.odd_images import png_of_size
+
+def frame(data):
+    return struct.pack("!Q", len(data)) + data
+
+options = pickle.dumps(ImageOptions(image_size=32))
+worker_in_r, worker_in_w = os.pipe()
+worker_out_r, worker_out_w = os.pipe()
+pid = os.fork()
+if pid == 0:  # the decode worker, as its parent starts it
+    os.dup2(worker_in_r, 0)
+    os.dup2(worker_out_w, 1)
+    for fd in (worker_in_r, worker_in_w, worker_out_r, worker_out_w):
+        os.close(fd)
+    os.execv(sys.executable, [sys.executable, "-c", sys.argv[1]])
+os.close(worker_in_r)
+os.close(worker_out_w)
+os.write(worker_in_w, frame(options))
+os.read(worker_out_r, 12)  # its ready frame
+os.close(worker_out_r)  # the parent is gone for its answers
+os.write(worker_in_w, frame(png_of_size({side}, {side})))
+os.close(worker_in_w)
+print(os.waitpid(pid, 0)[1])
+"""
+
+
+@pytest.mark.parametrize("answer", ["broken pipe", "input ends"])
+def test_a_worker_whose_parent_is_gone_ends_without_a_traceback(answer):
+    # An interrupted build's SDK worker dies before the decode worker answers: the decode
+    # worker's write then fails with EPIPE (or its input ends mid-image). It ends quietly.
+    boot = (
+        f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
+        "from beam_pipelines.image.bounds import serve\nserve()\n"
+    )
+    script = _PARENT_GONE.replace("{side}", "600")
+    if answer == "input ends":  # half an image's frame, then the pipe closes
+        script = script.replace(
+            "os.write(worker_in_w, frame(png_of_size(600, 600)))",
+            "os.write(worker_in_w, frame(png_of_size(600, 600))[:100])",
+        )
+    done = subprocess.run(
+        [sys.executable, "-c", script, boot], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "0", (done.stdout, done.stderr)  # the worker's exit status
+    assert "Traceback" not in done.stderr and "Error" not in done.stderr, done.stderr

@@ -145,8 +145,17 @@ def serve() -> None:
 
     Reads a pickled ``ImageOptions`` from the parent (which it trusts), caps its own address
     space, then answers each image with one frame (a JSON header, the encoded image, the luma
-    sample) until its input ends.
+    sample) until its input ends. A parent gone mid-image (a build interrupted or its worker
+    killed) ends it quietly: there is nobody left to answer, and a traceback on the user's
+    terminal would look like the cause.
     """
+    try:
+        _serve()
+    except (BrokenPipeError, ConnectionResetError, EOFError):
+        return
+
+
+def _serve() -> None:
     stdin, out = sys.stdin.buffer, sys.stdout.fileno()
     _widen(out)
     (length,) = _LENGTH.unpack(_read_exact(stdin, _LENGTH.size))
