@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import os
 import re
@@ -475,6 +476,8 @@ def test_dispatcher_restarted_with_work_dir_keeps_serving(
     _batches_until_all_seen(iterator, set(dataset.keys("train")), 8 * TRAIN_EXAMPLES // BATCH, 60)
     # New jobs work too.
     assert set(_eval_pass(dataset, cluster.address)) == set(dataset.keys("validation"))
+    del iterator  # lets go of the job now, for the next test's wait for abandoned jobs
+    gc.collect()
 
 
 @pytest.mark.slow
@@ -482,10 +485,16 @@ def test_sigterm_stops_dispatcher_and_workers_cleanly(cluster: DataServiceCluste
     _assert_whole(cluster)
     # First, the earlier tests' endless training jobs, now without consumers, are collected
     # (tf.data alone would keep dynamic-sharding jobs running forever).
+    gc.collect()  # an iterator an earlier test left in a reference cycle still holds its job
+    dispatcher = cluster.dispatcher
+    assert dispatcher is not None
     deadline = time.monotonic() + 60
     for worker in cluster.workers:
         while re.findall(r"(\d+) task\(s\) running", worker.log_since_start())[-1] != "0":
-            assert time.monotonic() < deadline, f"abandoned jobs still run:\n{worker.log_tail()}"
+            assert time.monotonic() < deadline, (
+                f"abandoned jobs still run:\n{worker.log_tail()}\n"
+                f"dispatcher:\n{dispatcher.log_tail()}"
+            )
             time.sleep(0.2)
     statuses = cluster.stop()
     # 128 + SIGTERM, as a shell reports a process SIGTERM ended; the stop was still clean.
