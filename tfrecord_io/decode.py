@@ -316,7 +316,7 @@ def flip_mask(seeds: tf.Tensor) -> tf.Tensor:
     return tf.equal(tf.bitwise.bitwise_and(tf.bitwise.right_shift(seeds, 11), 1), 1)
 
 
-@tf.function(jit_compile=True)
+@tf.function(jit_compile=True, autograph=False)
 def flip_images(images: tf.Tensor, mask: tf.Tensor) -> tf.Tensor:
     """Flips left-right the images of an NHWC batch where ``mask`` is True.
 

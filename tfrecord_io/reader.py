@@ -78,6 +78,11 @@ def _fit_image_size(
     return config
 
 
+# Built with AutoGraph off: none of the pipeline's functions branches or loops in Python on a
+# tensor, and AutoGraph's rewrite of their source cost about 1.2 CPU-s at every start (a
+# trainer's, each worker's and each restart's). Every map and filter traced while this runs
+# is left as written, as Keras 3 leaves its train step.
+@tf.autograph.experimental.do_not_convert
 def make_dataset(
     source: str | os.PathLike[str],
     split: str = "train",

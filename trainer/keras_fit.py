@@ -238,7 +238,7 @@ class ExactEpochs(keras.callbacks.Callback):
             with tf.control_dependencies([done]):
                 return tf.identity(images), tf.identity(labels)
 
-        return batches.enumerate().map(tap)
+        return batches.enumerate().map(tf.autograph.experimental.do_not_convert(tap))
 
     def _batches(
         self, read: ReadConfig, context: tf.distribute.InputContext | None = None
@@ -257,11 +257,15 @@ class ExactEpochs(keras.callbacks.Callback):
         )
 
     def _distributed_dataset(self, read: ReadConfig) -> tf.distribute.DistributedDataset:
+        import tensorflow as tf
+
         assert self._strategy is not None
 
         def per_worker(context: tf.distribute.InputContext) -> tf.data.Dataset:
             batches = self._batches(read, context)
-            return batches.map(lambda *element: (element[0], element[1], element[-1]))
+            return batches.map(
+                tf.autograph.experimental.do_not_convert(lambda *e: (e[0], e[1], e[-1]))
+            )
 
         return self._strategy.distribute_datasets_from_function(per_worker)
 

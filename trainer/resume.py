@@ -227,7 +227,7 @@ def agree_on_nonce(dist: Distribution) -> int:
 
     strategy = dist.strategy
 
-    @tf.function
+    @tf.function(autograph=False)
     def broadcast() -> Any:
         def share() -> tf.Tensor:
             ctx = tf.distribute.get_replica_context()

@@ -71,18 +71,24 @@ class TrainSteps:
         self._loss_scaling = loss_scaling
         self._replicas = dist.num_replicas
         self.objective = Objective() if objective is None else objective
-        self._forward_backward = tf.function(self._gradients, jit_compile=jit_compile)
+        # AutoGraph off, as in Keras 3's own train step: the steps branch in Python on
+        # Python values only, and its rewrite of the steps and the model cost about 1 CPU-s
+        # at every start. A model's ``call`` runs as under ``fit``: tensor-dependent branches
+        # go through ``tf.cond`` or ``tf.where``.
+        self._forward_backward = tf.function(
+            self._gradients, jit_compile=jit_compile, autograph=False
+        )
         self.train_plain = tf.function(
-            lambda x, y, s, p=None: self._train(x, y, s, p, with_norm=False)
+            lambda x, y, s, p=None: self._train(x, y, s, p, with_norm=False), autograph=False
         )
         self.train_with_norm = tf.function(
-            lambda x, y, s, p=None: self._train(x, y, s, p, with_norm=True)
+            lambda x, y, s, p=None: self._train(x, y, s, p, with_norm=True), autograph=False
         )
         spec = (
             tf.TensorSpec([None, image_size, image_size, 3], image_dtype),
             tf.TensorSpec([None], label_dtype),
         )
-        self.eval = tf.function(self._eval, input_signature=spec)
+        self.eval = tf.function(self._eval, input_signature=spec, autograph=False)
 
     def _gradients(self, x: tf.Tensor, y: tf.Tensor) -> tuple[Any, Any, Any]:
         """One replica's loss (scaled by the global batch), gradients and ``[correct, metric
