@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import inspect
 import signal
 from pathlib import Path
 
@@ -23,6 +24,7 @@ import numpy as np
 import pytest
 
 from tests.fixtures.processes import latest_checkpoint_step, run_trainer, start_trainer
+from tests.models import subclassed
 from trainer.config import DataConfig, TrainConfig
 from trainer.train import main, parse_config
 from trainer.user_model import Objective, build_checked_model, load_model_fn, parse_model_args
@@ -202,6 +204,25 @@ def test_model_errors_name_the_flag_before_training(pipeline_dataset, tmp_path, 
         assert main([*base, f"--model={model}"]) == 2, model
         assert f"--model {model}: " in caplog.text and message in caplog.text, caplog.text
     assert not (tmp_path / "m").exists()  # refused before any training
+
+
+def test_a_python_branch_on_a_tensor_is_named_at_the_first_step(pipeline_dataset, tmp_path, caplog):
+    # The steps are traced without AutoGraph, as Keras' fit traces them: the model's line is
+    # named in one line, not trained through nor shown as a traceback.
+    model = "tests.models.subclassed:branches_on_a_tensor"
+    args = [f"--data={pipeline_dataset}", f"--model_dir={tmp_path / 'm'}", "--steps=2"]
+    args += ["--global_batch_size=2", "--warmup_steps=0", f"--model={model}"]
+    assert main(args) == 2
+    line = f"{Path(subclassed.__file__)}:{_line_of(subclassed.Branchy.call, '> 300.0')}"
+    assert f"--model {model}: the model branches in Python on a tensor's value at {line}" in (
+        caplog.text
+    ), caplog.text
+    assert "use tf.cond, tf.where or keras.ops.cond" in caplog.text
+
+
+def _line_of(function, text: str) -> int:
+    lines, first = inspect.getsourcelines(function)
+    return first + next(i for i, line in enumerate(lines) if text in line)
 
 
 def test_model_flags_are_checked_when_parsed(capsys):

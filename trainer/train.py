@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -275,7 +276,9 @@ def _train(config: TrainConfig, log_level: str) -> int:
         _quiet_teardown()
         return 1
     except Exception as e:
-        message = _damaged_shard_message(e, config.data.source)
+        message = _damaged_shard_message(e, config.data.source) or _tensor_branch_message(
+            e, config.model
+        )
         if message is None:
             raise
         log.error("%s", message)
@@ -349,6 +352,28 @@ def _metrics_text(metrics: dict[str, float] | None) -> str:
 
 
 _DAMAGED = "damaged, missing or unreadable TFRecord shard"
+
+
+def _tensor_branch_message(error: Exception, model: str) -> str | None:
+    """One line for a model that branches in Python on a tensor, or None for any other error.
+
+    The steps are traced without AutoGraph, as Keras 3's ``fit`` traces its own, so a Python
+    ``if`` on a tensor's value raises ``OperatorNotAllowedInGraphError`` at the first step.
+    The line names the model's source line (the last frame outside installed packages).
+    """
+    import tensorflow as tf
+
+    if not isinstance(error, tf.errors.OperatorNotAllowedInGraphError):
+        return None
+    frames = [
+        f for f in traceback.extract_tb(error.__traceback__) if "site-packages" not in f.filename
+    ]
+    where = f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else ""
+    return (
+        f"--model {model}: the model branches in Python on a tensor's value{where}; the train "
+        "and eval steps are traced without AutoGraph, as Keras' fit traces them: use tf.cond, "
+        "tf.where or keras.ops.cond"
+    )
 
 
 def _damaged_shard_message(error: Exception, data: str) -> str | None:

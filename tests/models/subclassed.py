@@ -33,3 +33,16 @@ def needs_depth(num_classes: int, depth: int) -> keras.Model:
 
 
 NOT_A_FUNCTION = 3
+
+
+class Branchy(TinyNet):
+    def call(self, images, training=False):
+        # A Python branch on a tensor's value: fine eagerly, refused once traced.
+        if keras.ops.mean(keras.ops.cast(images, "float32")) > 300.0:
+            images = images // 2
+        return super().call(images, training)
+
+
+def branches_on_a_tensor(num_classes: int) -> keras.Model:
+    """Branches in Python on a tensor: the steps, traced without AutoGraph, refuse it."""
+    return Branchy(num_classes, 4)
