@@ -23,6 +23,7 @@ import re
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 from typing import NoReturn
 
 from cliflags import StrictArgumentParser, command_name, quiet_tensorflow
@@ -359,14 +360,18 @@ def _tensor_branch_message(error: Exception, model: str) -> str | None:
 
     The steps are traced without AutoGraph, as Keras 3's ``fit`` traces its own, so a Python
     ``if`` on a tensor's value raises ``OperatorNotAllowedInGraphError`` at the first step.
-    The line names the model's source line (the last frame outside installed packages).
+    The line names the model's source line: the last frame outside TensorFlow and Keras,
+    wherever the model's module is installed.
     """
     import tensorflow as tf
 
     if not isinstance(error, tf.errors.OperatorNotAllowedInGraphError):
         return None
+    frameworks = {"tensorflow", "keras"}
     frames = [
-        f for f in traceback.extract_tb(error.__traceback__) if "site-packages" not in f.filename
+        f
+        for f in traceback.extract_tb(error.__traceback__)
+        if not frameworks & set(Path(f.filename).parts)
     ]
     where = f" at {frames[-1].filename}:{frames[-1].lineno} ({frames[-1].line})" if frames else ""
     return (
