@@ -47,6 +47,8 @@ __all__ = [
     "StagedResult",
     "StageResults",
     "label_conflict_groups",
+    "RejectedSummary",
+    "DuplicatesSummary",
     "staged_path",
     "write_text",
     "read_text",
@@ -114,14 +116,23 @@ def label_conflict_groups(duplicates: Iterable[Duplicate]) -> list[dict[str, Any
     ]
 
 
-class _RejectedSummary:
-    """Counts rejections by reason as ``rejected.jsonl`` is written (``reports.Summarizer``)."""
+class RejectedSummary:
+    """Counts rejections by reason as ``rejected.jsonl`` is written (``reports.Summarizer``),
+    one key range at a time."""
 
     def __init__(self) -> None:
         self._reasons: dict[str, int] = {}
 
     def add(self, rejection: Rejection) -> None:
         self._reasons[rejection.reason] = self._reasons.get(rejection.reason, 0) + 1
+
+    def state(self) -> dict[str, int]:
+        return dict(self._reasons)
+
+    def merge(self, state: dict[str, int]) -> None:
+        # Counts: any order gives the same sums.
+        for reason, count in state.items():
+            self._reasons[reason] = self._reasons.get(reason, 0) + count
 
     def result(self) -> dict[str, Any]:
         return {
@@ -130,11 +141,14 @@ class _RejectedSummary:
         }
 
 
-class _DuplicatesSummary:
+class DuplicatesSummary:
     """Counts duplicates and groups label conflicts as ``duplicates.jsonl`` is written.
 
     Only the label conflicts are kept (copies of one file under two classes: labelling errors,
-    few in any dataset worth publishing); plain duplicates are only counted.
+    few in any dataset worth publishing); plain duplicates are only counted. The groups depend
+    on the order (``kept_uri`` is the first line's of its group, in URI order), so they are
+    made only in ``result``, from every conflict in report order: ``merge`` appends a later key
+    range's conflicts after this one's.
     """
 
     def __init__(self) -> None:
@@ -145,6 +159,14 @@ class _DuplicatesSummary:
         self._count += 1
         if duplicate.label_conflict:
             self._conflicts.append(duplicate)
+
+    def state(self) -> tuple[int, list[Duplicate]]:
+        return self._count, list(self._conflicts)
+
+    def merge(self, state: tuple[int, list[Duplicate]]) -> None:
+        count, conflicts = state
+        self._count += count
+        self._conflicts.extend(conflicts)
 
     def result(self) -> dict[str, Any]:
         return {"count": self._count, "label_conflicts": label_conflict_groups(self._conflicts)}
@@ -203,10 +225,10 @@ class StageResults(beam.PTransform):
         input_count = results["sources"] | "CountInputs" >> beam.combiners.Count.Globally()
         # Written sorted with bounded memory; only their counts reach the summary below.
         rejected = results["rejected"] | "RejectedReport" >> WriteSortedReport(
-            self._output_dir, REJECTED_NAME, Rejection, _RejectedSummary
+            self._output_dir, REJECTED_NAME, Rejection, RejectedSummary
         )
         duplicates = results["duplicates"] | "DuplicatesReport" >> WriteSortedReport(
-            self._output_dir, DUPLICATES_NAME, Duplicate, _DuplicatesSummary
+            self._output_dir, DUPLICATES_NAME, Duplicate, DuplicatesSummary
         )
         skipped = {}
         if "skipped" in results:
