@@ -58,7 +58,7 @@ def _print_human(report: VerifyReport) -> None:
     verdict = "OK" if report.ok else "FAILED"
     print(
         f"{verdict}: {len(report.shards) - failed}/{len(report.shards)} shards sound, "
-        f"{sum(s.num_records or 0 for s in report.shards)} records checked"
+        f"{report.num_records} records checked"
         f"{' and decoded' if report.deep else ''}"
     )
 
@@ -124,7 +124,10 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     followed = _version_followed(args.dataset)
     if args.json:
-        print(json.dumps({**report.to_dict(), "checked": followed or args.dataset}, indent=2))
+        # A shard's report at a time: every shard is listed without holding every report.
+        for chunk in report.json_chunks(checked=followed or args.dataset):
+            sys.stdout.write(chunk)
+        sys.stdout.write("\n")
     else:
         if followed:
             given = args.dataset.rstrip("/")

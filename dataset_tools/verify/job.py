@@ -41,10 +41,11 @@ from dataset_tools.verify.checks import (
     check_catalog_part,
     check_index_file,
 )
-from dataset_tools.verify.report import RecordNote, ShardReport, VerifyReport
+from dataset_tools.verify.listing import ListedShards
+from dataset_tools.verify.report import RecordNote, VerifyReport
 from dataset_tools.verify.verification import shard_reports, verify_shard
-from schemas import Manifest, ShardInfo
-from tfrecord_io.random_access import DatasetFiles, dataset_files
+from schemas import Manifest
+from tfrecord_io.random_access import dataset_files
 from tfrecord_io.source import load_manifest
 
 __all__ = ["KEYS_PER_BUCKET", "VerifyShards", "read_report", "run_verify_job"]
@@ -55,7 +56,7 @@ KEYS_PER_BUCKET = 2_000_000
 _DUPLICATE_LINES = 100
 
 
-def _open(source: str) -> tuple[Manifest, list[ShardReport]]:
+def _open(source: str) -> tuple[Manifest, ListedShards]:
     manifest = load_manifest(source)
     if manifest is None:
         raise ValueError(
@@ -77,48 +78,25 @@ class _CheckShardFn(beam.DoFn):
         self._source = source
         self._deep = deep
         self._buckets = buckets
-        self._manifest: Manifest | None = None
-        self._reports: list[ShardReport] = []
-        self._infos: list[ShardInfo] = []
-        self._files: DatasetFiles | None = None
+        self._listed: ListedShards | None = None
 
     def setup(self) -> None:
-        # Each worker reads dataset.json once; its shard list is the job's work list.
-        self._manifest, self._reports = _open(self._source)
-        # In the reports' order (shard_reports): splits by name, shards as listed.
-        manifest = self._manifest
-        self._infos = [
-            info for split in sorted(manifest.splits) for info in manifest.split(split).shards
-        ]
-        self._files = dataset_files(self._source)
-        self._firsts: dict[str, int] = {}
-        for ordinal, report in enumerate(self._reports):
-            self._firsts.setdefault(report.split, ordinal)
-
-    def _catalog_part(self, split: str, ordinal: int) -> int:
-        """Which catalog file of its split describes the shard at ``ordinal``."""
-        assert self._manifest is not None  # set in setup
-        info = self._manifest.split(split)
-        parts = len(info.catalog_files)
-        return catalog_part_of(parts, ordinal - self._firsts[split], info.num_shards)
+        # Each worker reads dataset.json (and its shard tables) once; an element's shard entry
+        # is looked up in them (``ListedShards``), no list of every shard is built.
+        self._listed = _open(self._source)[1]
 
     def process(self, ordinal: int) -> Iterator[tuple[str, Any, Any]]:
-        assert self._manifest is not None and self._files is not None  # set in setup
-        listed = self._reports[ordinal]
-        report = ShardReport(
-            split=listed.split,
-            file=listed.file,
-            path=listed.path,
-            expected_examples=listed.expected_examples,
-            expected_bytes=listed.expected_bytes,
-            expected_sha256=listed.expected_sha256,
-        )
+        listed = self._listed
+        assert listed is not None  # set in setup
+        info, report = listed.entry(ordinal)
         # Keys are taken from the notes and searched per bucket below, not here.
-        notes = verify_shard(report, self._manifest, deep=self._deep, keys=KeyCollector())
-        for problem in check_index_file(self._files, self._infos[ordinal], notes):
+        notes = verify_shard(report, listed.manifest, deep=self._deep, keys=KeyCollector())
+        for problem in check_index_file(listed.files, info, notes):
             report.add(problem)
         yield "shard", ordinal, report
-        part = self._catalog_part(report.split, ordinal)
+        split = listed.manifest.split(report.split)
+        position = ordinal - listed.start(report.split)
+        part = catalog_part_of(len(split.catalog_files), position, split.num_shards)
         yield "notes", (report.split, part), (ordinal, notes)
         by_bucket: dict[int, list[tuple[int, int, str]]] = {}
         for record, note in enumerate(notes or ()):
@@ -179,7 +157,7 @@ class VerifyShards(beam.PTransform):
         manifest, reports = _open(source)
         self._files = [r.file for r in reports]
         self._splits = sorted(manifest.splits)
-        examples = sum(r.expected_examples for r in reports)
+        examples = sum(manifest.split(split).num_examples for split in manifest.splits)
         self._buckets = max(1, -(-examples // KEYS_PER_BUCKET))
 
     def expand(self, pbegin):

@@ -15,37 +15,34 @@ The checks themselves are in ``dataset_tools.verify.checks``, the reports they f
 from __future__ import annotations
 
 import os
-import posixpath
-from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from collections.abc import Callable, Iterator, Sequence
+from itertools import islice
+from typing import Any
 
 from dataset_tools.foreign import adopted_label_offset, parse_foreign
 from dataset_tools.keys import KeyCollector
 from dataset_tools.verify.checks import (
+    catalog_part_shards,
     check_adopted_record,
-    check_catalog,
+    check_catalog_part,
     check_index_file,
     check_shard,
 )
-from dataset_tools.verify.report import RecordNote, ShardReport, VerifyReport
-from schemas import Manifest, record_from_example
+from dataset_tools.verify.listing import ListedShards
+from dataset_tools.verify.report import RecordNote, ShardReport, ShardReports, VerifyReport
+from schemas import Manifest, ShardInfo, record_from_example
 from schemas.framing import FrameError, iter_frames, parse_frame
 from tfrecord_io.random_access import dataset_files, locate, read_range
-from tfrecord_io.source import (
-    exists,
-    is_remote,
-    join,
-    load_manifest,
-    local_copy,
-    manifest_path,
-    open_binary,
-    resolve_source,
-)
+from tfrecord_io.source import exists, load_manifest, local_copy, open_binary, resolve_source
 
-__all__ = ["shard_reports", "verify_dataset", "verify_foreign", "verify_keys", "verify_shard"]
-
-# What each shard's records were (frame and key), by shard file; None for a shard not read whole.
-_Notes: TypeAlias = dict[str, list[RecordNote] | None]
+__all__ = [
+    "check_split",
+    "shard_reports",
+    "verify_dataset",
+    "verify_foreign",
+    "verify_keys",
+    "verify_shard",
+]
 
 
 def verify_dataset(
@@ -58,6 +55,11 @@ def verify_dataset(
     position). A problem with an index file is reported on its shard, one with a catalog on the
     dataset; both name the file.
 
+    Shards are listed, read and checked one at a time, each with its index file; each catalog
+    file is checked once the shards it describes have been read (a split's one file, or each
+    partition in turn), so only that file's record notes are held. The report keeps the failed
+    shards' reports and rebuilds the sound ones' from ``dataset.json`` (``ShardReports``).
+
     Args:
       source: a dataset root or its ``dataset.json``; or a glob of foreign shards, which are
         only checked for CRCs, parsing and record counts (``report.manifest_found`` False).
@@ -69,73 +71,97 @@ def verify_dataset(
 
     Raises:
       FileNotFoundError: if the source is a directory without ``dataset.json``, or nothing
-        matches it.
-      ValueError: if ``dataset.json`` is not a valid manifest.
+        matches it, or a shard table it names is missing.
+      ValueError: if ``dataset.json`` or a shard table is not valid.
     """
+    from tqdm import tqdm
+
     text = os.fspath(source)
     manifest = load_manifest(text)
     if manifest is None:
         # A glob (or file) of foreign shards: what can be checked without a manifest.
         return verify_foreign(text, progress=progress)
-    reports = shard_reports(text, manifest)
+    listed = shard_reports(text, manifest)
     # Every key's 128-bit fingerprint and place, 24 bytes an example (dataset_tools.keys).
     keys = KeyCollector()
-    notes = _read_shards(reports, manifest, deep=deep, keys=keys, progress=progress)
-    problems = keys.duplicates()
-    problems += _check_descriptions(text, manifest, reports, notes)
-    return VerifyReport(text, deep, reports, problems)
-
-
-def shard_reports(source: str, manifest: Manifest) -> list[ShardReport]:
-    """An empty report for every shard ``dataset.json`` lists, splits in name order: the
-    shards ``verify`` checks, in the order it reports them."""
-    reports: list[ShardReport] = []
-    path = manifest_path(source)
-    here = (posixpath.dirname(path) if is_remote(path) else os.path.dirname(path)) if path else ""
-    # Adopted shards may stay where they are, apart from dataset.json (``shard_root``).
-    root = manifest.shard_root or here or "."
-    for split in sorted(manifest.splits):
-        for info in manifest.split(split).shards:
-            reports.append(
-                ShardReport(
-                    split=split,
-                    file=info.file,
-                    path=join(root, info.file),
-                    expected_examples=info.num_examples,
-                    expected_bytes=info.num_bytes,
-                    expected_sha256=info.sha256,
-                )
+    catalog_problems: list[str] = []
+    failed: dict[int, ShardReport] = {}
+    num_records = 0
+    total = sum(manifest.split(split).num_examples for split in listed.splits)
+    with tqdm(total=total, unit="rec", disable=not progress, desc="verify") as bar:
+        before = 0
+        shards = (
+            report
+            for split in listed.splits
+            for report in check_split(
+                listed, split, deep=deep, keys=keys, advance=bar.update, problems=catalog_problems
             )
-    return reports
+        )
+        for position, report in enumerate(shards):
+            num_records += report.num_records or 0
+            if not report.ok:
+                failed[position] = report
+            # Keep the bar's total meaningful when a shard is short.
+            before += report.expected_examples
+            bar.update(max(0, before - bar.n))
+    problems = keys.duplicates() + catalog_problems
+    return VerifyReport(text, deep, ShardReports(listed, failed, num_records), problems)
 
 
-def _read_shards(
-    reports: Sequence[ShardReport],
-    manifest: Manifest,
+def shard_reports(source: str, manifest: Manifest) -> ListedShards:
+    """An empty report for every shard ``dataset.json`` lists, splits in name order: the
+    shards ``verify`` checks, in the order it reports them, each built when asked for.
+
+    Raises:
+      FileNotFoundError, ValueError: if a split's shard table is missing or damaged.
+    """
+    return ListedShards(source, manifest)
+
+
+def check_split(
+    listed: ListedShards,
+    split: str,
     *,
     deep: bool,
     keys: KeyCollector,
-    progress: bool,
-) -> _Notes:
-    """Reads and checks every shard once (``check_shard``), filling in its report.
+    advance: Callable[[int], Any] = lambda n: None,
+    problems: list[str],
+) -> Iterator[ShardReport]:
+    """Checks a split's shards in order, yielding each one's report once it is read and its
+    index file checked (``verify_shard``, ``check_index_file``); each catalog file is checked
+    after the last shard it describes (``check_catalog_part``), its problems appended to
+    ``problems``. Only the record notes of the shards of one catalog file are held.
 
-    Returns:
-      What each shard's records were, for its index file and catalog rows.
+    Args:
+      listed: the dataset's listed shards.
+      split: the split.
+      deep: also decode every image.
+      keys: collects every record's key, for the duplicate check.
+      advance: called with 1 after each record.
+      problems: the catalogs' problems (the dataset's) are appended here.
+
+    Raises:
+      OSError: if a shard exists but cannot be read.
     """
-    from tqdm import tqdm
-
-    notes: _Notes = {r.file: None for r in reports}
-    total = sum(r.expected_examples for r in reports)
-    with tqdm(total=total, unit="rec", disable=not progress, desc="verify") as bar:
-        for report in reports:
-            bar.set_postfix_str(report.file, refresh=False)
-            before = bar.n
-            notes[report.file] = verify_shard(
-                report, manifest, deep=deep, keys=keys, advance=bar.update
-            )
-            # Keep the bar's total meaningful when a shard is short.
-            bar.update(max(0, report.expected_examples - (bar.n - before)))
-    return notes
+    files = listed.files
+    info = files.manifest.split(split)
+    parts = len(info.catalog_files)
+    entries = listed.entries(split)
+    first_index = 0
+    # A split without catalogs is read as one part; catalog partitions are consecutive shards.
+    for part in range(max(parts, 1)):
+        count = len(catalog_part_shards(max(parts, 1), part, info.num_shards))
+        seen: list[tuple[ShardInfo, list[RecordNote] | None]] = []
+        for shard, report in islice(entries, count):
+            notes = verify_shard(report, files.manifest, deep=deep, keys=keys, advance=advance)
+            for problem in check_index_file(files, shard, notes):
+                report.add(problem)
+            if parts:
+                seen.append((shard, notes))
+            yield report
+        if parts:
+            problems += check_catalog_part(files, split, part, seen, first_index=first_index)
+            first_index += sum(s.num_examples for s, _ in seen)
 
 
 def verify_shard(
@@ -185,26 +211,6 @@ def verify_shard(
     if report.sha256 != report.expected_sha256:
         report.add(f"SHA-256 {report.sha256} differs from dataset.json {report.expected_sha256}")
     return shard_notes
-
-
-def _check_descriptions(
-    source: str, manifest: Manifest, reports: Sequence[ShardReport], notes: _Notes
-) -> list[str]:
-    """Checks the index files (problems go on their shard's report) and the catalogs.
-
-    Returns:
-      The catalogs' problems, which are the dataset's.
-    """
-    files = dataset_files(source)
-    problems: list[str] = []
-    for split in sorted(manifest.splits):
-        shards = manifest.split(split).shards
-        by_file = {r.file: r for r in reports if r.split == split}
-        for info in shards:
-            for problem in check_index_file(files, info, notes[info.file]):
-                by_file[info.file].add(problem)
-        problems += check_catalog(files, split, [(s, notes[s.file]) for s in shards])
-    return problems
 
 
 def verify_foreign(pattern: str, *, progress: bool = False) -> VerifyReport:
