@@ -17,8 +17,9 @@ resident-memory growth (peak ``VmHWM`` after the call minus ``VmRSS`` before it,
 - ``make_dataset``: ``tfrecord_io.make_dataset`` (training, default ``ReadConfig``) for input
   pipeline 0 of ``--pipelines`` (file sharding) until it returns, and until its first batch,
   TensorFlow's runtime started first;
-- ``verify`` start-up: loading the manifest and listing every shard it checks
-  (``shard_reports``), what ``verify`` holds before it reads a shard;
+- ``verify`` start-up: loading the manifest, reading and checking every split's shard table
+  (``shard_reports``) and building the first shard's report, what ``verify`` holds before it
+  reads a shard (it builds each shard's report as it checks the shard);
 - ``diff``: ``diff_datasets`` of the dataset against itself (manifests and catalogs);
 - ``inspect``: ``gather`` (manifest, catalogs, shard statistics, one sample a class).
 
@@ -199,7 +200,9 @@ def _measure(tool: str, root: str, pipelines: int) -> dict[str, Any]:
         rss, start = _status("VmRSS"), time.perf_counter()
         manifest = load_manifest(root)
         assert manifest is not None
-        result["shards"] = len(shard_reports(root, manifest))
+        listed = shard_reports(root, manifest)
+        result["first"] = next(iter(listed)).file
+        result["shards"] = len(listed)
     elif tool == "diff":
         from dataset_tools.diff import diff_datasets
 
@@ -275,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
 def _best(runs: list[dict[str, Any]]) -> dict[str, Any]:
     # The least of each figure over the runs: what the code costs with the least interference
     # from other work on a shared machine.
-    return {key: min(run[key] for run in runs) for key in runs[0] if key != "digest"}
+    return {key: min(run[key] for run in runs) for key in runs[0] if key not in ("digest", "first")}
 
 
 def _row(tool: str, old: dict[str, Any], new: dict[str, Any], key: str = "seconds") -> None:
