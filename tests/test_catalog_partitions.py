@@ -271,6 +271,56 @@ def test_the_near_duplicate_report_names_members_from_every_partition(
     assert found == members_from_catalogs(str(single), _catalog_results(single), numbers)
 
 
+def _near_duplicate_report(root: Path, copy: Path, found: dict | None, pairs: int) -> bytes:
+    """Runs ``ReportNearDuplicates`` over a copy of ``root``'s catalogs, checking that its
+    summary counts ``pairs``; returns the report."""
+    import apache_beam as beam
+    from apache_beam.testing import test_pipeline
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from beam_pipelines.graph.leakage import NEAR_DUPLICATES_NAME, ReportNearDuplicates
+
+    shutil.copytree(root, copy)  # the session's dataset stays as built
+    with test_pipeline.TestPipeline() as p:
+        catalogs = p | "Catalogs" >> beam.Create(_catalog_results(copy))
+        # An empty PCollection stands for a search that saw no record.
+        searched = p | "Found" >> beam.Create([found] if found else [])
+        summary = catalogs | ReportNearDuplicates(str(copy), searched)
+        assert_that(summary | beam.Map(lambda counts: counts["pairs"]), equal_to([pairs]))
+    return (copy / NEAR_DUPLICATES_NAME).read_bytes()
+
+
+def test_the_near_duplicate_report_reads_each_partition_apart_with_the_same_bytes(
+    partitioned: Path, single: Path, tmp_path: Path
+) -> None:
+    from beam_pipelines.graph.leakage import key_number
+
+    train = load_catalog(str(single), "train", columns=["key"]).column("key").to_pylist()
+    validation = load_catalog(str(single), "validation", columns=["key"]).column("key")
+    numbers = sorted(key_number(k) for k in train + validation.to_pylist())
+    # Pairs joining examples of every partition and both splits; one example in two pairs.
+    a, b = numbers[:7] + [numbers[0]], numbers[15:8:-1] + [numbers[8]]
+    found = {
+        "a": a, "b": b, "distance": [i % 4 for i in range(8)], "flipped": [i % 3 == 0 for i in range(8)],
+        "leakage": [i < 2 for i in range(8)], "cross_class": [i in (2, 5) for i in range(8)],
+        "moved": [numbers[1]], "examples": 16, "complete": True,
+    }  # fmt: skip
+    report = _near_duplicate_report(partitioned, tmp_path / "partitioned", found, 8)
+    assert report == _near_duplicate_report(single, tmp_path / "single", found, 8)
+    lines = [json.loads(line) for line in report.decode("utf-8").splitlines()]
+    assert len(lines) == 8
+    keys = {key_number(m["key"]) for line in lines for m in (line["a"], line["b"])}
+    assert keys == set(a) | set(b)
+    assert [line["leakage"] for line in lines[:2]] == [True, True]
+    assert sum(m["moved"] for line in lines for m in (line["a"], line["b"])) == 1
+    # Without a pair, or without any record, the report is empty and no catalog is needed.
+    for name, search in (("none", {**found, **dict.fromkeys(("a", "b", "distance"), [])}),
+                         ("nothing", None)):  # fmt: skip
+        nothing = {k: [] for k in ("flipped", "leakage", "cross_class", "moved")}
+        search = {**search, **nothing} if search else None
+        assert _near_duplicate_report(partitioned, tmp_path / name, search, 0) == b""
+
+
 def test_publishing_removes_catalogs_and_partitions_no_manifest_lists(
     partitioned: Path, tmp_path: Path
 ) -> None:

@@ -19,10 +19,13 @@ two classes (a label conflict, already in ``duplicates.jsonl``) is left out.
 Memory: no step holds every hash; a bucket search holds at most about
 ``DEFAULT_MAX_BUCKET_ENTRIES`` entries, and the last step at most ``MAX_REPORTED_PAIRS`` pairs
 (the gathered search, kept as the reference, holds 25 bytes per example in one worker).
-Nothing else of a record is held back for the report. The report is written once the split catalogs are
-merged, and names the examples of each pair from them (the copy kept, in the split written),
-reading one batch of catalog rows at a time: a second pass over every record, waiting for the
-search, would make the runner keep every record in memory until the search is done.
+Nothing else of a record is held back for the report. The report is written once the split
+catalogs are merged, and names the examples of each pair from them (the copy kept, in the split
+written): a second pass over every record, waiting for the search, would make the runner keep
+every record in memory until the search is done. Each catalog (each partition of a partitioned
+split) is read by its own worker, one batch of rows at a time, with the pairs' key numbers as a
+side input, and emits only the rows of examples in a pair; one last step writes the report from
+the pairs and those rows (at most ``2 * MAX_REPORTED_PAIRS`` of them).
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ __all__ = [
     "key_number",
     "NOTHING_FOUND",
     "search_columns",
+    "catalog_members",
     "members_from_catalogs",
     "guess_transformation",
     "FindNearDuplicates",
@@ -221,6 +225,48 @@ def guess_transformation(
     return "+".join(parts) or "unknown"
 
 
+def _wanted_prefixes(numbers: Iterable[int]) -> pa.Array:
+    return pa.array(sorted({_key_prefix(n) for n in numbers}), pa.string())
+
+
+def catalog_members(
+    output_dir: str, catalog: CatalogResult, wanted: pa.Array
+) -> dict[int, tuple[NearDuplicateMember, tuple[int, int] | None]]:
+    """The rows of one catalog (a split's catalog or one of its partitions) whose key starts
+    with a prefix in ``wanted`` (``_key_prefix`` of the key numbers sought): for each key
+    number, the first row of least URI, as a member and its source ``(width, height)`` (None if
+    unknown). Read one batch at a time, keeping only the rows named.
+    """
+    found: dict[int, tuple[NearDuplicateMember, tuple[int, int] | None]] = {}
+    for batch in read_catalog_batches(output_dir, catalog.file, _MEMBER_COLUMNS):
+        prefixes = pc.utf8_slice_codeunits(batch.column("key"), 0, 16)
+        for row in batch.filter(pc.is_in(prefixes, value_set=wanted)).to_pylist():
+            number = key_number(row["key"])
+            member = NearDuplicateMember(
+                row["key"], row["uri"], row["label"], row["text"], catalog.split
+            )
+            if number not in found or member.uri < found[number][0].uri:
+                width, height = row.get("source_width"), row.get("source_height")
+                found[number] = (member, (width, height) if width and height else None)
+    return found
+
+
+def _choose_members(
+    per_catalog: Iterable[tuple[CatalogResult, Iterable[tuple[int, Any]]]],
+    sizes: dict[int, tuple[int, int] | None] | None,
+) -> dict[int, NearDuplicateMember]:
+    # Catalog after catalog in their order, the first member of least URI wins: the choice
+    # one pass over every catalog's rows would make.
+    found: dict[int, NearDuplicateMember] = {}
+    for _, members in sorted(per_catalog, key=lambda item: item[0]):
+        for number, (member, size) in members:
+            if number not in found or member.uri < found[number].uri:
+                found[number] = member
+                if sizes is not None:
+                    sizes[number] = size
+    return found
+
+
 def members_from_catalogs(
     output_dir: str,
     catalogs: Iterable[CatalogResult],
@@ -233,26 +279,41 @@ def members_from_catalogs(
     in the split it was written to, so the report names what the dataset holds. Catalogs are
     read one batch at a time, only the rows named kept: memory does not grow with the dataset.
     ``sizes``, when given, receives each member's source ``(width, height)`` (None if unknown).
+    ``ReportNearDuplicates`` reads each catalog on its own worker instead (``catalog_members``)
+    and chooses as this does.
     """
-    wanted = pa.array(sorted({_key_prefix(n) for n in numbers}), pa.string())
-    found: dict[int, NearDuplicateMember] = {}
+    wanted = _wanted_prefixes(numbers)
     if len(wanted) == 0:
-        return found
-    for catalog in sorted(catalogs):
-        for batch in read_catalog_batches(output_dir, catalog.file, _MEMBER_COLUMNS):
-            prefixes = pc.utf8_slice_codeunits(batch.column("key"), 0, 16)
-            rows = batch.filter(pc.is_in(prefixes, value_set=wanted)).to_pylist()
-            for row in rows:
-                number = key_number(row["key"])
-                member = NearDuplicateMember(
-                    row["key"], row["uri"], row["label"], row["text"], catalog.split
-                )
-                if number not in found or member.uri < found[number].uri:
-                    found[number] = member
-                    if sizes is not None:
-                        width, height = row.get("source_width"), row.get("source_height")
-                        sizes[number] = (width, height) if width and height else None
-    return found
+        return {}
+    per_catalog = [
+        (catalog, catalog_members(output_dir, catalog, wanted).items())
+        for catalog in sorted(catalogs)
+    ]
+    return _choose_members(per_catalog, sizes)
+
+
+def _pair_numbers(found: dict[str, Any]) -> list[int]:
+    return sorted(set(found["a"]) | set(found["b"]))
+
+
+class _PairMembersFn(beam.DoFn):
+    """``CatalogResult -> (CatalogResult, [(key number, (member, size))])``: the rows of one
+    catalog (partition) that name an example of a pair; nothing when it holds none."""
+
+    def __init__(self, output_dir: str) -> None:
+        self._output_dir = output_dir
+        self._numbers: Any = None
+        self._wanted = pa.array([], pa.string())
+
+    def process(self, catalog: CatalogResult, numbers: list[int]):
+        if numbers is not self._numbers:
+            self._numbers, self._wanted = numbers, _wanted_prefixes(numbers)
+        # No pair: no catalog is read.
+        members = (
+            catalog_members(self._output_dir, catalog, self._wanted) if len(self._wanted) else {}
+        )
+        if members:
+            yield catalog, sorted(members.items())
 
 
 class _WriteReportFn(beam.DoFn):
@@ -261,12 +322,11 @@ class _WriteReportFn(beam.DoFn):
         self._threshold = threshold
         self._action = action
 
-    def process(self, _, found, catalogs):
+    def process(self, _, found, per_catalog):
+        # per_catalog: (CatalogResult, [(key number, (member, size))]) from _PairMembersFn
         moved = set(found["moved"])
         sizes: dict[int, tuple[int, int] | None] = {}
-        written = members_from_catalogs(
-            self._output_dir, catalogs, set(found["a"]) | set(found["b"]), sizes
-        )
+        written = _choose_members(per_catalog, sizes)
 
         def member(number: int) -> NearDuplicateMember:
             return written[number]._replace(moved=number in moved)
@@ -379,6 +439,11 @@ class ReportNearDuplicates(beam.PTransform):
     catalogs are merged; returns its counts (pairs, leakage, cross-class, moved) for the run's
     summary.
 
+    Each catalog (partition) is read on its own worker for the rows of the pairs' examples
+    (``catalog_members``); one step writes the report from the pairs and those rows, choosing
+    each example's row as ``members_from_catalogs`` does, so the bytes do not depend on how
+    the catalogs are partitioned or spread.
+
     Args:
       output_dir: the dataset directory: its catalogs name the examples of each pair, and the
         report goes there.
@@ -396,6 +461,12 @@ class ReportNearDuplicates(beam.PTransform):
         self._action = action
 
     def expand(self, catalogs):
+        numbers = self._found | "PairKeys" >> beam.Map(_pair_numbers)
+        # [int]: the key numbers of the pairs' examples, one element (none without records)
+        members = catalogs | "ReadMembers" >> beam.ParDo(
+            _PairMembersFn(self._output_dir), beam.pvalue.AsSingleton(numbers, default_value=[])
+        )
+        # (CatalogResult, [(key number, (NearDuplicateMember, size))]): one catalog's rows named
         return (
             catalogs.pipeline
             | "Once" >> beam.Create([None])
@@ -403,7 +474,7 @@ class ReportNearDuplicates(beam.PTransform):
             >> beam.ParDo(
                 _WriteReportFn(self._output_dir, self._threshold, self._action),
                 found_side_input(self._found),
-                beam.pvalue.AsList(catalogs),
+                beam.pvalue.AsList(members),
             )
         )
 
