@@ -7,9 +7,10 @@ These functions then check, against those notes:
 
 * each shard's index file (``<stem>.idx``): listed size and SHA-256, format, and one line per
   record with exactly the record's offset and length;
-* each split's catalog, its one file or each partition in turn: listed size and SHA-256,
-  schema v1, one row per record in shard order, with the record's shard, position, offset,
-  length and key, and ``index`` 0..n-1 across the split.
+* each of a split's catalog files, its one file or each partition (``check_catalog_part``),
+  once the shards it describes are read: listed size and SHA-256, schema v1, one row per
+  record in shard order, with the record's shard, position, offset, length and key, and
+  ``index`` 0..n-1 across the split.
 
 Every problem names the file. The entry points that run these checks are in
 ``dataset_tools.verify.verification``.
@@ -42,7 +43,6 @@ __all__ = [
     "catalog_part_of",
     "catalog_part_shards",
     "check_adopted_record",
-    "check_catalog",
     "check_catalog_part",
     "check_index_file",
     "check_shard",
@@ -311,33 +311,6 @@ def check_index_file(
         f"at {seen[i][0]} with length {seen[i][1]}"
         for i in wrong[:_MAX_ROW_PROBLEMS]
     ]
-
-
-def check_catalog(
-    files: DatasetFiles,
-    split: str,
-    shards: Sequence[tuple[ShardInfo, Sequence[RecordNote] | None]],
-) -> list[str]:
-    """Checks a split's catalog (its one file, or each partition in turn) against the manifest
-    and the records seen in its shards.
-
-    Args:
-      files: the dataset.
-      split: the split.
-      shards: the split's shards in order, each with the records verification saw in it (None
-        if the shard could not be read whole; its rows are then only counted).
-
-    Returns:
-      Problems, each naming the catalog file; empty if it holds.
-    """
-    listed = files.manifest.split(split).catalog_files
-    problems: list[str] = []
-    first_index = 0
-    for partition in range(len(listed)):
-        part = [shards[i] for i in catalog_part_shards(len(listed), partition, len(shards))]
-        problems += check_catalog_part(files, split, partition, part, first_index=first_index)
-        first_index += sum(s.num_examples for s, _ in part)
-    return problems
 
 
 def catalog_part_shards(parts: int, part: int, num_shards: int) -> range:
