@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -55,12 +56,16 @@ def _faults_per_batch(mode: str) -> float:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc only")
 def test_kept_memory_stops_received_batches_faulting_in_fresh_pages():
-    default, kept = _faults_per_batch("default"), _faults_per_batch("keep")
-    # 19 MiB is ~4,900 pages. Alone, by default most batches land in fresh ones (seen: 340-810
-    # faults per batch) and kept they reuse the last batch's (seen: under 1). Inside the full
-    # suite, with other tests' servers on the same cores, both moved (seen: 202 and 109).
-    assert default > 100, default
-    assert kept < default / 1.5, (kept, default)
+    # Five runs of each, alternating, compared by their medians: one run's figure depends on how
+    # the two threads happen to be scheduled. 19 MiB is ~4,900 pages. Alone, by default most
+    # batches land in fresh ones (seen: 310-810 faults per batch) and kept they reuse the last
+    # batch's (seen: under 1). With both cores busy, a default run now and then reuses pages too
+    # (seen: 0.1 and 16.9 once each), so a single run is not a measurement.
+    runs = [(_faults_per_batch("default"), _faults_per_batch("keep")) for _ in range(5)]
+    default = statistics.median(d for d, _ in runs)
+    kept = statistics.median(k for _, k in runs)
+    assert default > 100, runs
+    assert kept < default / 1.5, runs
 
 
 @pytest.mark.parametrize(
