@@ -30,30 +30,61 @@ def _no_global_tensorflow_seed():
 
 
 # Modules whose tests are minute-long chains of processes (clusters, trainers killed and
-# resumed), longest first, as measured by `--durations` (docs/development.md).
-LONGEST_FIRST = (
-    "tests/test_engines_jvm.py",
-    "tests/test_train_cli.py",
-    "tests/test_fit_callback.py",
-    "tests/test_elastic_resume.py",
-    "tests/test_own_model.py",
-    "tests/test_service.py",
-    "tests/test_resume.py",
-    "tests/test_first_day.py",
-    "tests/test_readme_snippets.py",
-    "tests/test_object_store_e2e.py",
-    "tests/test_fuzz.py",
-)
+# resumed), with their seconds in a whole run (`--durations`, docs/development.md): only their
+# relative sizes matter.
+LONG_MODULES = {
+    "tests/test_engines_jvm.py": 330,
+    "tests/test_resume.py": 138,
+    "tests/test_service.py": 95,
+    "tests/test_elastic_resume.py": 91,
+    "tests/test_fit_callback.py": 84,
+    "tests/test_train_cli.py": 82,
+    "tests/test_own_model.py": 70,
+    "tests/test_interrupts.py": 69,
+    "tests/test_object_store_e2e.py": 63,
+    "tests/test_first_day.py": 48,
+    "tests/test_fuzz.py": 21,
+    "tests/test_readme_snippets.py": 18,
+}
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Runs the modules of ``LONGEST_FIRST`` first, each module's tests in their own order.
+    """Orders the tests so that each pytest worker starts with its share of ``LONG_MODULES``
+    and ends with short tests.
 
     The last test a worker runs sets when the suite ends: a minute-long process chain started
     last leaves the other core idle for that minute, where short tests at the end let both
-    workers finish together (the longest-first rule of scheduling). Modules stay contiguous,
-    so their module-scoped fixtures are set up once.
+    workers finish together (the longest-first rule of scheduling). xdist's ``worksteal``
+    hands each worker a contiguous run of this order first (``remaining // workers_left``
+    tests), and an idle worker takes the back half of another's queue. So the long modules
+    are dealt into one bin a worker (the longest to the least loaded), and each bin is
+    followed by short tests up to its worker's first run: what is ever stolen is short. In
+    one process it is longest first. Modules stay contiguous, so their module-scoped fixtures
+    are set up once.
     """
-    rank = {module: i for i, module in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+    workers = max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    long_tests: dict[str, list[pytest.Item]] = {module: [] for module in LONG_MODULES}
+    short: list[pytest.Item] = []
+    for item in items:
+        long_tests.get(_module(item), short).append(item)
+    bins: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for module in sorted(LONG_MODULES, key=LONG_MODULES.__getitem__, reverse=True):
+        if long_tests[module]:
+            least = loads.index(min(loads))
+            bins[least] += long_tests[module]
+            loads[least] += LONG_MODULES[module]
+    ordered: list[pytest.Item] = []
+    remaining, next_short = len(items), 0
+    for i, tests in enumerate(bins):
+        first_run = remaining // (workers - i)
+        fill = max(0, first_run - len(tests))
+        ordered += tests + short[next_short : next_short + fill]
+        next_short += fill
+        remaining -= first_run
+    items[:] = ordered + short[next_short:]
