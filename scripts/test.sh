@@ -44,7 +44,9 @@ else
   # The packages, as [tool.mypy] in pyproject.toml lists them; in the background while the
   # first tests start (its output is shown after pytest's).
   mypy_log="$(mktemp)"
-  mypy >"$mypy_log" 2>&1 &
+  # Its cache lives beside the engines, outside the checkout, so that a fresh clone checks only
+  # the modules whose contents changed (mypy compares hashes): 16 CPU-s cold, 0.5 s warm.
+  mypy --cache-dir "${XDG_CACHE_HOME:-$HOME/.cache}/tfrecord-mypy" >"$mypy_log" 2>&1 &
   mypy_pid=$!
 fi
 # One pytest worker per logical CPU (at most 4: each worker imports TensorFlow and Beam); a worker
