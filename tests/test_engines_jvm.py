@@ -26,6 +26,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipelines.engines import flink, portable, spark
 from beam_pipelines.engines.local_clusters import (
+    LOCAL_JVM_OPTIONS,
     FlinkCluster,
     SparkCluster,
     free_port,
@@ -206,6 +207,9 @@ def test_the_flink_cluster_writes_its_own_log_files(flink_cluster):
     taskmanagers = list(logs.glob("flink-*-taskexecutor-*.log"))
     assert jobmanager and taskmanagers, sorted(p.name for p in logs.iterdir())
     assert "Starting StandaloneSessionClusterEntrypoint" in jobmanager[0].read_text()
+    # Flink logs each JVM's options: a local cluster's compile with C1 only.
+    assert LOCAL_JVM_OPTIONS in jobmanager[0].read_text()
+    assert all(LOCAL_JVM_OPTIONS in p.read_text() for p in taskmanagers)
     assert any("Successful registration at resource manager" in p.read_text() for p in taskmanagers)
     consoles = [p.read_text(errors="replace") for p in logs.glob("*.log")]
     assert not any("SLF4J(W)" in text for text in consoles)
@@ -367,3 +371,13 @@ def test_an_interrupted_engine_build_on_a_base_resumes_through_a_killed_worker_b
     assert len(lineage) == 2, lineage
     request.node.user_properties.append(("lineage_counts", lineage))
     _assert_identical(output, jvm_references["on_base"], engine, _LINEAGE_COUNTS)
+    if engine == "spark":
+        # Each executor's stderr starts with its command: the driver (in the job server) gave
+        # it the local cluster's JVM options.
+        commands = [
+            line
+            for path in cluster.work_dir.glob("worker-*/app-*/*/stderr")
+            for line in path.read_text(errors="replace").splitlines()
+            if line.startswith("Spark Executor Command:")
+        ]
+        assert commands and all(LOCAL_JVM_OPTIONS in line for line in commands), commands
