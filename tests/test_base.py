@@ -287,6 +287,8 @@ def test_the_command_refuses_an_unpublished_base(
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+# A whole build on a base in an S3 bucket (moto): end to end, so in the whole suite only.
+@pytest.mark.slow
 def test_a_base_on_a_bucket(built: Path, tmp_path: Path, s3_env) -> None:
     from tests.fixtures.object_store import upload_tree
 

@@ -68,6 +68,8 @@ def _grpc_experiments_line(mode: str) -> str:
     return lines[0]
 
 
+# Two fresh processes that import the storage client: in the whole suite only.
+@pytest.mark.slow
 def test_grpc_turns_the_experiments_on_only_when_asked():
     on = _grpc_experiments_line("on")
     off = _grpc_experiments_line("off")
