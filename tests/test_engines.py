@@ -269,6 +269,98 @@ def test_dask_runner_class_is_beams_dask_runner():
     assert issubclass(DaskRunner, BeamDaskRunner)
 
 
+def test_dask_bundles_run_each_tasks_own_copy_of_a_steps_dofn():
+    # A worker builds a step's DoFnSignature once and binds it to every later task's own
+    # (deserialised) copy of the DoFn, keeping no reference to the first copy.
+    import gc
+    import weakref
+
+    from apache_beam.utils.timestamp import MIN_TIMESTAMP
+
+    from beam_pipelines.engines import dask_runner
+
+    class _Offset(beam.DoFn):
+        def __init__(self, offset):
+            self._offset = offset
+
+        def start_bundle(self):
+            self._count = 0
+
+        def process(self, x, ts=beam.DoFn.TimestampParam, win=beam.DoFn.WindowParam):
+            self._count += 1
+            yield x + self._offset, ts, win
+
+        def finish_bundle(self):
+            yield window.GlobalWindows.windowed_value(("count", self._count))
+
+    def bundle(fn, items):
+        return dask_runner._run_bundle(items, "Offset", "topic-of-this-test", fn, None, [], {}, [])
+
+    in_global = (MIN_TIMESTAMP, window.GlobalWindow())  # as the in-process runner gives them
+    assert bundle(_Offset(1), [1, 2]) == [(2, *in_global), (3, *in_global), ("count", 2)]
+    second = _Offset(100)
+    assert bundle(second, [5]) == [(105, *in_global), ("count", 1)]
+    assert bundle(_Offset(7), []) == [("count", 0)]
+    copy = weakref.ref(second)
+    del second
+    gc.collect()
+    assert copy() is None
+
+
+@pytest.mark.slow
+def test_dask_partitions_are_pickled_whole_and_arrive_unchanged(dask_cluster):
+    # Dask sends a plain list element by element (a header and frames each); a partition is
+    # one pickle, and what arrives on the other worker is the same elements.
+    from distributed import Client
+    from distributed.protocol import deserialize, serialize, to_serialize
+
+    from beam_pipelines.engines import dask_runner
+
+    elements = [(i, f"value {i}".encode(), {"k": [i / 2]}) for i in range(300)]
+    part = dask_runner._concat(elements[:100], elements[100:])
+    header, frames = serialize(to_serialize(part))
+    assert len(frames) == 1
+    assert deserialize(header, frames) == elements
+    with Client(dask_cluster.address) as client:
+        first, second = sorted(client.nthreads())
+        made = client.submit(dask_runner._concat, elements, workers=[first], pure=False)
+        arrived = client.submit(
+            lambda p: (type(p).__name__, list(p)),
+            made,
+            workers=[second],
+            allow_other_workers=False,
+            pure=False,
+        )
+        assert arrived.result() == ("_Partition", elements)
+
+
+@pytest.mark.slow
+def test_dask_steps_of_one_dofn_class_keep_their_own_arguments_and_metrics(dask_cluster):
+    class _Offset(beam.DoFn):
+        def __init__(self, offset):
+            self._offset = offset
+            self._seen = Metrics.counter("engines_offsets", "seen")
+
+        def process(self, x):
+            self._seen.inc()
+            yield x + self._offset
+
+    numbers = list(range(200))
+    pipeline = beam.Pipeline(options=_dask_options(dask_cluster))
+    spread = pipeline | beam.Create(numbers) | "Spread" >> beam.Reshuffle()
+    ones = spread | "PlusOne" >> beam.ParDo(_Offset(1))
+    thousands = ones | "PlusThousand" >> beam.ParDo(_Offset(1000))
+    doubled = thousands | "Double" >> beam.Map(lambda x: 2 * x)
+    tripled = thousands | "Triple" >> beam.Map(lambda x: 3 * x)
+    assert_that(doubled, equal_to([2 * (n + 1001) for n in numbers]), label="Doubled")
+    assert_that(tripled, equal_to([3 * (n + 1001) for n in numbers]), label="Tripled")
+    result = pipeline.run()
+    assert result.wait_until_finish() == "DONE"
+    query = result.metrics().query(MetricsFilter().with_namespace("engines_offsets"))
+    seen = {c.key.step: c.committed for c in query["counters"]}
+    assert seen == {"PlusOne": len(numbers), "PlusThousand": len(numbers)}
+
+
 # ---------------------------------------------------------------------------------------------
 # The real pipeline on every engine
 
