@@ -218,7 +218,8 @@ class _Collector:
             mirrored = mirrored[near]
             flipped = mirrored < distance
             distance = np.minimum(distance, mirrored)
-        a, b = order[query_positions[near]], order[candidates[near]]
+        a = order[query_positions[near]].astype(np.int64)
+        b = order[candidates[near]].astype(np.int64)
         self.firsts.append(np.minimum(a, b))
         self.seconds.append(np.maximum(a, b))
         self.distances.append(distance.astype(np.uint8))
@@ -247,7 +248,8 @@ def _expanded(queries, starts, counts):
     positions from ``starts[i]``, at most about ``_EXPAND_LIMIT`` pairs at a time."""
     nonzero = np.flatnonzero(counts)
     queries, starts, counts = queries[nonzero], starts[nonzero], counts[nonzero]
-    totals = np.cumsum(counts)
+    del nonzero
+    totals = np.cumsum(counts, dtype=np.int64)
     begin = 0
     while begin < counts.shape[0]:
         base = totals[begin - 1] if begin else 0
@@ -308,17 +310,26 @@ def find_pairs(
     return _finish(out.firsts, out.seconds, out.distances, out.flipped, n, max_pairs)
 
 
+def _position_type(n: int) -> type[np.signedinteger]:
+    """The narrowest index type for positions and bucket offsets below ``n``: every array of
+    ``n`` of them is held at once while a chunk is searched."""
+    return np.int32 if n < 2**31 else np.int64
+
+
 def _search_chunk(
     h: np.ndarray, low: int, width: int, radius: int, flips: bool, out: _Collector
 ) -> None:
     """Every pair whose keys on this chunk differ by a mask of at most ``radius`` bits (or by
     such a mask XOR the chunk's mirror bits), each pair produced once."""
-    keys = ((h >> np.uint64(low)) & np.uint64((1 << width) - 1)).astype(np.int64)
-    order = np.argsort(keys, kind="stable")
+    index = _position_type(h.shape[0])
+    keys = h >> np.uint64(low)
+    keys &= np.uint64((1 << width) - 1)
+    keys = keys.astype(np.int32)  # a chunk is at most 22 bits wide (_chunk_layout)
+    order = np.argsort(keys, kind="stable").astype(index)
     sorted_keys = keys[order]
-    sorted_hashes = h[order]
     del keys
-    offsets = np.zeros((1 << width) + 1, np.int64)
+    sorted_hashes = h[order]
+    offsets = np.zeros((1 << width) + 1, index)
     np.cumsum(np.bincount(sorted_keys, minlength=1 << width), out=offsets[1:])
     masks = set(_masks(width, radius))
     if flips:
@@ -326,9 +337,12 @@ def _search_chunk(
         masks |= {mirror ^ m for m in masks}
     # Mask 0, within a bucket: each item with the ones after it in sorted order.
     if 0 in masks:
-        positions = np.arange(sorted_keys.shape[0], dtype=np.int64)
-        after = offsets[sorted_keys + 1] - positions - 1
+        positions = np.arange(sorted_keys.shape[0], dtype=index)
+        after = offsets[sorted_keys + 1]
+        after -= positions
+        after -= 1
         _expand(positions, positions + 1, after, sorted_hashes, order, out)
+        del positions, after
         masks.discard(0)
     # Mask e: keys k and k ^ e pair up; probing only from the side whose key has e's highest bit
     # clear produces each pair once. Masks sharing that bit share the probing keys.
@@ -336,7 +350,7 @@ def _search_chunk(
     for m in masks:
         by_bit.setdefault(m.bit_length() - 1, []).append(m)
     for bit, group in sorted(by_bit.items()):
-        side = np.flatnonzero(((sorted_keys >> bit) & 1) == 0)
+        side = np.flatnonzero(((sorted_keys >> bit) & 1) == 0).astype(index)
         side_keys = sorted_keys[side]
         for m in sorted(group):
             probe = side_keys ^ m

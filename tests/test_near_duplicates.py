@@ -55,6 +55,8 @@ def test_index_finds_exactly_the_brute_force_pairs(planted, threshold):
     for chunks in (None, 3, 7) if threshold <= 12 else (None, 7):
         found = find_pairs(planted, threshold, chunks=chunks, method="index")
         assert _as_tuples(found) == expected, chunks
+        # Positions are searched as 32-bit indexes and returned as int64, as documented.
+        assert found.first.dtype == found.second.dtype == np.int64
 
 
 @pytest.mark.parametrize("flips", [True, False])
