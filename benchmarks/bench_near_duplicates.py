@@ -196,13 +196,24 @@ def hash_cost(n: int, rounds: int = 5) -> tuple[float, float, float]:
     return per_image[0], per_image[1], per_image[2]
 
 
-def search_cost(n: int, threshold: int) -> tuple[float, int]:
-    """CPU seconds of ``find_pairs`` over ``n`` uniform random hashes, and the pairs found."""
-    rng = np.random.default_rng(7)
-    hashes = rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+def search_cost(n: int, threshold: int) -> tuple[float, int, float]:
+    """CPU seconds of ``find_pairs`` over ``n`` uniform random hashes, the pairs found, and how
+    much its search raised the peak RSS (MB), measured in a fresh process."""
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    worker = context.Process(target=_search_in_process, args=(n, threshold, queue))
+    worker.start()
+    seconds, found, before, peak = queue.get()
+    worker.join()
+    return seconds, found, peak - before
+
+
+def _search_in_process(n: int, threshold: int, queue) -> None:
+    hashes = _uniform(n)
+    before = _high_water_mb()
     start = time.process_time()
     pairs = find_pairs(hashes, threshold)
-    return time.process_time() - start, len(pairs)
+    queue.put((time.process_time() - start, len(pairs), before, _high_water_mb()))
 
 
 def _uniform(n: int) -> np.ndarray:
@@ -348,14 +359,17 @@ def _quality_and_cost(args) -> None:
 
 def _search_rows(sizes: list[int]) -> None:
     print("\nsearch (find_pairs, uniform random hashes, flips on):")
-    print("| hashes | threshold | CPU s | pairs found | chance pairs expected |")
-    print("|---:|---:|---:|---:|---:|")
+    print(
+        "| hashes | threshold | CPU s | pairs found | chance pairs expected "
+        "| peak RSS growth MB (B a hash) |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|")
     for n in sizes:
         for threshold in (8, 10):
-            seconds, found = search_cost(n, threshold)
+            seconds, found, growth = search_cost(n, threshold)
             print(
                 f"| {n:,} | {threshold} | {seconds:.1f} | {found:,} | "
-                f"{chance_pairs(n, threshold):,.0f} |"
+                f"{chance_pairs(n, threshold):,.0f} | {growth:,.0f} ({growth * 2**20 / n:,.0f}) |"
             )
             sys.stdout.flush()
 
