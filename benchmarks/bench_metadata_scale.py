@@ -195,6 +195,8 @@ def _build(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="bench_metadata_scale build")
     parser.add_argument("--dask", action="store_true")
     parser.add_argument("--stand_in_bytes", type=int, default=64)
+    parser.add_argument("--dask_memory_limit", default="6GiB")
+    parser.add_argument("--dask_memory_target", type=float)
     args, flags = parser.parse_known_args(argv)
     from beam_pipelines import images_to_tfrecord
 
@@ -203,8 +205,18 @@ def _build(argv: Sequence[str]) -> int:
         return images_to_tfrecord.main(flags)
     from tests.fixtures.dask_cluster import local_dask_cluster
 
-    with local_dask_cluster(2, memory_limit="6GiB") as cluster:
+    if args.dask_memory_target is not None:  # read by the workers the cluster starts
+        os.environ["DASK_DISTRIBUTED__WORKER__MEMORY__TARGET"] = str(args.dask_memory_target)
+    with local_dask_cluster(2, memory_limit=args.dask_memory_limit) as cluster:
         return images_to_tfrecord.main([*flags, *cluster.runner_args()])
+
+
+def _dask_flags(args: argparse.Namespace) -> list[str]:
+    target = args.dask_memory_target
+    return [
+        "--dask", "--dask_memory_limit", args.dask_memory_limit,
+        *(["--dask_memory_target", str(target)] if target is not None else []),
+    ]  # fmt: skip
 
 
 def _run(args: argparse.Namespace, work: Path, n: int, mode: str) -> dict:
@@ -219,7 +231,7 @@ def _run(args: argparse.Namespace, work: Path, n: int, mode: str) -> dict:
     out = work / f"out-{mode}-{n}"
     flags = [
         "build", "--stand_in_bytes", str(args.stand_in_bytes),
-        *(["--dask"] if mode == "dask" else []),
+        *(_dask_flags(args) if mode == "dask" else []),
         "--input", str(listing), "--output", str(out), "--overwrite", "--progress", "off",
         "--validation_fraction", "0.02", *args.pipeline_flag,
     ]  # fmt: skip
@@ -315,6 +327,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     parser.add_argument("--modes", default="inprocess,dask")
     parser.add_argument("--stand_in_bytes", type=int, default=64)
+    parser.add_argument(
+        "--dask_memory_limit", default="6GiB",
+        help="each of the two Dask workers' memory limit",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dask_memory_target", type=float,
+        help="the fraction of the limit past which a Dask worker spills the results it holds "
+        "to disk (Dask's distributed.worker.memory.target; its default is 0.6)",
+    )  # fmt: skip
     parser.add_argument(
         "--baseline", type=int, default=2000, help="the small build whose CPU is subtracted"
     )

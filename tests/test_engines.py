@@ -361,6 +361,51 @@ def test_dask_steps_of_one_dofn_class_keep_their_own_arguments_and_metrics(dask_
     assert seen == {"PlusOne": len(numbers), "PlusThousand": len(numbers)}
 
 
+@pytest.mark.parametrize(
+    ("inputs", "minimum", "expected"),
+    [(1, 8, 1), (5, 8, 5), (8, 8, 8), (64, 8, 8), (65, 8, 9), (244, 8, 31), (2441, 8, 306)],
+)
+def test_dask_group_partitions_grow_with_the_input_partitions(inputs, minimum, expected):
+    from beam_pipelines.engines.dask_runner import group_partition_count
+
+    assert group_partition_count(inputs, minimum=minimum) == expected
+
+
+@pytest.mark.slow
+def test_dask_group_by_key_shuffles_into_partitions_that_grow_with_its_input(dask_cluster):
+    # 256 partitions of 4 elements reach the GroupByKey: it shuffles them into 32 partitions
+    # (one per 8), not the fixed per-thread count, so no group partition holds a fixed share
+    # of all the data. Each group partition is one bundle of the step after it.
+    class _Bundles(beam.DoFn):
+        def __init__(self):
+            self._bundles = Metrics.counter("engines_groups", "bundles")
+
+        def start_bundle(self):
+            self._bundles.inc()
+
+        def process(self, kv):
+            key, values = kv
+            yield key, sorted(values)
+
+    numbers = list(range(1024))
+    options = _dask_options(dask_cluster, "--dask_partition_size", "4")
+    pipeline = beam.Pipeline(options=options)
+    grouped = (
+        pipeline
+        | beam.Create(numbers)
+        | "Key" >> beam.Map(lambda n: (n % 100, n))
+        | beam.GroupByKey()
+        | "Bundles" >> beam.ParDo(_Bundles())
+    )
+    expected = [(k, [n for n in numbers if n % 100 == k]) for k in range(100)]
+    assert_that(grouped, equal_to(expected))
+    result = pipeline.run()
+    assert result.wait_until_finish() == "DONE"
+    query = result.metrics().query(MetricsFilter().with_namespace("engines_groups"))
+    (bundles,) = query["counters"]
+    assert bundles.committed == 32
+
+
 # ---------------------------------------------------------------------------------------------
 # The real pipeline on every engine
 

@@ -92,6 +92,24 @@ def test_bucketed_search_equals_the_gathered_one_in_process(threshold, max_entri
     _run(PipelineOptions([]), _entries(400, seed=threshold), threshold, move, max_entries)
 
 
+def test_packs_flushed_mid_bundle_and_split_into_slices_find_the_same_pairs(monkeypatch):
+    # A bundle's entries are packed 37 examples at a time, and a split bucket's repeated
+    # entries at most 50 rows a slice: many packs per bucket, the same result.
+    from beam_pipelines.graph import near_duplicate_search
+
+    monkeypatch.setattr(near_duplicate_search, "PACK_CONTENTS", 37)
+    monkeypatch.setattr(near_duplicate_search, "_PACK_ROWS", 50)
+    _run(PipelineOptions([]), _entries(400, seed=9), DEFAULT_THRESHOLD, True, 40)
+
+
+def test_an_entry_packs_to_26_bytes_and_back():
+    from beam_pipelines.graph.near_duplicate_search import ENTRY
+
+    row = np.array([(-(2**63), 2**63 - 1, 1, 2**31 - 1, True, 479)], ENTRY)
+    back = np.frombuffer(row.tobytes(), ENTRY)
+    assert ENTRY.itemsize == 26 and back.tolist() == row.tolist()
+
+
 @pytest.mark.slow
 def test_bucketed_search_equals_the_gathered_one_on_dask(dask_cluster):
     options = PipelineOptions(resolve_runner_aliases(dask_cluster.runner_args()))

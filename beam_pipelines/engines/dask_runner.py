@@ -33,9 +33,11 @@ once), then the elements are cut into partitions of ``DEFAULT_RESHUFFLE_PARTITIO
 (``--dask_partition_size``) elements, at least ``DEFAULT_PARTITIONS_PER_THREAD`` per worker
 thread when there are that many (``--dask_npartitions`` fixes the count instead). Running the
 pipeline therefore starts by computing what precedes its first ``Reshuffle`` (the listing),
-and a failure there is raised by ``run()``. Before a ``GroupByKey`` the partitions are merged
-back to that per-thread count, so that Dask's task-based shuffle stays at its former number of
-tasks (it has about ``partitions ** 2 / 32`` of them).
+and a failure there is raised by ``run()``. A ``GroupByKey`` merges every
+``GROUP_INPUTS_PER_PARTITION`` of its input partitions into one (at least the per-thread count
+remain) and shuffles into that many: its partitions, too, hold a bounded number of elements
+(before, they were merged back to the per-thread count, and each held an eighth of all the
+data on two threads), and Dask's task shuffle stays a stage or two of tasks.
 
 Cost. Each step runs once per partition, so what a task pays besides its elements is paid
 ``steps x partitions`` times, and what an element pays, once per step. A worker builds a
@@ -81,7 +83,9 @@ __all__ = [
     "DaskPipelineResult",
     "DEFAULT_PARTITIONS_PER_THREAD",
     "DEFAULT_RESHUFFLE_PARTITION_SIZE",
+    "GROUP_INPUTS_PER_PARTITION",
     "even_partitions",
+    "group_partition_count",
     "reshuffle_partition_count",
 ]
 
@@ -96,6 +100,11 @@ DEFAULT_PARTITIONS_PER_THREAD = 4
 # partition): in a simulated build of 100 k images 128 took 226 CPU µs an image to 16's 367,
 # and the larger worker's peak was no higher (343 MB to 353; 472 to 534 at 300 k images).
 DEFAULT_RESHUFFLE_PARTITION_SIZE = 128
+
+# A GroupByKey merges this many of its input partitions into one before its shuffle (at least
+# DEFAULT_PARTITIONS_PER_THREAD per thread remain): after a Reshuffle, about 32 k images a
+# group partition. The near-duplicate search's bucketed shuffle sends 18 entries an image.
+GROUP_INPUTS_PER_PARTITION = 8
 
 _METRICS_TOPIC_PREFIX = "beam-metrics-"
 # Beam's Create's partition size when no --dask_npartitions or --dask_partition_size is given.
@@ -332,6 +341,17 @@ def even_partitions(lengths: Sequence[int], count: int) -> list[list[tuple[int, 
     return plan
 
 
+def group_partition_count(inputs: int, *, minimum: int) -> int:
+    """Partitions a ``GroupByKey`` of ``inputs`` partitions is shuffled into: one for every
+    ``GROUP_INPUTS_PER_PARTITION`` of them, and at least ``minimum`` (or ``inputs``, if fewer).
+
+    Each then holds about as many elements as that many input partitions, whatever the data:
+    a fixed count would make each hold a fixed share of everything. Merging first keeps Dask's
+    task shuffle small (``k ** s`` partitions in ``s`` stages of ``k + 2`` tasks each, ``k`` at
+    most 32): 31 partitions are one stage of 1,000 tasks; 244 unmerged, two of 9,000."""
+    return max(1, min(inputs, max(minimum, math.ceil(inputs / GROUP_INPUTS_PER_PARTITION))))
+
+
 def reshuffle_partition_count(total: int, *, minimum: int, size: int) -> int:
     """Partitions after a ``Reshuffle`` of ``total`` elements: ``size`` elements each, and at
     least ``minimum`` (one per element if there are fewer)."""
@@ -439,9 +459,11 @@ class _BagTranslator(PipelineVisitor):
             return self._spread(pcoll)
         if isinstance(transform, beam_overrides._GroupByKeyOnly):
             (bag,) = self._input_bags(node)
-            if bag.npartitions > self._reshuffle_partitions:
-                # Dask's task shuffle has about n**2/32 tasks for n partitions: merged first.
-                bag = bag.repartition(npartitions=self._reshuffle_partitions)
+            count = self._bag_kwargs.get("npartitions") or group_partition_count(
+                bag.npartitions, minimum=self._reshuffle_partitions
+            )
+            if bag.npartitions > count:
+                bag = bag.repartition(npartitions=count)
             # Beam's GroupByKey translation, with partitions that cross workers whole.
             return bag.groupby(_group_key).map_partitions(_grouped)
         if isinstance(transform, beam_overrides._GroupAlsoByWindow):
@@ -638,8 +660,11 @@ class DaskRunner(beam_dask.DaskRunner):
 
     Accepts Beam's Dask options unchanged: ``--dask_client_address`` (a running scheduler; a
     ``LocalCluster`` when absent), ``--dask_scheduler_file``, ``--dask_connection_timeout``,
-    ``--dask_npartitions`` (also the partition count after each ``Reshuffle``; the default is
-    ``DEFAULT_PARTITIONS_PER_THREAD`` per worker thread). Workers must be able to import the
+    ``--dask_npartitions`` (also the partition count after each ``Reshuffle`` and
+    ``GroupByKey``; by default a ``Reshuffle`` makes partitions of
+    ``DEFAULT_RESHUFFLE_PARTITION_SIZE`` elements and a ``GroupByKey`` one partition for every
+    ``GROUP_INPUTS_PER_PARTITION`` of its input's, at least ``DEFAULT_PARTITIONS_PER_THREAD``
+    per worker thread). Workers must be able to import the
     pipeline's package, like any Beam worker.
     """
 

@@ -41,6 +41,7 @@ from typing import Any
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipelines.output.shards import METRICS_NAMESPACE, TRAIN, VALIDATION
 from catalog.near_duplicates import (
@@ -48,7 +49,6 @@ from catalog.near_duplicates import (
     Pairs,
     bucket_blocks,
     bucket_layout,
-    bucket_values,
     classify,
     leakage_moves,
     search_bucket,
@@ -58,6 +58,8 @@ from catalog.phash import FLIP_MASK
 __all__ = [
     "MAX_REPORTED_PAIRS",
     "DEFAULT_MAX_BUCKET_ENTRIES",
+    "ENTRY",
+    "PACK_CONTENTS",
     "SPLIT_CODES",
     "signed64",
     "key_number",
@@ -71,6 +73,18 @@ MAX_REPORTED_PAIRS = 1_000_000
 # Entries one bucket search holds before the bucket is split into blocks: about 4 MB of numpy
 # arrays and tens of MB as the grouped Python tuples the runner hands over.
 DEFAULT_MAX_BUCKET_ENTRIES = 1 << 16
+# Examples a bucketing step holds before it packs them by bucket: with t = 8, 16,384 examples
+# are 295 k entries (7.7 MB packed) in about 4,600 buckets, about 64 entries a pack.
+PACK_CONTENTS = 1 << 14
+# SearchBuckets' output of example counts, tagged.
+EXAMPLES = "examples"
+# Entries one packing step holds at once when split buckets send each example many times.
+_PACK_ROWS = 1 << 20
+# One entry of a bucket, as packed for the shuffle: 26 bytes.
+ENTRY = np.dtype(
+    [("key", "<i8"), ("phash", "<i8"), ("split", "u1"), ("label", "<i4"), ("mirrored", "?"),
+     ("block", "<i4")]
+)  # fmt: skip
 SPLIT_CODES = {TRAIN: 0, VALIDATION: 1}
 _SPLIT_NAMES = np.array([TRAIN, VALIDATION], dtype=object)
 
@@ -96,95 +110,183 @@ def hash_entry(element) -> tuple[int, int, int, int] | None:
     return (key_number(record.sha256), signed64(meta.phash), SPLIT_CODES[split], meta.label)
 
 
-class _OneContent(beam.CombineFn):
-    """``(phash, split, label)`` of one key -> one, or None when the labels disagree."""
-
-    def create_accumulator(self):
-        return None
-
-    def add_input(self, acc, value):
-        return self.merge_accumulators([acc, (value, False)])
-
-    def merge_accumulators(self, accumulators):
-        merged = None
-        for acc in accumulators:
-            if acc is None:
-                continue
-            if merged is None:
-                merged = acc
-                continue
-            (value, conflict), (other, other_conflict) = merged, acc
-            conflict = conflict or other_conflict or value[2] != other[2]
-            merged = (min(value, other), conflict)  # the same content: only the split may vary
-        return merged
-
-    def extract_output(self, acc):
-        return None if acc is None or acc[1] else acc[0]
+def _bucket_values(phash: np.ndarray, threshold: int, flips: bool):
+    """``(chunk, mirrored, values)`` for every chunk and kind: each hash's bucket value (int64,
+    the chunk's bits of the hash or of its mirror), one array per chunk and kind."""
+    unsigned = phash.view(np.uint64)
+    kinds = (False, True) if flips else (False,)
+    for mirrored in kinds:
+        virtual = unsigned ^ np.uint64(FLIP_MASK) if mirrored else unsigned
+        for chunk, (low, width) in enumerate(bucket_layout(threshold)):
+            mask = np.uint64((1 << width) - 1) if width < 64 else np.uint64(2**64 - 1)
+            yield chunk, mirrored, ((virtual >> np.uint64(low)) & mask).view(np.int64)
 
 
-def _bucket_keys(value: int, threshold: int, flips: bool) -> list[tuple[int, int, bool]]:
-    """``(chunk, value, mirrored)`` of every bucket a hash (signed) goes to."""
-    unsigned = value & ((1 << 64) - 1)
-    layout = bucket_layout(threshold)
-    keys = [(c, v, False) for c, v in enumerate(bucket_values(unsigned, layout))]
-    if flips:
-        mirrored = bucket_values(unsigned ^ FLIP_MASK, layout)
-        keys += [(c, v, True) for c, v in enumerate(mirrored)]
-    return keys
+def _slices(weights: np.ndarray, limit: int):
+    """``(start, end)`` of consecutive runs of ``weights`` summing to at most ``limit`` (or one
+    item, if heavier)."""
+    ends = np.cumsum(weights)
+    start = 0
+    while start < weights.shape[0]:
+        base = int(ends[start - 1]) if start else 0
+        end = max(start + 1, int(np.searchsorted(ends, base + limit, side="right")))
+        yield start, end
+        start = end
 
 
-class _ToBlocksFn(beam.DoFn):
-    """``(key, (phash, split, label)) -> ((chunk, value, p, q), entry)``: every block pair of
-    every bucket the entry belongs to."""
+class _PackingFn(beam.DoFn):
+    """Holds up to ``PACK_CONTENTS`` entries of a bundle, then emits them per bucket in packs
+    (``_pack``), so the shuffle after it carries a few packs per bucket and bundle instead of
+    ``2 (t + 1)`` elements per example."""
+
+    def __init__(self, threshold: int, flips: bool) -> None:
+        self._threshold, self._flips = threshold, flips
+
+    def start_bundle(self) -> None:
+        self._held: list[tuple[int, int, int, int]] = []
+        self._side: Any = None
+
+    def _hold(self, element, side: tuple):
+        self._held.append(element)  # (key number, phash, split code, label)
+        self._side = side  # side inputs are not passed to finish_bundle
+        if len(self._held) >= PACK_CONTENTS:
+            yield from self._flush()
+
+    def finish_bundle(self):
+        for kv in self._flush():
+            yield GlobalWindows.windowed_value(kv)
+
+    def _flush(self):
+        if not self._held:
+            return
+        held = np.array(self._held, np.int64)
+        self._held = []
+        yield from self._pack(held, *self._side)
+
+    def _pack(self, held: np.ndarray, *side):
+        raise NotImplementedError
+
+
+class _CountBucketsFn(_PackingFn):
+    """``(key, phash, split, label) -> ((chunk, value), entries)``: each bucket's entries
+    among a bundle's held examples, one count per bucket."""
+
+    def process(self, element):
+        yield from self._hold(element, ())
+
+    def _pack(self, held):
+        for chunk, _mirrored, values in _bucket_values(held[:, 1], self._threshold, self._flips):
+            found, counts = np.unique(values, return_counts=True)
+            for value, count in zip(found.tolist(), counts.tolist(), strict=True):
+                yield (chunk, value), count
+
+
+class _ToBlocksFn(_PackingFn):
+    """``(key, phash, split, label) -> ((chunk, value, p, q), pack)``: the entries of every
+    block pair of every bucket among a bundle's held examples, as ``ENTRY`` rows in bytes."""
 
     def __init__(self, threshold: int, flips: bool, max_entries: int) -> None:
-        self._threshold, self._flips, self._max = threshold, flips, max_entries
+        super().__init__(threshold, flips)
+        self._max = max_entries
 
     def process(self, element, big):
-        key, (phash, split, label) = element
-        for chunk, value, mirrored in _bucket_keys(phash, self._threshold, self._flips):
-            k = bucket_blocks(big.get((chunk, value), 0), self._max)
-            block = key % k
-            entry = (key, phash, split, label, mirrored, block)
-            for other in range(k):
-                yield (chunk, value, min(block, other), max(block, other)), entry
+        yield from self._hold(element, (big,))
+
+    def _pack(self, held, big):
+        for chunk, mirrored, values in _bucket_values(held[:, 1], self._threshold, self._flips):
+            blocks = self._blocks(chunk, values, big)
+            # Each entry goes to every block pair of its bucket that holds its block: a split
+            # bucket's entries are sent that many times, so they are packed a slice at a time.
+            for start, end in _slices(blocks, _PACK_ROWS):
+                yield from self._pack_part(
+                    held[start:end], chunk, mirrored, values[start:end], blocks[start:end]
+                )
+
+    @staticmethod
+    def _pack_part(held, chunk, mirrored, values, blocks):
+        block = held[:, 0] % blocks  # floor modulo, as Python's: 0 <= block < blocks
+        rows = np.repeat(np.arange(held.shape[0]), blocks)
+        other = np.arange(rows.shape[0]) - np.repeat(np.cumsum(blocks) - blocks, blocks)
+        p = np.minimum(block[rows], other)
+        q = np.maximum(block[rows], other)
+        order = np.lexsort((q, p, values[rows]))
+        rows, v, p, q = rows[order], values[rows][order], p[order], q[order]
+        packed = np.empty(rows.shape[0], ENTRY)
+        packed["key"], packed["phash"] = held[rows, 0], held[rows, 1]
+        packed["split"], packed["label"] = held[rows, 2], held[rows, 3]
+        packed["mirrored"], packed["block"] = mirrored, block[rows]
+        new = np.concatenate(([True], (v[1:] != v[:-1]) | (p[1:] != p[:-1]) | (q[1:] != q[:-1])))
+        starts = np.flatnonzero(new).tolist()
+        for start, end in zip(starts, [*starts[1:], rows.shape[0]], strict=True):
+            key = (chunk, int(v[start]), int(p[start]), int(q[start]))
+            yield key, packed[start:end].tobytes()
+
+    def _blocks(self, chunk: int, values: np.ndarray, big: dict) -> np.ndarray:
+        """Each entry's bucket's block count: 1 unless its bucket is in ``big``."""
+        blocks = np.ones(values.shape[0], np.int64)
+        split = sorted((v, bucket_blocks(c, self._max)) for (k, v), c in big.items() if k == chunk)
+        if split:
+            known = np.array([v for v, _ in split], np.int64)
+            at = np.minimum(np.searchsorted(known, values), known.shape[0] - 1)
+            hit = known[at] == values
+            blocks[hit] = np.array([b for _, b in split], np.int64)[at[hit]]
+        return blocks
+
+
+def _one_per_content(rows: np.ndarray) -> np.ndarray:
+    """A bucket's entries with one per example and kind: copies of one content (one key) are
+    one example, in the first of their splits (train before validation); a content filed
+    under two labels is left out. Every copy of a content is in each of its buckets, in the
+    same block, so each bucket decides alike."""
+    rows = rows[np.lexsort((rows["split"], rows["mirrored"], rows["key"]))]
+    key, mirrored, label = rows["key"], rows["mirrored"], rows["label"]
+    starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+    sizes = np.diff(np.append(starts, key.shape[0]))
+    mixed = np.minimum.reduceat(label, starts) != np.maximum.reduceat(label, starts)
+    first = np.concatenate(([True], (key[1:] != key[:-1]) | (mirrored[1:] != mirrored[:-1])))
+    return rows[first & ~np.repeat(mixed, sizes)]
 
 
 class _SearchBucketFn(beam.DoFn):
-    """``((chunk, value, p, q), entries) -> pair``: the pairs one block pair owns, as
+    """``((chunk, value, p, q), packs) -> pair``: the pairs one block pair owns, as
     ``(key a, key b, distance, flipped, split a, label a, split b, label b)``, ``a < b``."""
 
     def __init__(self, threshold: int, flips: bool) -> None:
         self._threshold, self._flips = threshold, flips
 
     def process(self, element):
-        (chunk, _value, p, q), entries = element
-        rows = list(entries)
+        (chunk, _value, p, q), packs = element
+        rows = _one_per_content(np.frombuffer(b"".join(packs), ENTRY))
         Metrics.distribution(METRICS_NAMESPACE, "near_duplicate_bucket_entries").update(len(rows))
-        keys = np.array([r[0] for r in rows], np.int64)
-        hashes = np.array([r[1] for r in rows], np.int64).view(np.uint64)
-        mirrored = np.array([r[4] for r in rows], bool)
-        # Blocks p < q: only pairs across the two (each block's own pairs are in (p, p)).
-        blocks = np.array([r[5] for r in rows], np.int64) if p != q else None
+        if chunk == 0 and p == q:
+            # Every example is in one chunk-0 bucket plainly (and in block pair (p, p) of it
+            # when the bucket is split): counted there, once.
+            examples = int(np.count_nonzero(~rows["mirrored"]))
+            if examples:
+                yield beam.pvalue.TaggedOutput(EXAMPLES, examples)
         found = search_bucket(
             chunk,
-            hashes,
-            keys,
-            mirrored,
+            rows["phash"].view(np.uint64),
+            rows["key"],
+            rows["mirrored"],
             self._threshold,
-            blocks=blocks,
+            # Blocks p < q: only pairs across the two (each block's own pairs are in (p, p)).
+            blocks=rows["block"].astype(np.int64) if p != q else None,
             flips=self._flips,
             max_pairs=MAX_REPORTED_PAIRS,
         )
-        for a, b, distance, flipped in zip(
-            found.row_a.tolist(),
-            found.row_b.tolist(),
+        a, b = rows[found.row_a], rows[found.row_b]
+        yield from zip(
+            a["key"].tolist(),
+            b["key"].tolist(),
             found.distance.tolist(),
             found.flipped.tolist(),
+            a["split"].tolist(),
+            a["label"].tolist(),
+            b["split"].tolist(),
+            b["label"].tolist(),
             strict=True,
-        ):
-            ra, rb = rows[a], rows[b]
-            yield (ra[0], rb[0], distance, flipped, ra[2], ra[3], rb[2], rb[3])
+        )
 
 
 def pairs_result(examples: int, pairs: list[tuple], move: bool) -> dict[str, Any]:
@@ -264,37 +366,29 @@ class SearchNearDuplicates(beam.PTransform):
 
     def expand(self, entries):
         threshold, flips, most = self._threshold, self._flips, self._max
-        contents = (
-            entries
-            | "ByKey" >> beam.Map(lambda e: (e[0], (e[1], e[2], e[3])))
-            | "OnePerContent" >> beam.CombinePerKey(_OneContent())
-            | "WithoutConflicts" >> beam.Filter(lambda kv: kv[1] is not None)
-            # (key number, (phash, split code, label)), one per content
-        )
         big = (
-            contents
-            | "BucketOf" >> beam.FlatMap(lambda kv: _bucket_keys(kv[1][0], threshold, flips))
-            | "BucketKey" >> beam.Map(lambda b: ((b[0], b[1]), 1))
+            entries
+            | "BucketSizes" >> beam.ParDo(_CountBucketsFn(threshold, flips))
             | "CountBuckets" >> beam.CombinePerKey(sum)
             | "OnlyBig" >> beam.Filter(lambda kv, m: kv[1] > m, most)
             # ((chunk, value), entries): the buckets to split into blocks
         )
-        pairs = (
-            contents
+        searched = (
+            entries
             | "BucketEntries"
             >> beam.ParDo(_ToBlocksFn(threshold, flips, most), beam.pvalue.AsDict(big))
-            # ((chunk, value, block p, block q), (key, phash, split, label, mirrored, block))
+            # ((chunk, value, block p, block q), ENTRY rows in bytes), a few a bucket and bundle
             | "GroupBuckets" >> beam.GroupByKey()
-            | "SearchBuckets" >> beam.ParDo(_SearchBucketFn(threshold, flips))
-            # (key a, key b, distance, flipped, split a, label a, split b, label b), a < b
+            | "SearchBuckets"
+            >> beam.ParDo(_SearchBucketFn(threshold, flips)).with_outputs(EXAMPLES, main="pairs")
         )
-        first = pairs | "FirstPairs" >> beam.combiners.Top.Smallest(MAX_REPORTED_PAIRS)
+        # (key a, key b, distance, flipped, split a, label a, split b, label b), a < b
+        first = searched.pairs | "FirstPairs" >> beam.combiners.Top.Smallest(MAX_REPORTED_PAIRS)
         # [pair], one element, at most MAX_REPORTED_PAIRS
         move = self._move
         return (
-            contents
-            | "CountExamples"
-            >> beam.CombineGlobally(beam.combiners.CountCombineFn()).without_defaults()
+            searched[EXAMPLES]
+            | "CountExamples" >> beam.CombineGlobally(sum).without_defaults()
             | "Result"
             >> beam.Map(
                 lambda n, found: pairs_result(n, found, move), beam.pvalue.AsSingleton(first)
