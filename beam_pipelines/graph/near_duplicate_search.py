@@ -6,28 +6,35 @@ gathering every hash in one place. With a threshold of ``t`` bits the 64-bit has
 (pigeonhole), so each ``(chunk index, chunk value)`` is a shuffle key and every near pair meets
 in a bucket. Steps, each labelled:
 
-1. ``OnePerContent``: one entry per example id (key number); a content filed under two classes
-   is left out, as the gathered search does.
+1. ``BucketSizes`` / ``CountBuckets``: each bundle counts its entries per bucket (a few
+   thousand counts, not one element per entry), and a lifted sum adds them up.
 2. ``BucketEntries``: each entry goes to its ``t + 1`` buckets, and to ``t + 1`` more for its
-   mirrored hash (``catalog.phash.FLIP_MASK``), so mirrored copies meet too.
-3. ``SearchBuckets``: a ``GroupByKey``; each bucket is searched on its own by
-   ``catalog.near_duplicates.search_bucket``, which verifies candidates by the full 64-bit
-   distance and keeps only the pairs the bucket *owns*: a pair is owned by the lowest chunk on
-   which it meets (plainly if it can, else in the bucket of the smaller chunk value), so each
-   pair is emitted exactly once and no second shuffle is needed.
+   mirrored hash (``catalog.phash.FLIP_MASK``), so mirrored copies meet too. A bundle holds up
+   to ``PACK_CONTENTS`` examples and emits them *packed*: per bucket (block pair), one bytes
+   value of 26-byte ``ENTRY`` rows. The shuffle carries a few packs a bucket and bundle (about
+   one element per example with Dask's 4,096-image tasks) instead of ``2 (t + 1)`` elements.
+3. ``SearchBuckets``: a ``GroupByKey``; each bucket first keeps one entry per example
+   (``_one_per_content``: copies of one content are one example, in the first of their splits;
+   a content filed under two classes is left out, as the gathered search does: every copy is
+   in each of its buckets, so no shuffle by example is needed), then
+   ``catalog.near_duplicates.search_bucket`` searches it, verifies candidates by the full
+   64-bit distance and keeps only the pairs the bucket *owns*: a pair is owned by the lowest
+   chunk on which it meets (plainly if it can, else in the bucket of the smaller chunk value),
+   so each pair is emitted exactly once and no second shuffle is needed. Each example is also
+   counted once, in its plain chunk-0 bucket.
 4. ``FirstPairs``: the first ``MAX_REPORTED_PAIRS`` pairs in key order (``Top``, bounded), then
    the leakage moves and the classes of each pair, in one element shaped like the gathered
    search's result.
 
 Giant buckets. Identical hashes (blank images) and skewed hash values make some buckets far
-larger than ``N / 2**width``. ``CountBuckets`` counts each bucket's entries (a lifted combine);
-a bucket over ``max_bucket_entries`` is split into ``K = ceil(2 c / max_bucket_entries)``
-blocks by key number, and every pair of blocks ``(p <= q)`` is a key of its own (an entry is
-sent to the ``K`` pairs holding its block): a worker holds about ``max_bucket_entries``
-entries (56 B each in numpy, a few hundred as Python objects) whatever the data. Within a
-bucket, identical hashes are collapsed before the search, and each bucket emits at most
-``MAX_REPORTED_PAIRS`` of its pairs (the first in key order, the only ones the report can
-keep), so no worker holds more pairs than the report does.
+larger than ``N / 2**width``. A bucket over ``max_bucket_entries`` entries is split into
+``K = ceil(2 c / max_bucket_entries)`` blocks by key number, and every pair of blocks
+``(p <= q)`` is a key of its own (an entry is sent to the ``K`` pairs holding its block,
+packed at most ``_PACK_ROWS`` rows at a time): a worker holds about ``max_bucket_entries``
+entries (26 B each, packed) whatever the data. Within a bucket, identical hashes are collapsed
+before the search, and each bucket emits at most ``MAX_REPORTED_PAIRS`` of its pairs (the
+first in key order, the only ones the report can keep), so no worker holds more pairs than
+the report does.
 
 The result equals the gathered search's whenever the pairs are fewer than
 ``MAX_REPORTED_PAIRS``. Past that cap the gathered search keeps whichever pairs its probe order
@@ -70,9 +77,12 @@ __all__ = [
 
 # A set holding thousands of copies of one image has millions of pairs: the search stops here.
 MAX_REPORTED_PAIRS = 1_000_000
-# Entries one bucket search holds before the bucket is split into blocks: about 4 MB of numpy
-# arrays and tens of MB as the grouped Python tuples the runner hands over.
-DEFAULT_MAX_BUCKET_ENTRIES = 1 << 16
+# Entries one bucket search holds before the bucket is split into blocks. A search of 2**20
+# entries took about 375 MB above the worker's level (2**16: about 130 MB). A bucket of a 7-bit
+# chunk holds N / 64 entries, so buckets split from 64 M examples on (from 4 M with 2**16),
+# and every entry of a split bucket is sent once per block: at a billion examples about 30
+# times (about 480 with 2**16).
+DEFAULT_MAX_BUCKET_ENTRIES = 1 << 20
 # Examples a bucketing step holds before it packs them by bucket: with t = 8, 16,384 examples
 # are 295 k entries (7.7 MB packed) in about 4,600 buckets, about 64 entries a pack.
 PACK_CONTENTS = 1 << 14
