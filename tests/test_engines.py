@@ -406,6 +406,34 @@ def test_dask_group_by_key_shuffles_into_partitions_that_grow_with_its_input(das
     assert bundles.committed == 32
 
 
+@pytest.mark.slow
+def test_dask_metrics_count_every_bundle_of_a_run_of_thousands_of_tasks(dask_cluster):
+    # 1,500 bundles count their elements: more than the 1,000 events Dask's event log keeps
+    # of a topic, which is how metrics travelled before (the counts then fell short).
+    class _Seen(beam.DoFn):
+        def __init__(self):
+            self._seen = Metrics.counter("engines_many", "seen")
+            self._sizes = Metrics.distribution("engines_many", "size")
+
+        def process(self, x):
+            self._seen.inc()
+            self._sizes.update(x)
+            yield x
+
+    numbers = list(range(3000))
+    options = _dask_options(dask_cluster, "--dask_partition_size", "2")
+    pipeline = beam.Pipeline(options=options)
+    _ = pipeline | beam.Create(numbers) | "Seen" >> beam.ParDo(_Seen())
+    result = pipeline.run()
+    assert result.wait_until_finish() == "DONE"
+    query = result.metrics().query(MetricsFilter().with_namespace("engines_many"))
+    (seen,) = query["counters"]
+    assert seen.committed == len(numbers)
+    (sizes,) = query["distributions"]
+    assert (sizes.committed.count, sizes.committed.sum) == (len(numbers), sum(numbers))
+    assert (sizes.committed.min, sizes.committed.max) == (0, len(numbers) - 1)
+
+
 # ---------------------------------------------------------------------------------------------
 # The real pipeline on every engine
 

@@ -20,8 +20,8 @@ and its overrides, and replaces the translation: one bag per PCollection, tagged
 filtered per tag, side inputs passed as graph dependencies, a ``Reshuffle`` that spreads its
 elements evenly over partitions of bounded size, combines lifted (Beam's
 ``LiftedCombinePerKey``: one accumulator per key and partition crosses the shuffle), every
-unconsumed PCollection computed, and Beam metrics collected from the workers through Dask's
-event log. Only the global window is supported; anything else raises.
+unconsumed PCollection computed, and Beam metrics merged on each worker and collected from
+every worker when the run ends. Only the global window is supported; anything else raises.
 
 Memory. A Dask worker keeps each task's whole output (a partition's list of elements) until
 every task that reads it is done, so a worker's memory follows the partitions' sizes. A
@@ -62,7 +62,7 @@ from typing import Any
 
 import apache_beam as beam
 from apache_beam import pvalue
-from apache_beam.metrics.execution import MetricsContainer
+from apache_beam.metrics.execution import MetricsContainer, MetricUpdates
 from apache_beam.pipeline import AppliedPTransform, PipelineVisitor, PTransformOverride
 from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
 from apache_beam.runners.dask import dask_runner as beam_dask
@@ -107,6 +107,15 @@ DEFAULT_RESHUFFLE_PARTITION_SIZE = 128
 GROUP_INPUTS_PER_PARTITION = 8
 
 _METRICS_TOPIC_PREFIX = "beam-metrics-"
+# On a worker: every bundle's metrics, merged, per run (its topic), until the launcher takes
+# them. One merged set per worker and run, however many tasks: Dask's event log, which carried
+# one event per task, keeps only the last 1,000 of a topic (distributed.admin.
+# low-level-log-length), so a build of more than about 1,000 tasks lost counts.
+_HELD_METRICS: dict[str, MetricUpdates] = {}
+_HELD_METRICS_LOCK = threading.Lock()
+_METRIC_FIELDS = (
+    "counters", "distributions", "gauges", "string_sets", "bounded_tries", "histograms"
+)  # fmt: skip
 # Beam's Create's partition size when no --dask_npartitions or --dask_partition_size is given.
 _CREATE_PARTITION_SIZE = 128
 _READ_BUNDLE_BYTES = 64 << 20
@@ -254,17 +263,36 @@ def _run_bundle(
 
 
 def _publish_metrics(topic: str, container: MetricsContainer) -> None:
+    """Adds a bundle's metrics to what this worker holds for the run (``_take_metrics``)."""
     updates = container.get_cumulative()
-    if not (updates.counters or updates.distributions or updates.gauges or updates.string_sets):
+    if not any(getattr(updates, field) for field in _METRIC_FIELDS):
         return
-    from distributed import get_worker
+    with _HELD_METRICS_LOCK:
+        held = _HELD_METRICS.get(topic)
+        _HELD_METRICS[topic] = updates if held is None else _merged(held, updates)
 
-    try:
-        worker = get_worker()
-    except ValueError:  # not inside a Dask worker (a synchronous local compute)
-        return
-    # The event log carries msgpack values only, so the Beam update objects travel pickled.
-    worker.log_event(topic, pickle.dumps(updates))
+
+def _merged(held: MetricUpdates, more: MetricUpdates) -> MetricUpdates:
+    """``held`` with ``more`` added: counters summed, sets joined, the rest combined."""
+    for field in _METRIC_FIELDS:
+        mine, theirs = getattr(held, field), getattr(more, field)
+        for key, value in theirs.items():
+            if key not in mine:
+                mine[key] = value
+            elif isinstance(value, int):
+                mine[key] += value
+            elif isinstance(value, (set, frozenset)):
+                mine[key] = mine[key] | value
+            else:
+                mine[key] = mine[key].combine(value)
+    return held
+
+
+def _take_metrics(topic: str, clear: bool) -> bytes | None:
+    """What this worker holds for the run, pickled; run on every worker by the launcher."""
+    with _HELD_METRICS_LOCK:
+        held = _HELD_METRICS.pop(topic, None) if clear else _HELD_METRICS.get(topic)
+        return None if held is None else pickle.dumps(held)
 
 
 def _select_tag(values: Iterable[Any], tag: str | None) -> _Partition:
@@ -637,18 +665,20 @@ class DaskPipelineResult(PipelineResult):
             return self._collect_metrics()
         return self._metrics
 
-    def _collect_metrics(self) -> DirectMetrics:
+    def _collect_metrics(self, clear: bool = False) -> DirectMetrics:
         metrics = DirectMetrics()
-        for _, payload in self.client.get_events(self._metrics_topic):
-            updates = pickle.loads(payload)
-            metrics.commit_logical(None, updates)
-            metrics.commit_physical(None, updates)
+        held = self.client.run(_take_metrics, self._metrics_topic, clear)
+        for payload in held.values():
+            if payload is not None:
+                updates = pickle.loads(payload)
+                metrics.commit_logical(None, updates)
+                metrics.commit_physical(None, updates)
         return metrics
 
     def _close(self) -> None:
         if self._metrics is None:
             try:
-                self._metrics = self._collect_metrics()
+                self._metrics = self._collect_metrics(clear=True)
             except Exception:  # the scheduler may be gone after a failure
                 _LOGGER.warning("Could not collect metrics from the Dask scheduler", exc_info=True)
                 self._metrics = DirectMetrics()
