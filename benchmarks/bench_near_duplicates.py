@@ -25,13 +25,16 @@ Cost rows:
 * bucketed search (``--buckets``): the engine's search (``find_pairs_by_buckets``: every
   bucket of ``bucket_layout`` searched with ``search_bucket``, as the Beam transform's workers
   do, here one after another) over the same hashes, checked pair for pair against
-  ``find_pairs``; its CPU over all buckets, the largest bucket, and a worker's memory: the peak
-  RSS of a fresh process searching the largest bucket (before and during the search).
+  ``find_pairs`` (up to ``--compare_up_to`` hashes); its CPU over all buckets, the largest
+  bucket, and a worker's memory and CPU: the peak RSS of a fresh process running the engine's
+  step (``SearchBuckets``) over the largest search, as packs (before and during the search). The
+  largest search is the largest bucket, or one block pair of it when it is over
+  ``--max_bucket_entries``.
 
 Usage::
 
   python -m benchmarks.bench_near_duplicates [--n 1000] [--search 100000,1000000]
-      [--buckets 1000000,3000000] [--quick]
+      [--buckets 1000000,3000000,10000000] [--max_bucket_entries 65536] [--quick]
 """
 
 from __future__ import annotations
@@ -47,16 +50,17 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from PIL import Image
 
+from beam_pipelines.graph.near_duplicate_search import DEFAULT_MAX_BUCKET_ENTRIES
 from beam_pipelines.image import phash as image_hash
 from beam_pipelines.image import prepare as images
 from beam_pipelines.image.prepare import ImageOptions, prepare_image
 from beam_pipelines.samples import scene_rgb
 from catalog.near_duplicates import (
     FLIP_MASK,
+    bucket_blocks,
     bucket_layout,
     find_pairs,
     find_pairs_by_buckets,
-    search_bucket,
 )
 
 VARIANTS = (
@@ -237,11 +241,23 @@ def _largest_bucket(hashes: np.ndarray, threshold: int) -> tuple[int, np.ndarray
     return best
 
 
-def _worker_memory(chunk: int, bucket: tuple[np.ndarray, ...], threshold: int, queue) -> None:
-    # A fresh process holding only its bucket, as a worker does after the shuffle.
+def _worker_memory(chunk: int, search: tuple[np.ndarray, ...], threshold: int, queue) -> None:
+    # A fresh process holding only its search's packs, as a worker does after the shuffle,
+    # running the engine's step over them.
+    from beam_pipelines.graph.near_duplicate_search import ENTRY, _SearchBucketFn
+
+    hashes, keys, mirrored, block, split = search
+    rows = np.zeros(hashes.shape[0], ENTRY)
+    rows["key"], rows["phash"] = keys, hashes.view(np.int64)
+    rows["mirrored"], rows["block"] = mirrored, block
+    packs = [rows[i : i + 64].tobytes() for i in range(0, rows.shape[0], 64)]  # as shuffled
+    del rows
     before = _high_water_mb()
-    search_bucket(chunk, bucket[0], bucket[1], bucket[2], threshold)
-    queue.put((int(bucket[0].shape[0]), before, _high_water_mb()))
+    start = time.process_time()
+    fn = _SearchBucketFn(threshold, True)
+    pairs = sum(1 for _ in fn.process(((chunk, 0, 0, 1 if split else 0), packs)))
+    cpu = time.process_time() - start
+    queue.put((int(hashes.shape[0]), before, _high_water_mb(), cpu, pairs))
 
 
 def _high_water_mb() -> float:
@@ -254,38 +270,40 @@ def _high_water_mb() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status: the worker memory row needs Linux")
 
 
-def bucket_cost(n: int, threshold: int) -> dict:
-    """The bucketed search over ``n`` uniform hashes against ``find_pairs``: equality, CPU
-    seconds of both, the largest bucket and a worker's peak RSS (MB) searching it."""
+def bucket_cost(n: int, threshold: int, max_entries: int, compare: bool) -> dict:
+    """The bucketed search over ``n`` uniform hashes: with ``compare``, against ``find_pairs``
+    (equality, CPU seconds of both over every bucket); always, the largest bucket and the
+    largest search (a bucket, or one block pair of a bucket over ``max_entries``) run by the
+    engine's step in a fresh process: its peak RSS and CPU."""
     hashes = _uniform(n)
-    start = time.process_time()
-    exact = find_pairs(hashes, threshold)
-    exact_cpu = time.process_time() - start
-    start = time.process_time()
-    bucketed, largest = find_pairs_by_buckets(hashes, threshold)
-    bucket_cpu = time.process_time() - start
-    same = all(
-        np.array_equal(getattr(exact, f), getattr(bucketed, f))
-        for f in ("first", "second", "distance", "flipped")
-    )
+    row: dict = {"pairs": None, "same": None, "exact_cpu": None, "bucket_cpu": None}
+    if compare:
+        start = time.process_time()
+        exact = find_pairs(hashes, threshold)
+        row["exact_cpu"] = time.process_time() - start
+        start = time.process_time()
+        bucketed, _ = find_pairs_by_buckets(hashes, threshold, max_bucket_entries=max_entries)
+        row["bucket_cpu"] = time.process_time() - start
+        row["pairs"] = len(exact)
+        row["same"] = all(
+            np.array_equal(getattr(exact, f), getattr(bucketed, f))
+            for f in ("first", "second", "distance", "flipped")
+        )
+    chunk, rows, mirrored = _largest_bucket(hashes, threshold)
+    row["largest"] = int(rows.shape[0])
+    blocks = bucket_blocks(rows.shape[0], max_entries)
+    block = rows % blocks
+    picked = block <= 1  # block pair (0, 1) of a split bucket, or the whole bucket
+    search = (hashes[rows[picked]], rows[picked], mirrored[picked], block[picked], blocks > 1)
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    chunk, rows, mirrored = _largest_bucket(hashes, threshold)
-    bucket = (hashes[rows], rows.astype(np.int64), mirrored)
-    worker = context.Process(target=_worker_memory, args=(chunk, bucket, threshold, queue))
+    worker = context.Process(target=_worker_memory, args=(chunk, search, threshold, queue))
     worker.start()
-    entries, before, peak = queue.get()
+    entries, before, peak, cpu, _pairs = queue.get()
     worker.join()
-    return {
-        "pairs": len(exact),
-        "same": same,
-        "exact_cpu": exact_cpu,
-        "bucket_cpu": bucket_cpu,
-        "largest": largest,
-        "worker_entries": entries,
-        "rss_before": before,
-        "rss_peak": peak,
-    }
+    row.update(blocks=blocks, worker_entries=entries, rss_before=before, rss_peak=peak)
+    row["worker_cpu"] = cpu
+    return row
 
 
 def chance_pairs(n: int, threshold: int, flips: bool = True) -> float:
@@ -304,6 +322,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--buckets", default="1000000,3000000", help="hash counts for the bucketed search rows"
     )
+    parser.add_argument(
+        "--max_bucket_entries", type=int, default=DEFAULT_MAX_BUCKET_ENTRIES,
+        help="split buckets past this many entries (the engine's default)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--compare_up_to", type=int, default=1_000_000,
+        help="check the bucketed search against find_pairs at these sizes and below",
+    )  # fmt: skip
     parser.add_argument("--skip_quality", action="store_true", help="only the search rows")
     parser.add_argument("--quick", action="store_true", help="a smoke run")
     args = parser.parse_args(argv)
@@ -313,22 +339,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.skip_quality:
         _quality_and_cost(args)
     _search_rows(sizes)
-    _bucket_rows([int(s) for s in args.buckets.split(",") if s])
+    buckets = [int(s) for s in args.buckets.split(",") if s]
+    _bucket_rows(buckets, args.max_bucket_entries, args.compare_up_to)
     return 0
 
 
-def _bucket_rows(sizes: list[int]) -> None:
-    print("\nbucketed search (the engine's, buckets one after another; uniform hashes, t=8):")
+def _bucket_rows(sizes: list[int], max_entries: int, compare_up_to: int) -> None:
+    print(
+        "\nbucketed search (the engine's; uniform hashes, t=8, buckets split past "
+        f"{max_entries:,} entries; compared with find_pairs up to {compare_up_to:,} hashes):"
+    )
     print(
         "| hashes | pairs | equal to find_pairs | find_pairs CPU s | buckets CPU s "
-        "| largest bucket | worker RSS before / peak MB |"
+        "| largest bucket | blocks | largest search | its CPU s | worker RSS before / peak MB |"
     )
-    print("|---:|---:|:---:|---:|---:|---:|---:|")
+    print("|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in sizes:
-        row = bucket_cost(n, 8)
+        row = bucket_cost(n, 8, max_entries, compare=n <= compare_up_to)
+
+        def cell(value, fmt):
+            return "–" if value is None else format(value, fmt)
+
+        same = "–" if row["same"] is None else ("yes" if row["same"] else "NO")
         print(
-            f"| {n:,} | {row['pairs']:,} | {'yes' if row['same'] else 'NO'} | "
-            f"{row['exact_cpu']:.1f} | {row['bucket_cpu']:.1f} | {row['largest']:,} | "
+            f"| {n:,} | {cell(row['pairs'], ',')} | {same} | {cell(row['exact_cpu'], '.1f')} | "
+            f"{cell(row['bucket_cpu'], '.1f')} | {row['largest']:,} | {row['blocks']} | "
+            f"{row['worker_entries']:,} | {row['worker_cpu']:.1f} | "
             f"{row['rss_before']:.0f} / {row['rss_peak']:.0f} |"
         )
         sys.stdout.flush()
