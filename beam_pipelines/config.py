@@ -15,6 +15,7 @@ import PIL
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipelines.graph.leakage import LEAKAGE_ACTIONS, SEARCH_METHODS
+from beam_pipelines.graph.near_duplicate_search import DEFAULT_MAX_BUCKET_ENTRIES
 from beam_pipelines.image.options import ImageOptions
 from beam_pipelines.output.shards import LABEL_CONFLICT_POLICIES
 from catalog.near_duplicates import DEFAULT_THRESHOLD, MAX_THRESHOLD
@@ -69,8 +70,11 @@ class PipelineConfig:
         bits) that makes two examples near-duplicates.
       near_duplicate_search: ``gathered``, every hash searched in one worker (25 bytes an
         example, the least work), or ``bucketed``, chunk buckets searched on the engine's
-        workers (no worker holds every hash; about 2(t+1) entries an example cross a shuffle).
+        workers (no worker holds every hash; 2(t+1) entries of 26 bytes an example cross a
+        shuffle, packed by bucket).
         The same pairs below ``MAX_REPORTED_PAIRS``.
+      near_duplicate_bucket_entries: with the bucketed search, the most entries one bucket
+        search holds; a bigger bucket is searched in blocks (the same pairs).
       base: a previous dataset (or a versions root with ``latest``) whose stored examples are
         reused for unchanged source bytes when the image options match (``base``); None for a
         clean build. It is only read, and never recorded in ``manifest_options``: an
@@ -193,6 +197,15 @@ class PipelineConfig:
             choices=SEARCH_METHODS,
         ),
     )
+    near_duplicate_bucket_entries: int = dataclasses.field(
+        default=DEFAULT_MAX_BUCKET_ENTRIES,
+        metadata=flag(
+            help="with --near_duplicate_search bucketed, the most entries one bucket search "
+            "holds (about 375 MB a worker at the default); a bigger bucket is searched in "
+            "blocks, each of its entries sent once per block (%(default)s)",
+            group="quality gates",
+        ),
+    )
     base: str | None = dataclasses.field(
         default=None,
         metadata=flag(
@@ -238,6 +251,11 @@ class PipelineConfig:
             raise ValueError(
                 f"--near_duplicate_threshold must be an int in [0, {MAX_THRESHOLD}] bits, "
                 f"got {threshold!r}"
+            )
+        entries = self.near_duplicate_bucket_entries
+        if isinstance(entries, bool) or not isinstance(entries, int) or entries < 2:
+            raise ValueError(
+                f"--near_duplicate_bucket_entries must be an int >= 2, got {entries!r}"
             )
         if self.near_duplicate_search not in SEARCH_METHODS:
             raise ValueError(

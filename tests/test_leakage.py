@@ -108,6 +108,8 @@ def test_empty_search():
         ("leakage", "drop", "--leakage must be one of report, move_to_train"),
         ("near_duplicate_threshold", 17, r"--near_duplicate_threshold must be an int in \[0, 16\]"),
         ("near_duplicate_threshold", -1, "--near_duplicate_threshold"),
+        ("near_duplicate_bucket_entries", 1, "--near_duplicate_bucket_entries must be an int"),
+        ("near_duplicate_bucket_entries", True, "--near_duplicate_bucket_entries"),
     ],
 )
 def test_bad_flags_are_named(tmp_path, field, value, message):
@@ -130,8 +132,13 @@ def test_flags_parse(tmp_path):
             "move_to_train",
             "--near_duplicate_threshold",
             "6",
+            "--near_duplicate_bucket_entries",
+            "4096",
         ]
     )
     config = config_from_options(options)
     assert (config.leakage, config.near_duplicate_threshold) == ("move_to_train", 6)
+    assert config.near_duplicate_bucket_entries == 4096
+    # The same pairs at any cap: not an option of the dataset.
+    assert "near_duplicate_bucket_entries" not in config.manifest_options()
     assert config.manifest_options()["near_duplicate_threshold"] == 6

@@ -176,6 +176,8 @@ def test_a_bucketed_build_writes_the_gathered_builds_dataset(sample_datasets, tm
             "--input", str(sample_datasets.images), "--output", str(out),
             "--validation_fraction", "0.2", "--max_bad_fraction", "0.2",
             "--leakage", "move_to_train", "--near_duplicate_search", "bucketed",
+            # Buckets of more than 3 entries are searched in blocks.
+            "--near_duplicate_bucket_entries", "3",
         ]
     )  # fmt: skip
     assert summary.published, summary.describe()

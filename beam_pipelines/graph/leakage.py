@@ -43,6 +43,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from beam_pipelines.graph.near_duplicate_search import (
+    DEFAULT_MAX_BUCKET_ENTRIES,
     MAX_REPORTED_PAIRS,
     SearchNearDuplicates,
     hash_entry,
@@ -382,22 +383,28 @@ class FindNearDuplicates(beam.PTransform):
     (``search_columns``). Both give the same result while the pairs stay under
     ``MAX_REPORTED_PAIRS``; past it the gathered search keeps the pairs its probe order met
     first, the bucketed one the first in key order. The pipeline gathers by default
-    (``--near_duplicate_search``): bucketing sends about 2(t+1) entries an example through a
-    shuffle, which Beam's in-process runner holds in memory (about 920 bytes an example at
-    t = 8, against 25 gathered), while one worker holding 25 bytes an example stops fitting
-    only at hundreds of millions of examples.
+    (``--near_duplicate_search``): bucketing sends 2(t+1) entries an example through a
+    shuffle, which Beam's in-process runner holds in memory (26 bytes an entry, packed: about
+    470 bytes an example at t = 8, against 25 gathered), while one worker holding 25 bytes an
+    example stops fitting only at hundreds of millions of examples.
 
     Args:
       threshold: the largest Hamming distance that makes a pair.
       action: ``"report"`` or ``"move_to_train"`` (one of ``LEAKAGE_ACTIONS``).
       gathered: search every hash in one worker instead of bucket by bucket.
+      max_bucket_entries: the most entries one bucket search holds (bucket by bucket only).
 
     Raises:
       ValueError: for an action out of range, naming the flag.
     """
 
     def __init__(
-        self, *, threshold: int = DEFAULT_THRESHOLD, action: str = "report", gathered: bool = False
+        self,
+        *,
+        threshold: int = DEFAULT_THRESHOLD,
+        action: str = "report",
+        gathered: bool = False,
+        max_bucket_entries: int = DEFAULT_MAX_BUCKET_ENTRIES,
     ) -> None:
         super().__init__()
         if action not in LEAKAGE_ACTIONS:
@@ -405,6 +412,7 @@ class FindNearDuplicates(beam.PTransform):
         self._threshold = threshold
         self._action = action
         self._gathered = gathered
+        self._max_bucket_entries = max_bucket_entries
 
     def expand(self, by_split):
         threshold, move = self._threshold, self._action == "move_to_train"
@@ -416,7 +424,7 @@ class FindNearDuplicates(beam.PTransform):
         )
         if not self._gathered:
             return entries | "SearchByBucket" >> SearchNearDuplicates(
-                threshold=threshold, move=move
+                threshold=threshold, move=move, max_bucket_entries=self._max_bucket_entries
             )
         return (
             entries

@@ -432,6 +432,7 @@ class ImagesToShards(beam.PTransform):
             threshold=near_threshold,
             action=leakage,
             gathered=config.near_duplicate_search == "gathered",
+            max_bucket_entries=config.near_duplicate_bucket_entries,
         )
         # {"a", "b", ..., "moved"}: the pairs by key number, one element
         if config.leakage == "move_to_train":
