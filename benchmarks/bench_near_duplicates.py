@@ -244,7 +244,7 @@ def _largest_bucket(hashes: np.ndarray, threshold: int) -> tuple[int, np.ndarray
 def _worker_memory(chunk: int, search: tuple[np.ndarray, ...], threshold: int, queue) -> None:
     # A fresh process holding only its search's packs, as a worker does after the shuffle,
     # running the engine's step over them.
-    from beam_pipelines.graph.near_duplicate_search import ENTRY, _SearchBucketFn
+    from beam_pipelines.graph.near_duplicate_search import ENTRY, SearchBucketFn
 
     hashes, keys, mirrored, block, split = search
     rows = np.zeros(hashes.shape[0], ENTRY)
@@ -254,7 +254,7 @@ def _worker_memory(chunk: int, search: tuple[np.ndarray, ...], threshold: int, q
     del rows
     before = _high_water_mb()
     start = time.process_time()
-    fn = _SearchBucketFn(threshold, True)
+    fn = SearchBucketFn(threshold, True)
     pairs = sum(1 for _ in fn.process(((chunk, 0, 0, 1 if split else 0), packs)))
     cpu = time.process_time() - start
     queue.put((int(hashes.shape[0]), before, _high_water_mb(), cpu, pairs))

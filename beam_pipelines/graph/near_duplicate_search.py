@@ -72,6 +72,7 @@ __all__ = [
     "key_number",
     "hash_entry",
     "pairs_result",
+    "SearchBucketFn",
     "SearchNearDuplicates",
 ]
 
@@ -257,7 +258,7 @@ def _one_per_content(rows: np.ndarray) -> np.ndarray:
     return rows[first & ~np.repeat(mixed, sizes)]
 
 
-class _SearchBucketFn(beam.DoFn):
+class SearchBucketFn(beam.DoFn):
     """``((chunk, value, p, q), packs) -> pair``: the pairs one block pair owns, as
     ``(key a, key b, distance, flipped, split a, label a, split b, label b)``, ``a < b``."""
 
@@ -390,7 +391,7 @@ class SearchNearDuplicates(beam.PTransform):
             # ((chunk, value, block p, block q), ENTRY rows in bytes), a few a bucket and bundle
             | "GroupBuckets" >> beam.GroupByKey()
             | "SearchBuckets"
-            >> beam.ParDo(_SearchBucketFn(threshold, flips)).with_outputs(EXAMPLES, main="pairs")
+            >> beam.ParDo(SearchBucketFn(threshold, flips)).with_outputs(EXAMPLES, main="pairs")
         )
         # (key a, key b, distance, flipped, split a, label a, split b, label b), a < b
         first = searched.pairs | "FirstPairs" >> beam.combiners.Top.Smallest(MAX_REPORTED_PAIRS)
