@@ -17,6 +17,7 @@ import pytest
 from apache_beam.metrics import Metrics
 from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.pvalue import AsSingleton
 from apache_beam.testing.util import assert_that, equal_to
 from apache_beam.transforms import window
 
@@ -432,6 +433,48 @@ def test_dask_metrics_count_every_bundle_of_a_run_of_thousands_of_tasks(dask_clu
     (sizes,) = query["distributions"]
     assert (sizes.committed.count, sizes.committed.sum) == (len(numbers), sum(numbers))
     assert (sizes.committed.min, sizes.committed.max) == (0, len(numbers) - 1)
+
+
+def test_dask_readers_outrank_what_they_read_and_side_inputs_outrank_all():
+    # Dask ran the image step over every partition before the steps that read its output, so
+    # every record was held at once. A step's tasks now outrank those of the steps it reads,
+    # and steps that only make side inputs outrank everything (what waits for a side input
+    # cannot start before it).
+    from beam_pipelines.engines import dask_runner
+
+    pipeline = beam.Pipeline()
+    numbers = pipeline | beam.Create(list(range(48))) | "Spread" >> beam.Reshuffle()
+    names = numbers | "Names" >> beam.combiners.Count.Globally()
+    plan = numbers | "Plan" >> beam.combiners.Count.Globally()
+    made = numbers | "Make" >> beam.Map(lambda x, _: x, AsSingleton(names))
+    read = made | "Read" >> beam.Map(lambda x, _: x, AsSingleton(plan))
+    grouped = (
+        read
+        | "Key" >> beam.Map(lambda x: (x % 3, x))
+        | "Group" >> beam.GroupByKey()
+        | "Sizes" >> beam.MapTuple(lambda key, values: (key, len(list(values))))
+    )
+    total = made | "Count" >> beam.combiners.Count.Globally()
+    pipeline.replace_all(
+        [dask_runner._LiftCombinePerKey(), *dask_runner.beam_overrides.dask_overrides()]
+    )
+    counter = dask_runner._ConsumerCounter()
+    pipeline.visit(counter)
+    side_only = counter.side_only()
+    assert names in side_only and plan in side_only
+    assert not {made, read, grouped, total} & side_only
+    translator = dask_runner._BagTranslator(
+        {}, 4, "topic", consumers=counter.consumers, side_only=side_only
+    )
+    pipeline.visit(translator)
+
+    def priority(pcoll):
+        bag = translator._bags[pcoll]
+        return bag.dask.layers[bag.name].annotations["priority"]
+
+    assert priority(made) < priority(read) < priority(grouped)
+    assert priority(made) < priority(total)
+    assert min(priority(names), priority(plan)) > max(priority(grouped), priority(total))
 
 
 # ---------------------------------------------------------------------------------------------
