@@ -56,9 +56,9 @@ from beam_pipelines.image import prepare as images
 from beam_pipelines.image.prepare import ImageOptions, prepare_image
 from beam_pipelines.samples import scene_rgb
 from catalog.near_duplicates import (
-    FLIP_MASK,
     bucket_blocks,
     bucket_layout,
+    bucket_values,
     find_pairs,
     find_pairs_by_buckets,
 )
@@ -228,11 +228,10 @@ def _uniform(n: int) -> np.ndarray:
 def _largest_bucket(hashes: np.ndarray, threshold: int) -> tuple[int, np.ndarray, np.ndarray]:
     """``(chunk, rows, mirrored)`` of the bucket with the most entries."""
     best: tuple[int, np.ndarray, np.ndarray] = (0, np.zeros(0, np.int64), np.zeros(0, bool))
-    n = hashes.shape[0]
-    for chunk, (low, width) in enumerate(bucket_layout(threshold)):
-        mask = np.uint64((1 << width) - 1)
+    n, layout = hashes.shape[0], bucket_layout(threshold)
+    for chunk in range(len(layout)):
         values = np.concatenate(
-            [((hashes ^ np.uint64(m)) >> np.uint64(low)) & mask for m in (0, FLIP_MASK)]
+            [bucket_values(hashes, layout, chunk, mirrored=m) for m in (False, True)]
         )
         top = np.bincount(values.astype(np.int64)).argmax()
         members = np.flatnonzero(values == np.uint64(top))

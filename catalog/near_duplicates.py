@@ -430,22 +430,25 @@ def bucket_layout(threshold: int) -> list[tuple[int, int]]:
     return _even_chunks(threshold + 1)
 
 
-def bucket_values(value: int, layout: Sequence[tuple[int, int]]) -> list[int]:
-    """The chunk values of one unsigned 64-bit hash, as signed 64-bit ints (Beam's int coder
-    holds those; only a 64-bit chunk, at threshold 0, can exceed ``2**63 - 1``)."""
-    values = []
-    for low, width in layout:
-        v = (value >> low) & ((1 << width) - 1)
-        values.append(v - (1 << 64) if v >= 1 << 63 else v)
-    return values
+def bucket_values(
+    hashes: np.ndarray, layout: Sequence[tuple[int, int]], chunk: int, *, mirrored: bool = False
+) -> np.ndarray:
+    """Each uint64 hash's value on chunk ``chunk`` of ``layout`` (``bucket_layout``): its
+    bucket in that chunk, or with ``mirrored`` the bucket of its mirrored hash."""
+    low, width = layout[chunk]
+    h = hashes ^ np.uint64(FLIP_MASK) if mirrored else hashes
+    return (h >> np.uint64(low)) & _mask(width)
+
+
+def _mask(width: int) -> np.uint64:
+    return np.uint64((1 << width) - 1)
 
 
 def _chunk_equal(x: np.ndarray, layout: Sequence[tuple[int, int]]) -> np.ndarray:
     """``(chunks, n)``: where the XOR ``x`` is zero on each chunk (the two hashes agree)."""
     out = np.empty((len(layout), x.shape[0]), bool)
-    for j, (low, width) in enumerate(layout):
-        mask = np.uint64((1 << width) - 1) if width < 64 else np.uint64(2**64 - 1)
-        out[j] = ((x >> np.uint64(low)) & mask) == 0
+    for j in range(len(layout)):
+        out[j] = bucket_values(x, layout, j) == 0
     return out
 
 
@@ -506,10 +509,9 @@ def _owned(
     if flips:
         # A mirrored meeting: one plain entry P, one mirrored M; owned by the bucket of the
         # smaller (chunk value, key) of the two plain hashes.
-        low, width = bucket_layout(threshold)[chunk]
-        mask = np.uint64((1 << width) - 1) if width < 64 else np.uint64(2**64 - 1)
+        layout = bucket_layout(threshold)
         p, m = np.where(ma, b, a), np.where(ma, a, b)
-        pv, mv = (h[p] >> np.uint64(low)) & mask, (h[m] >> np.uint64(low)) & mask
+        pv, mv = bucket_values(h[p], layout, chunk), bucket_values(h[m], layout, chunk)
         smaller = (pv < mv) | ((pv == mv) & (keys[p] < keys[m]))
         keep &= plain_pair | smaller
     distance = np.minimum(d, dm)
@@ -675,11 +677,8 @@ def find_pairs_by_buckets(
     kinds = (False, True) if flips else (False,)
     found: list[tuple[np.ndarray, ...]] = []
     largest = 0
-    for chunk, (low, width) in enumerate(layout):
-        mask = np.uint64((1 << width) - 1) if width < 64 else np.uint64(2**64 - 1)
-        values = np.concatenate(
-            [((h ^ np.uint64(FLIP_MASK if m else 0)) >> np.uint64(low)) & mask for m in kinds]
-        )
+    for chunk in range(len(layout)):
+        values = np.concatenate([bucket_values(h, layout, chunk, mirrored=m) for m in kinds])
         entry_rows = np.tile(rows, len(kinds))
         entry_mirrored = np.repeat(np.array(kinds), n)
         order = np.argsort(values, kind="stable")

@@ -56,11 +56,11 @@ from catalog.near_duplicates import (
     Pairs,
     bucket_blocks,
     bucket_layout,
+    bucket_values,
     classify,
     leakage_moves,
     search_bucket,
 )
-from catalog.phash import FLIP_MASK
 
 __all__ = [
     "MAX_REPORTED_PAIRS",
@@ -124,13 +124,11 @@ def hash_entry(element) -> tuple[int, int, int, int] | None:
 def _bucket_values(phash: np.ndarray, threshold: int, flips: bool):
     """``(chunk, mirrored, values)`` for every chunk and kind: each hash's bucket value (int64,
     the chunk's bits of the hash or of its mirror), one array per chunk and kind."""
-    unsigned = phash.view(np.uint64)
-    kinds = (False, True) if flips else (False,)
-    for mirrored in kinds:
-        virtual = unsigned ^ np.uint64(FLIP_MASK) if mirrored else unsigned
-        for chunk, (low, width) in enumerate(bucket_layout(threshold)):
-            mask = np.uint64((1 << width) - 1) if width < 64 else np.uint64(2**64 - 1)
-            yield chunk, mirrored, ((virtual >> np.uint64(low)) & mask).view(np.int64)
+    unsigned, layout = phash.view(np.uint64), bucket_layout(threshold)
+    for mirrored in (False, True) if flips else (False,):
+        for chunk in range(len(layout)):
+            values = bucket_values(unsigned, layout, chunk, mirrored=mirrored)
+            yield chunk, mirrored, values.view(np.int64)
 
 
 def _slices(weights: np.ndarray, limit: int):
