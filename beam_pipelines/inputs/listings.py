@@ -1,8 +1,9 @@
 """Listings read as their formats define them, and class names checked before they are stored.
 
-A ``.csv`` listing is read by RFC 4180 with Python's ``csv`` module over the whole file, so a
-quoted field may hold commas, doubled quotes and newlines; a ``.jsonl`` listing is one JSON
-object a line. Each record becomes a ``SourceFile``; a record that cannot be used (wrong number
+A ``.csv`` listing is read by RFC 4180 with Python's ``csv`` module, so a quoted field may hold
+commas, doubled quotes and newlines; a ``.jsonl`` listing is one JSON object a line. The file is
+cut into ranges of whole records (``listing_ranges``) that are parsed on their own, each
+reporting the line numbers of the whole file. Each record becomes a ``SourceFile``; a record that cannot be used (wrong number
 of fields, not JSON, no URI, bytes that are not UTF-8) becomes one too, carrying its problem
 (``bad_listing_line``) and its line number, so that the image step rejects it on its own and
 the job goes on.
@@ -22,10 +23,15 @@ import unicodedata
 from collections.abc import Iterator
 from typing import BinaryIO, TextIO
 
-from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.elements import SourceFile
+from beam_pipelines.inputs.listing_ranges import (
+    DEFAULT_RANGE_BYTES,
+    ListingRange,
+    listing_ranges,
+    open_range,
+)
 
 __all__ = [
     "BAD_LINE",
@@ -35,6 +41,7 @@ __all__ = [
     "normalise_label",
     "display_label",
     "listing_sources",
+    "range_sources",
 ]
 
 BAD_LINE = "bad_listing_line"
@@ -97,18 +104,19 @@ def _bad(listing: str, first: int, last: int, detail: str) -> SourceFile:
     )
 
 
-def _csv_sources(stream: TextIO, listing: str, base: str) -> Iterator[SourceFile]:
+def _csv_sources(stream: TextIO, listing: str, base: str, line: int) -> Iterator[SourceFile]:
     reader = csv.reader(stream, strict=True)
+    before = line - 1  # lines of the file before the stream's first
     while True:
-        first = reader.line_num + 1
+        first = before + reader.line_num + 1
         try:
             fields = next(reader)
         except StopIteration:
             return
         except csv.Error as e:  # an unterminated quote, say: the rest of that record is lost
-            yield _bad(listing, first, max(first, reader.line_num), f"not CSV ({e})")
+            yield _bad(listing, first, max(first, before + reader.line_num), f"not CSV ({e})")
             continue
-        last = reader.line_num
+        last = before + reader.line_num
         if not fields or (len(fields) == 1 and not fields[0].strip()):
             continue  # a blank line
         if [f.strip() for f in fields] == ["uri", "label"]:
@@ -125,8 +133,8 @@ def _csv_sources(stream: TextIO, listing: str, base: str) -> Iterator[SourceFile
             yield labelled_source(_resolve(fields[0].strip(), base), fields[1], where)
 
 
-def _jsonl_sources(stream: BinaryIO, listing: str, base: str) -> Iterator[SourceFile]:
-    for number, raw in enumerate(stream, start=1):
+def _jsonl_sources(stream: BinaryIO, listing: str, base: str, line: int) -> Iterator[SourceFile]:
+    for number, raw in enumerate(stream, start=line):
         if not raw.strip():
             continue
         try:
@@ -153,21 +161,37 @@ def _jsonl_sources(stream: BinaryIO, listing: str, base: str) -> Iterator[Source
             )
 
 
-def listing_sources(listing: str) -> Iterator[SourceFile]:
-    """Every record of a ``.csv`` or ``.jsonl`` listing as a ``SourceFile``, in order.
-
-    Relative URIs are resolved against the listing's directory. A record that cannot be used
-    is a ``SourceFile`` with a ``problem`` naming its line numbers (``bad_listing_line`` or
-    ``bad_label``); blank lines and a CSV ``uri,label`` header are skipped.
+def range_sources(part: ListingRange) -> Iterator[SourceFile]:
+    """Every record of one range of a listing (``listing_ranges``) as a ``SourceFile``, in
+    order, with the line numbers of the whole file; see ``listing_sources``.
 
     Raises:
       OSError (or the file system's own error): if the listing cannot be read at all.
     """
+    listing = part.listing
     base = FileSystems.split(listing)[0]
-    with FileSystems.open(listing, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        if listing.lower().endswith(".jsonl"):
-            yield from _jsonl_sources(handle, listing, base)
-            return
-        # newline="" as the csv module asks: quoted fields keep their own line breaks.
-        text = io.TextIOWrapper(handle, encoding="utf-8-sig", errors="surrogateescape", newline="")
-        yield from _csv_sources(text, listing, base)
+    stream = open_range(part)
+    if listing.lower().endswith(".jsonl"):
+        yield from _jsonl_sources(stream, listing, base, part.first_line)
+        return
+    # newline="" as the csv module asks: quoted fields keep their own line breaks. Only the
+    # file's first bytes may be a byte-order mark.
+    encoding = "utf-8-sig" if part.start == 0 else "utf-8"
+    text = io.TextIOWrapper(stream, encoding=encoding, errors="surrogateescape", newline="")
+    yield from _csv_sources(text, listing, base, part.first_line)
+
+
+def listing_sources(listing: str, range_bytes: int = DEFAULT_RANGE_BYTES) -> Iterator[SourceFile]:
+    """Every record of a ``.csv`` or ``.jsonl`` listing as a ``SourceFile``, in order.
+
+    Relative URIs are resolved against the listing's directory. A record that cannot be used
+    is a ``SourceFile`` with a ``problem`` naming its line numbers (``bad_listing_line`` or
+    ``bad_label``); blank lines and a CSV ``uri,label`` header are skipped. The pipeline reads
+    the same records range by range on its workers (``listing_ranges``, ``range_sources``);
+    this reads the ranges one after another.
+
+    Raises:
+      OSError (or the file system's own error): if the listing cannot be read at all.
+    """
+    for part in listing_ranges(listing, range_bytes):
+        yield from range_sources(part)
