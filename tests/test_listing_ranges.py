@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import random
 
+import apache_beam as beam
 import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipelines.elements import SourceFile
+from beam_pipelines.engines.runners import resolve_runner_aliases
 from beam_pipelines.inputs import listing_ranges as ranges_module
 from beam_pipelines.inputs.listing_ranges import listing_ranges
 from beam_pipelines.inputs.listings import listing_sources
@@ -137,15 +140,28 @@ def test_a_listing_without_records_has_no_ranges(tmp_path):
         listing_ranges(str(tmp_path / "empty.csv"), 0)
 
 
-def test_the_pipeline_reads_a_listing_in_ranges(tmp_path, monkeypatch):
-    # 8 MB ranges would be one range here: the step's default range size, made 40 bytes.
-    monkeypatch.setattr(ranges_module.listing_ranges, "__defaults__", (40,))
+def _ranged_listing(tmp_path) -> tuple[str, list[SourceFile]]:
+    """A listing of many 40-byte ranges, with a quoted newline and a bad record in them, and
+    what a whole-file read gives."""
     rows = [f'"img {i}.jpg",class{i % 3}' for i in range(30)]
+    rows[17] = '"img\n17.jpg",class2'
     listing = _write(tmp_path / "list.csv", "uri,label\n" + "\n".join(rows) + "\n,cat\n")
-    assert len(listing_ranges(listing)) > 10
-    expected = [SourceFile(f"{tmp_path}/img {i}.jpg", f"class{i % 3}") for i in range(30)]
-    bad = list(listing_sources(listing, WHOLE))[-1]
-    assert bad.problem[1] == f"line 32 of {listing}: an empty uri"
+    assert len(listing_ranges(listing, 40)) > 10
+    expected = list(listing_sources(listing, WHOLE))
+    assert expected[17].uri == f"{tmp_path}/img\n17.jpg"
+    assert expected[-1].problem[1] == f"line 33 of {listing}: an empty uri"
+    return listing, expected
+
+
+def test_the_pipeline_reads_a_listing_in_ranges(tmp_path):
+    listing, expected = _ranged_listing(tmp_path)
     with test_pipeline.TestPipeline() as p:
-        sources = (p | ListSources(listing))["sources"]
-        assert_that(sources, equal_to([*expected, bad]))
+        assert_that((p | ListSources(listing, range_bytes=40))["sources"], equal_to(expected))
+
+
+@pytest.mark.slow
+def test_dask_workers_read_a_listing_in_ranges(tmp_path, dask_cluster):
+    listing, expected = _ranged_listing(tmp_path)
+    options = PipelineOptions(resolve_runner_aliases(dask_cluster.runner_args()))
+    with beam.Pipeline(options=options) as p:
+        assert_that((p | ListSources(listing, range_bytes=40))["sources"], equal_to(expected))

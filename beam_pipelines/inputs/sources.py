@@ -28,7 +28,7 @@ from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipelines.elements import SourceFile
 from beam_pipelines.engines.filesystems import list_one_level
-from beam_pipelines.inputs.listing_ranges import listing_ranges
+from beam_pipelines.inputs.listing_ranges import DEFAULT_RANGE_BYTES, listing_ranges
 from beam_pipelines.inputs.listings import labelled_source, range_sources
 
 __all__ = [
@@ -154,9 +154,12 @@ class ListSources(beam.PTransform):
     directory input (none for a listing).
     """
 
-    def __init__(self, input_path: str) -> None:
+    def __init__(self, input_path: str, range_bytes: int = DEFAULT_RANGE_BYTES) -> None:
+        """``range_bytes``: about how much of a listing file each task parses
+        (``listing_ranges``)."""
         super().__init__()
         self._input = input_path
+        self._range_bytes = range_bytes
 
     def expand(self, pbegin):
         if is_listing(self._input):
@@ -164,7 +167,7 @@ class ListSources(beam.PTransform):
                 pbegin
                 | "Listing" >> beam.Create([self._input])
                 # ListingRange: whole records, about 8 MB each, found by one read of the file
-                | "CutListing" >> beam.FlatMap(listing_ranges)
+                | "CutListing" >> beam.FlatMap(listing_ranges, self._range_bytes)
                 | "SpreadRanges" >> beam.Reshuffle()
                 # SourceFile, one per record (a bad one carries its problem and line numbers)
                 | "ReadListing" >> beam.FlatMap(range_sources)
