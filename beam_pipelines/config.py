@@ -14,7 +14,7 @@ from typing import Any
 import PIL
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from beam_pipelines.graph.leakage import LEAKAGE_ACTIONS, SEARCH_METHODS
+from beam_pipelines.graph.leakage import AUTO_BUCKETED_FROM, LEAKAGE_ACTIONS, SEARCH_METHODS
 from beam_pipelines.graph.near_duplicate_search import DEFAULT_MAX_BUCKET_ENTRIES
 from beam_pipelines.image.options import ImageOptions
 from beam_pipelines.output.shards import LABEL_CONFLICT_POLICIES
@@ -22,7 +22,13 @@ from catalog.near_duplicates import DEFAULT_THRESHOLD, MAX_THRESHOLD
 from cliflags import NESTED_FLAGS, add_dataclass_flags, flag, flag_values
 from schemas.constants import MAX_SHARDS
 
-__all__ = ["HELP_GROUPS", "PipelineConfig", "ImagesToTFRecordOptions", "config_from_options"]
+__all__ = [
+    "HELP_GROUPS",
+    "PipelineConfig",
+    "ImagesToTFRecordOptions",
+    "config_from_options",
+    "resolve_search",
+]
 
 # The --help groups of the pipeline's flags, in the order they are listed.
 HELP_GROUPS = ("input", "image", "sharding", "quality gates", "output")
@@ -71,7 +77,8 @@ class PipelineConfig:
       near_duplicate_search: ``gathered``, every hash searched in one worker (25 bytes an
         example, the least work), or ``bucketed``, chunk buckets searched on the engine's
         workers (no worker holds every hash; 2(t+1) entries of 26 bytes an example cross a
-        shuffle, packed by bucket).
+        shuffle, packed by bucket); ``auto`` is made one of them by ``resolve_search`` before
+        the job starts (a graph built from ``auto`` gathers).
         The same pairs below ``MAX_REPORTED_PAIRS``.
       near_duplicate_bucket_entries: with the bucketed search, the most entries one bucket
         search holds; a bigger bucket is searched in blocks (the same pairs).
@@ -188,11 +195,13 @@ class PipelineConfig:
         ),
     )
     near_duplicate_search: str = dataclasses.field(
-        default="gathered",
+        default="auto",
         metadata=flag(
             help="where the near-duplicate search runs: gathered, every hash in one worker (25 "
             "bytes an example); bucketed, chunk buckets on the engine's workers, for datasets "
-            "whose hashes do not fit one worker (%(default)s; the same pairs)",
+            "whose hashes do not fit one worker; auto, bucketed for a listing of "
+            f"{AUTO_BUCKETED_FROM:,} inputs or more on a distributed runner, else gathered "
+            "(%(default)s; the same pairs)",
             group="quality gates",
             choices=SEARCH_METHODS,
         ),
@@ -278,6 +287,11 @@ class PipelineConfig:
     def target_shard_bytes(self) -> int:
         return int(self.target_shard_mb * 1024 * 1024)
 
+    @property
+    def search_method(self) -> str:
+        """``gathered`` or ``bucketed``: how the graph searches (``auto`` unresolved gathers)."""
+        return "bucketed" if self.near_duplicate_search == "bucketed" else "gathered"
+
     def manifest_options(self) -> dict[str, Any]:
         """The options recorded in ``dataset.json``.
 
@@ -310,8 +324,32 @@ class PipelineConfig:
             "leakage": self.leakage,
             "near_duplicate_threshold": self.near_duplicate_threshold,
             # Past MAX_REPORTED_PAIRS the two keep different pairs (see leakage.py).
-            "near_duplicate_search": self.near_duplicate_search,
+            "near_duplicate_search": self.search_method,
         }
+
+
+def resolve_search(
+    config: PipelineConfig, *, listed_inputs: int | None, in_process: bool
+) -> PipelineConfig:
+    """``config`` with ``--near_duplicate_search auto`` made ``gathered`` or ``bucketed``.
+
+    ``bucketed`` when the build runs on a distributed runner and its input is a listing of
+    about ``AUTO_BUCKETED_FROM`` inputs or more: no worker then holds every hash. Otherwise
+    ``gathered``: less work, and Beam's in-process runner would hold the bucketed search's
+    whole shuffle in memory. A directory's size is not known before the job lists it, so a
+    directory input gathers (pass ``bucketed`` for one of tens of millions of files).
+
+    Args:
+      config: the validated flags.
+      listed_inputs: about how many inputs the listing names (``estimate_records``), or None
+        when the input is a directory.
+      in_process: whether the build runs on the in-process runner.
+    """
+    if config.near_duplicate_search != "auto":
+        return config
+    large = listed_inputs is not None and listed_inputs >= AUTO_BUCKETED_FROM
+    method = "bucketed" if large and not in_process else "gathered"
+    return dataclasses.replace(config, near_duplicate_search=method)
 
 
 class ImagesToTFRecordOptions(PipelineOptions):

@@ -43,7 +43,12 @@ from beam_pipelines.builds.resume import (
     summary_of_published,
 )
 from beam_pipelines.command_line import parse_command_line
-from beam_pipelines.config import ImagesToTFRecordOptions, PipelineConfig, config_from_options
+from beam_pipelines.config import (
+    ImagesToTFRecordOptions,
+    PipelineConfig,
+    config_from_options,
+    resolve_search,
+)
 from beam_pipelines.engines.runners import (
     cancel_job,
     in_process_runner,
@@ -53,6 +58,7 @@ from beam_pipelines.engines.runners import (
 from beam_pipelines.graph.plan import plan_path
 from beam_pipelines.graph.transforms import ImagesToShards
 from beam_pipelines.image.colour import COLOUR_SPACE
+from beam_pipelines.inputs.listing_ranges import estimate_records
 from beam_pipelines.inputs.sources import is_listing
 from beam_pipelines.interrupts import interrupted_line, workers_shielded_from_ctrl_c
 from beam_pipelines.output.catalog_io import (
@@ -138,6 +144,22 @@ def _check_input(config: PipelineConfig) -> None:
     raise ValueError(
         f"--input {config.input!r} holds no files; expected <class name>/<image file> under it"
     )
+
+
+def _choose_search(config: PipelineConfig, options: PipelineOptions) -> PipelineConfig:
+    """``--near_duplicate_search auto`` made a method, from the listing's size and the runner."""
+    listed = estimate_records(config.input) if is_listing(config.input) else None
+    resolved = resolve_search(
+        config, listed_inputs=listed, in_process=in_process_runner(options) is not None
+    )
+    if resolved.near_duplicate_search != config.near_duplicate_search:
+        logging.getLogger(__name__).info(
+            "near-duplicate search: %s (--near_duplicate_search auto; the listing names about "
+            "%s inputs)",
+            resolved.near_duplicate_search,
+            f"{listed:,}" if listed is not None else "an unknown number of",
+        )
+    return resolved
 
 
 def _progress_mode(progress: str, options: PipelineOptions) -> str:
@@ -363,6 +385,7 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
     FileSystems.set_options(options)
     config = config_from_options(options)
     _check_input(config)
+    config = _choose_search(config, options)
     content = config.manifest_options()
     base = _open_base(config, content)
     if config.resume and (done := published_by_earlier_attempt(config.output, content)):
@@ -445,6 +468,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("beam_pipelines.progress").setLevel(logging.INFO)
     logging.getLogger("beam_pipelines.engines").setLevel(logging.INFO)  # engine job id and UI
     logging.getLogger("beam_pipelines.builds.resume").setLevel(logging.INFO)  # what --resume takes
+    logging.getLogger(__name__).setLevel(
+        logging.INFO
+    )  # the search --near_duplicate_search auto chose
     with catch_interrupts() as caught:
         try:
             return _run_and_report(argv, args.json, caught)

@@ -18,7 +18,7 @@ from apache_beam.testing.util import assert_that, equal_to
 from beam_pipelines.elements import SourceFile
 from beam_pipelines.engines.runners import resolve_runner_aliases
 from beam_pipelines.inputs import listing_ranges as ranges_module
-from beam_pipelines.inputs.listing_ranges import listing_ranges
+from beam_pipelines.inputs.listing_ranges import estimate_records, listing_ranges
 from beam_pipelines.inputs.listings import listing_sources
 from beam_pipelines.inputs.sources import ListSources
 
@@ -165,3 +165,23 @@ def test_dask_workers_read_a_listing_in_ranges(tmp_path, dask_cluster):
     options = PipelineOptions(resolve_runner_aliases(dask_cluster.runner_args()))
     with beam.Pipeline(options=options) as p:
         assert_that((p | ListSources(listing, range_bytes=40))["sources"], equal_to(expected))
+
+
+def test_a_listings_size_is_estimated_from_its_first_block(tmp_path):
+    rng = random.Random(7)
+    lines = [
+        f"gs://b/{'x' * rng.randint(5, 80)}.jpg,class{rng.randint(0, 999)}" for _ in range(90_000)
+    ]
+    listing = tmp_path / "big.csv"
+    _write(listing, "\n".join(lines) + "\n")
+    assert listing.stat().st_size > 4 * ranges_module._BLOCK
+    assert abs(estimate_records(str(listing)) - len(lines)) < 0.01 * len(lines)
+    small = _write(tmp_path / "small.csv", "a.jpg,cat\nb.jpg,dog")
+    assert estimate_records(small) == 2  # read whole: exact, a last line without newline too
+    assert estimate_records(_write(tmp_path / "empty.csv", "")) == 0
+    # A file the launcher never reads past its first block: sized, not read.
+    sparse = tmp_path / "sparse.csv"
+    _write(sparse, "".join(f"gs://bucket/train/{i:012d}.jpg,class\n" for i in range(40_000)))
+    with open(sparse, "r+b") as handle:
+        handle.truncate(40 << 30)
+    assert abs(estimate_records(str(sparse)) - (40 << 30) / 41) < 0.001 * (40 << 30) / 41

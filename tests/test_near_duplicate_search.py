@@ -16,8 +16,9 @@ import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.testing.util import assert_that, equal_to
 
+from beam_pipelines.config import PipelineConfig, resolve_search
 from beam_pipelines.engines.runners import resolve_runner_aliases
-from beam_pipelines.graph.leakage import search_columns
+from beam_pipelines.graph.leakage import AUTO_BUCKETED_FROM, search_columns
 from beam_pipelines.graph.near_duplicate_search import (
     SearchNearDuplicates,
     pairs_result,
@@ -191,3 +192,48 @@ def test_a_bucketed_build_writes_the_gathered_builds_dataset(sample_datasets, tm
     assert old["options"].pop("near_duplicate_search") == "gathered"
     assert new["options"].pop("near_duplicate_search") == "bucketed"
     assert old == new
+
+
+@pytest.mark.parametrize(
+    "asked, listed, in_process, chosen",
+    [
+        ("auto", None, False, "gathered"),  # a directory: its size is not known
+        ("auto", AUTO_BUCKETED_FROM - 1, False, "gathered"),
+        ("auto", AUTO_BUCKETED_FROM, False, "bucketed"),
+        ("auto", 50 * AUTO_BUCKETED_FROM, True, "gathered"),  # the in-process runner
+        ("gathered", 50 * AUTO_BUCKETED_FROM, False, "gathered"),
+        ("bucketed", None, True, "bucketed"),
+    ],
+)  # fmt: skip
+def test_auto_searches_by_bucket_for_large_listings_on_distributed_runners(
+    tmp_path, asked, listed, in_process, chosen
+):
+    config = PipelineConfig(
+        input=str(tmp_path / "in.csv"), output=str(tmp_path / "out"), near_duplicate_search=asked
+    )
+    resolved = resolve_search(config, listed_inputs=listed, in_process=in_process)
+    assert resolved.near_duplicate_search == chosen
+    assert resolved.manifest_options()["near_duplicate_search"] == chosen
+    assert config.manifest_options()["near_duplicate_search"] == (
+        "bucketed" if asked == "bucketed" else "gathered"
+    )
+
+
+def test_the_launcher_chooses_from_the_listings_size_and_the_runner(tmp_path, monkeypatch, caplog):
+    import logging
+
+    from beam_pipelines import config as config_module
+    from beam_pipelines import images_to_tfrecord
+
+    listing = tmp_path / "in.csv"
+    listing.write_text("".join(f"img{i}.jpg,cat\n" for i in range(5)))
+    config = PipelineConfig(input=str(listing), output=str(tmp_path / "out"))
+    dask = PipelineOptions(resolve_runner_aliases(["--runner", "DaskRunner"]))
+    in_process = PipelineOptions([])
+    monkeypatch.setattr(config_module, "AUTO_BUCKETED_FROM", 5)
+    with caplog.at_level(logging.INFO, logger="beam_pipelines.images_to_tfrecord"):
+        assert images_to_tfrecord._choose_search(config, dask).search_method == "bucketed"
+    assert "near-duplicate search: bucketed" in caplog.text and "about 5 inputs" in caplog.text
+    assert images_to_tfrecord._choose_search(config, in_process).search_method == "gathered"
+    monkeypatch.setattr(config_module, "AUTO_BUCKETED_FROM", 6)
+    assert images_to_tfrecord._choose_search(config, dask).search_method == "gathered"

@@ -58,6 +58,7 @@ __all__ = [
     "NEAR_DUPLICATES_NAME",
     "LEAKAGE_ACTIONS",
     "SEARCH_METHODS",
+    "AUTO_BUCKETED_FROM",
     "MAX_REPORTED_PAIRS",
     "NearDuplicateMember",
     "NearDuplicatePair",
@@ -76,8 +77,13 @@ __all__ = [
 
 NEAR_DUPLICATES_NAME = "near_duplicates.jsonl"
 LEAKAGE_ACTIONS = ("report", "move_to_train")
-# --near_duplicate_search: every hash in one worker, or chunk buckets on the engine's workers.
-SEARCH_METHODS = ("gathered", "bucketed")
+# --near_duplicate_search: every hash in one worker, or chunk buckets on the engine's workers;
+# auto picks one before the job starts (config.resolve_search).
+SEARCH_METHODS = ("auto", "gathered", "bucketed")
+# auto searches by bucket from this many listed inputs on a distributed runner: the gathered
+# search's worker holds about 145 bytes an example while it searches (1.45 GB at 10 M), and its
+# time grows faster than the examples (one core for 12 minutes at 10 M, on Dask).
+AUTO_BUCKETED_FROM = 10_000_000
 _MEMBER_COLUMNS = ("key", "uri", "label", "text", "source_width", "source_height")
 _SAME_ASPECT = 0.01  # relative: sources whose aspect ratios differ more were cropped
 # What the search finds among no examples.
@@ -382,11 +388,12 @@ class FindNearDuplicates(beam.PTransform):
     ``gathered=True`` every hash is gathered in one worker and searched there
     (``search_columns``). Both give the same result while the pairs stay under
     ``MAX_REPORTED_PAIRS``; past it the gathered search keeps the pairs its probe order met
-    first, the bucketed one the first in key order. The pipeline gathers by default
-    (``--near_duplicate_search``): bucketing sends 2(t+1) entries an example through a
+    first, the bucketed one the first in key order. The pipeline gathers unless the input is
+    a listing of ``AUTO_BUCKETED_FROM`` inputs or more on a distributed runner
+    (``--near_duplicate_search auto``): bucketing sends 2(t+1) entries an example through a
     shuffle, which Beam's in-process runner holds in memory (26 bytes an entry, packed: about
-    470 bytes an example at t = 8, against 25 gathered), while one worker holding 25 bytes an
-    example stops fitting only at hundreds of millions of examples.
+    470 bytes an example at t = 8, against 25 gathered), while the gathered search's one
+    worker holds about 145 bytes an example while it searches.
 
     Args:
       threshold: the largest Hamming distance that makes a pair.

@@ -431,7 +431,7 @@ class ImagesToShards(beam.PTransform):
         found = by_split | "FindNearDuplicates" >> FindNearDuplicates(
             threshold=near_threshold,
             action=leakage,
-            gathered=config.near_duplicate_search == "gathered",
+            gathered=config.search_method == "gathered",
             max_bucket_entries=config.near_duplicate_bucket_entries,
         )
         # {"a", "b", ..., "moved"}: the pairs by key number, one element

@@ -32,7 +32,13 @@ from typing import NamedTuple
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-__all__ = ["DEFAULT_RANGE_BYTES", "ListingRange", "listing_ranges", "open_range"]
+__all__ = [
+    "DEFAULT_RANGE_BYTES",
+    "ListingRange",
+    "estimate_records",
+    "listing_ranges",
+    "open_range",
+]
 
 # About 130 k records of 60 bytes: one range's records stay a few tens of megabytes in a
 # worker's output, and a 60 GB listing is about 7,000 ranges.
@@ -155,3 +161,20 @@ def listing_ranges(listing: str, range_bytes: int = DEFAULT_RANGE_BYTES) -> list
             if not block:
                 return cutter.close(offset + len(data))
             offset, pending = offset + whole, data[whole:]
+
+
+def estimate_records(listing: str, sample_bytes: int = _BLOCK) -> int:
+    """About how many lines ``listing`` holds, from its size and its first ``sample_bytes``
+    (exact when the file is no longer): what the launcher knows of a build's size before the
+    job starts, without reading the file.
+
+    Raises:
+      OSError (or the file system's own error): if the listing cannot be read.
+    """
+    size = FileSystems.match([listing], limits=[1])[0].metadata_list[0].size_in_bytes
+    with _open(listing) as handle:
+        head = handle.read(sample_bytes)
+    lines = head.count(b"\n")
+    if len(head) >= size:
+        return lines + (1 if head and not head.endswith(b"\n") else 0)
+    return max(1, round(size * lines / len(head)))
