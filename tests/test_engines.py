@@ -219,6 +219,34 @@ def test_dask_runs_every_branch_with_tags_side_inputs_and_metrics(dask_cluster, 
 
 
 @pytest.mark.slow
+def test_a_local_dask_cluster_starts_and_stops_without_info_lines():
+    # No address: the runner starts a local cluster, whose scheduler and nannies log in this
+    # process; distributed logs each step of their start and shutdown at INFO by default.
+    import logging
+
+    class _Records(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.lines: list[str] = []
+
+        def emit(self, record):
+            self.lines.append(f"{record.levelname} {record.name}: {record.getMessage()}")
+
+    records = _Records()
+    distributed_logger = logging.getLogger("distributed")
+    distributed_logger.setLevel(logging.INFO)
+    distributed_logger.addHandler(records)
+    try:
+        options = PipelineOptions(resolve_runner_aliases(["--runner", "DaskRunner"]))
+        with beam.Pipeline(options=options) as pipeline:
+            doubled = pipeline | beam.Create([1, 2, 3]) | beam.Map(lambda x: 2 * x)
+            assert_that(doubled, equal_to([2, 4, 6]))
+    finally:
+        distributed_logger.removeHandler(records)
+    assert not [line for line in records.lines if line.startswith("INFO")], records.lines
+
+
+@pytest.mark.slow
 def test_dask_failure_in_a_worker_fails_the_pipeline(dask_cluster):
     def explode(x):
         if x == 3:

@@ -755,6 +755,10 @@ class DaskRunner(beam_dask.DaskRunner):
             drop_default=True, current_only=True
         )
         bag_kwargs = beam_dask.DaskOptions._extract_bag_kwargs(dask_options)
+        if not dask_options.get("address") and not dask_options.get("scheduler_file"):
+            # A local cluster's scheduler and nannies live in this process, and distributed
+            # logs their start and every step of their shutdown at INFO (its own default).
+            logging.getLogger("distributed").setLevel(logging.WARNING)
         client = ddist.Client(**dask_options)
         try:
             # Lifted first: the GroupByKey it expands to is then replaced like any other.
