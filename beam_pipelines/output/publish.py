@@ -58,6 +58,7 @@ __all__ = [
     "read_staged",
     "build_manifest",
     "publish_manifest",
+    "ClassCounts",
     "remove_unlisted_shards",
 ]
 
@@ -172,6 +173,37 @@ class DuplicatesSummary:
         return {"count": self._count, "label_conflicts": label_conflict_groups(self._conflicts)}
 
 
+class ClassCounts(beam.CombineFn):
+    """``ShardResult -> (examples, {label: examples})``: one split's examples and its class
+    counts, summed shard by shard, so that no step holds every shard's ``label_counts`` (a
+    shard of N classes carries up to N pairs: 500 M pairs at 512 k shards of 1,000 classes)."""
+
+    def create_accumulator(self) -> tuple[int, dict[int, int]]:
+        return 0, {}
+
+    def add_input(self, acc, shard: ShardResult):
+        examples, labels = acc
+        for label, n in shard.label_counts:
+            labels[label] = labels.get(label, 0) + n
+        return examples + shard.num_examples, labels
+
+    def merge_accumulators(self, accumulators):
+        examples, labels = 0, {}
+        for more, their_labels in accumulators:
+            examples += more
+            for label, n in their_labels.items():
+                labels[label] = labels.get(label, 0) + n
+        return examples, labels
+
+    def extract_output(self, acc) -> dict[str, Any]:
+        examples, labels = acc
+        return {"examples": examples, "labels": sorted(labels.items())}
+
+
+def _without_class_counts(shard: ShardResult) -> ShardResult:
+    return shard._replace(label_counts=())
+
+
 class _StageFn(beam.DoFn):
     def __init__(self, output_dir: str, run_id: str) -> None:
         self._output_dir = output_dir
@@ -185,16 +217,19 @@ class _StageFn(beam.DoFn):
         shards,
         rejected,
         duplicates,
+        class_counts,
         catalogs=(),
         skipped_count=0,
         skipped_examples=(),
         near_duplicates=None,
     ):
         # rejected, duplicates: the summaries of the reports, already written (WriteSortedReport)
+        # shards: without their label_counts, summed per split in class_counts instead
         staged = {
             "input": input_count,
             "label_names": list(label_names),
             "shards": [s._asdict() for s in sorted(shards)],
+            "class_counts": dict(class_counts),
             "catalogs": [c._asdict() for c in sorted(catalogs)],
             "rejected": rejected["count"],
             "rejected_by_reason": rejected["by_reason"],
@@ -223,6 +258,13 @@ class StageResults(beam.PTransform):
     def expand(self, results):
         as_list = beam.pvalue.AsList
         input_count = results["sources"] | "CountInputs" >> beam.combiners.Count.Globally()
+        # (split, {"examples", "labels"}), one a split; the shards then go without theirs.
+        class_counts = (
+            results["shards"]
+            | "BySplit" >> beam.Map(lambda shard: (shard.split, shard))
+            | "ClassCounts" >> beam.CombinePerKey(ClassCounts())
+        )
+        shards = results["shards"] | "WithoutClassCounts" >> beam.Map(_without_class_counts)
         # Written sorted with bounded memory; only their counts reach the summary below.
         rejected = results["rejected"] | "RejectedReport" >> WriteSortedReport(
             self._output_dir, REJECTED_NAME, Rejection, RejectedSummary
@@ -255,9 +297,10 @@ class StageResults(beam.PTransform):
                 _StageFn(self._output_dir, self._run_id),
                 beam.pvalue.AsSingleton(input_count),
                 beam.pvalue.AsSingleton(results["label_names"]),
-                as_list(results["shards"]),
+                as_list(shards),
                 beam.pvalue.AsSingleton(rejected),
                 beam.pvalue.AsSingleton(duplicates),
+                as_list(class_counts),
                 *([as_list(results["catalogs"])] if "catalogs" in results else []),
                 **skipped,
                 **near_duplicates,
@@ -291,6 +334,8 @@ class StagedResult:
         self.catalogs: tuple[CatalogResult, ...] = tuple(
             CatalogResult(**c) for c in data.get("catalogs", ())
         )
+        # split -> {"examples": n, "labels": [[label, n], ...]} (ClassCounts)
+        self._class_counts: dict[str, dict[str, Any]] = dict(data.get("class_counts", {}))
 
     @property
     def written(self) -> int:
@@ -317,12 +362,11 @@ class StagedResult:
 
     def class_counts(self, split: str) -> dict[str, int] | None:
         """Examples per class name (every class, label order) in ``split``; None if unknown."""
-        shards = [s for s in self.shards if s.split == split]
+        counted = self._class_counts.get(split, {"examples": 0, "labels": []})
         counts = dict.fromkeys(self.label_names, 0)
-        for shard in shards:
-            for label, n in shard.label_counts:
-                counts[self.label_names[label]] += n
-        if sum(counts.values()) != sum(s.num_examples for s in shards):
+        for label, n in counted["labels"]:
+            counts[self.label_names[label]] += n
+        if sum(counts.values()) != counted["examples"]:
             return None  # records without a class (foreign callers of the shard writer)
         return counts
 
