@@ -20,7 +20,7 @@ import csv
 import json
 import pickle
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -28,7 +28,7 @@ from apache_beam.transforms.window import GlobalWindows
 
 from beam_pipelines.elements import SourceFile
 from beam_pipelines.engines.filesystems import list_one_level
-from beam_pipelines.inputs.listing_ranges import DEFAULT_RANGE_BYTES, listing_ranges
+from beam_pipelines.inputs.listing_ranges import DEFAULT_RANGE_BYTES, ListingRange, listing_ranges
 from beam_pipelines.inputs.listings import labelled_source, range_sources
 
 __all__ = [
@@ -163,26 +163,29 @@ class ListSources(beam.PTransform):
 
     def expand(self, pbegin):
         if is_listing(self._input):
-            sources = (
+            batches = (
                 pbegin
                 | "Listing" >> beam.Create([self._input])
                 # ListingRange: whole records, about 8 MB each, found by one read of the file
                 | "CutListing" >> beam.FlatMap(listing_ranges, self._range_bytes)
                 | "SpreadRanges" >> beam.Reshuffle()
-                # SourceFile, one per record (a bad one carries its problem and line numbers)
-                | "ReadListing" >> beam.FlatMap(range_sources)
+                # bytes: RESHUFFLE_BATCH SourceFile packed (a bad record's carries its problem
+                # and line numbers), packed as they are read: a task parsing ranges holds about
+                # 8 bytes a record, not the 350 of a SourceFile
+                | "ReadListing" >> beam.FlatMap(_range_batches)
             )
             skipped = pbegin | "NothingSkipped" >> beam.Create([])
-        else:
-            root = self._input.rstrip("/")
-            listed = (
-                pbegin
-                | "MatchFiles" >> MatchTree(root)
-                # FileMetadata -> SourceFile, and str (skipped path) on the skipped output
-                | "ClassFromPath"
-                >> beam.ParDo(_ClassFromPath(root)).with_outputs(SKIPPED_TAG, main="sources")
-            )
-            sources, skipped = listed.sources, listed[SKIPPED_TAG]
+            spread = batches | "Reshuffle" >> ReshuffleInBatches(packed=True)
+            return {**spread, SKIPPED_TAG: skipped}
+        root = self._input.rstrip("/")
+        listed = (
+            pbegin
+            | "MatchFiles" >> MatchTree(root)
+            # FileMetadata -> SourceFile, and str (skipped path) on the skipped output
+            | "ClassFromPath"
+            >> beam.ParDo(_ClassFromPath(root)).with_outputs(SKIPPED_TAG, main="sources")
+        )
+        sources, skipped = listed.sources, listed[SKIPPED_TAG]
         # Matching yields files in one bundle; reshuffling lets decoding fan out over workers.
         spread = sources | "Reshuffle" >> ReshuffleInBatches()
         return {**spread, SKIPPED_TAG: skipped}
@@ -193,6 +196,22 @@ class ListSources(beam.PTransform):
 RESHUFFLE_BATCH = 32
 
 
+def _pack(batch: list[tuple]) -> bytes:
+    return zlib.compress(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 1)
+
+
+def _range_batches(part: ListingRange) -> Iterator[bytes]:
+    """``ListingRange -> bytes``: the range's records, ``RESHUFFLE_BATCH`` at a time, packed."""
+    batch: list[tuple] = []
+    for source in range_sources(part):
+        batch.append(tuple(source))
+        if len(batch) >= RESHUFFLE_BATCH:
+            yield _pack(batch)
+            batch = []
+    if batch:
+        yield _pack(batch)
+
+
 class _BatchFn(beam.DoFn):
     """``SourceFile -> bytes``: ``RESHUFFLE_BATCH`` inputs at a time, packed (zlib, pickle)."""
 
@@ -201,7 +220,7 @@ class _BatchFn(beam.DoFn):
 
     def _packed(self) -> bytes:
         batch, self._batch = self._batch, []
-        return zlib.compress(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL), 1)
+        return _pack(batch)
 
     def process(self, source: SourceFile):
         self._batch.append(tuple(source))
@@ -228,15 +247,20 @@ class ReshuffleInBatches(beam.PTransform):
     batches and unpacks them itself: it waits for the class names (a side input computed from
     ``sources``), and a runner holds whole what a step reads after such a wait. It then holds
     the packed batches (about 8 bytes per input) instead of every ``SourceFile`` (about 130).
+
+    With ``packed=True`` the input is already packed batches (``bytes``), as a listing's
+    ranges are read.
     """
 
+    def __init__(self, packed: bool = False) -> None:
+        super().__init__()
+        self._packed = packed
+
     def expand(self, sources):
-        batches = (
-            sources
-            | "Batch" >> beam.ParDo(_BatchFn())
-            # bytes: RESHUFFLE_BATCH SourceFile, packed
-            | "Spread" >> beam.Reshuffle()
-        )
+        if not self._packed:
+            sources = sources | "Batch" >> beam.ParDo(_BatchFn())
+        # bytes: RESHUFFLE_BATCH SourceFile, packed
+        batches = sources | "Spread" >> beam.Reshuffle()
         return {"sources": batches | "Unbatch" >> beam.FlatMap(unpack_sources), "batches": batches}
 
 
