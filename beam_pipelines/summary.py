@@ -13,10 +13,14 @@ from beam_pipelines.inputs.listings import display_label
 from beam_pipelines.output.publish import DUPLICATES_NAME
 from schemas.manifest import MANIFEST_NAME, REJECTED_NAME, Manifest
 
-__all__ = ["RunSummary", "TOP_REASONS"]
+__all__ = ["RunSummary", "TOP_REASONS", "CLASSES_IN_FULL", "CLASSES_AT_EACH_END"]
 
 TOP_REASONS = 5
 _CONFLICTS_SHOWN = 5
+# Past this many classes the summary's table shows only the smallest and the largest
+# (CLASSES_AT_EACH_END each); dataset.json's class_counts holds them all.
+CLASSES_IN_FULL = 25
+CLASSES_AT_EACH_END = 5
 
 
 def _plural(n: int, word: str) -> str:
@@ -205,7 +209,19 @@ class RunSummary:
             [first.ljust(width)] + [str(v).rjust(w) for v, w in zip(cells, cols, strict=True)]
         )
         lines = [row("class", splits)]
-        lines += [row(display_label(n), [counts[s][n] for s in splits]) for n in m.label_names]
+        shown: list[str | None] = list(m.label_names)
+        if len(shown) > CLASSES_IN_FULL:
+            # The classes a reader checks first: the smallest and the largest, by examples.
+            by_size = sorted(m.label_names, key=lambda n: (sum(counts[s][n] for s in splits), n))
+            shown = [*by_size[:CLASSES_AT_EACH_END], None, *by_size[-CLASSES_AT_EACH_END:]]
+            lines[0] += "  (the smallest and the largest classes)"
+        between = len(m.label_names) - 2 * CLASSES_AT_EACH_END
+        lines += [
+            row(display_label(n), [counts[s][n] for s in splits])
+            if n
+            else f"… {between} classes between them (every count: class_counts in {MANIFEST_NAME})"
+            for n in shown
+        ]
         lines.append(row("total", [m.splits[s].num_examples for s in splits]))
         lines.append(row("shards", [len(m.splits[s].shards) for s in splits]))
         return lines
