@@ -248,3 +248,27 @@ def test_which_uris_tensorflow_reads_natively(monkeypatch: pytest.MonkeyPatch) -
     assert reads_natively("gs://bucket/ds")
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:1")
     assert not reads_natively("gs://bucket/ds")
+
+
+def test_a_listing_in_a_bucket_is_cut_and_read_in_ranges(bucket: BucketEnv) -> None:
+    # Beam's FileSystems on the bucket (the scan streams the object; each range is one ranged
+    # GET), with the options a launcher gives them: none, so the standard environment.
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from beam_pipelines.inputs.listing_ranges import estimate_records, listing_ranges
+    from beam_pipelines.inputs.listings import listing_sources
+
+    FileSystems.set_options(PipelineOptions([]))
+
+    rows = [f'"img {i}.jpg","class, {i % 3}"' for i in range(40)]
+    rows[7] = '"img\n7.jpg",cat'  # a quoted newline: never cut inside
+    text = "uri,label\n" + "\n".join(rows) + "\n"
+    store = get_store(bucket.root, _FAST)
+    listing = bucket.uri("lists", "train.csv")
+    store.write_bytes(listing, text.encode())
+    whole = list(listing_sources(listing, 1 << 40))
+    assert len(whole) == 40 and whole[7].uri == bucket.uri("lists", "img\n7.jpg")
+    assert len(listing_ranges(listing, 64)) > 10
+    assert list(listing_sources(listing, 64)) == whole
+    assert estimate_records(listing) == 42  # the header, 40 rows, one quoted newline

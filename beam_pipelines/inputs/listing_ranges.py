@@ -32,6 +32,8 @@ from typing import NamedTuple
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from beam_pipelines.engines.filesystems import read_range
+
 __all__ = [
     "DEFAULT_RANGE_BYTES",
     "ListingRange",
@@ -62,10 +64,9 @@ def _open(listing: str):
 
 
 def open_range(part: ListingRange) -> io.BytesIO:
-    """The bytes of one range, read with one seek."""
-    with _open(part.listing) as handle:
-        handle.seek(part.start)
-        return io.BytesIO(handle.read(part.end - part.start))
+    """The bytes of one range: one ranged GET on a bucket, retried if cut short
+    (``engines.filesystems.read_range``)."""
+    return io.BytesIO(read_range(part.listing, part.start, part.end))
 
 
 class _Cutter:
