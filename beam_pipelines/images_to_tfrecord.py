@@ -147,17 +147,24 @@ def _check_input(config: PipelineConfig) -> None:
 
 
 def _choose_search(config: PipelineConfig, options: PipelineOptions) -> PipelineConfig:
-    """``--near_duplicate_search auto`` made a method, from the listing's size and the runner."""
-    listed = estimate_records(config.input) if is_listing(config.input) else None
-    resolved = resolve_search(
-        config, listed_inputs=listed, in_process=in_process_runner(options) is not None
-    )
-    if resolved.near_duplicate_search != config.near_duplicate_search:
+    """``--near_duplicate_search auto`` made a method, from the listing's size and the runner;
+    says so only when that is the bucketed search (the gathered one is what it always was)."""
+    in_process = in_process_runner(options) is not None
+    listed = None
+    if config.near_duplicate_search == "auto" and not in_process and is_listing(config.input):
+        try:
+            listed = estimate_records(config.input)
+        except OSError:
+            listed = None  # the job reads it, and names what is wrong with it
+    resolved = resolve_search(config, listed_inputs=listed, in_process=in_process)
+    if resolved.near_duplicate_search != config.near_duplicate_search == "auto" and (
+        resolved.near_duplicate_search == "bucketed"
+    ):
         logging.getLogger(__name__).info(
-            "near-duplicate search: %s (--near_duplicate_search auto; the listing names about "
-            "%s inputs)",
-            resolved.near_duplicate_search,
-            f"{listed:,}" if listed is not None else "an unknown number of",
+            "near-duplicate search: bucketed over the workers (--near_duplicate_search auto: "
+            "the listing names about %s inputs; --near_duplicate_search gathered searches them "
+            "in one worker)",
+            f"{listed:,}",
         )
     return resolved
 

@@ -220,6 +220,7 @@ def test_auto_searches_by_bucket_for_large_listings_on_distributed_runners(
 
 
 def test_the_launcher_chooses_from_the_listings_size_and_the_runner(tmp_path, monkeypatch, caplog):
+    import dataclasses
     import logging
 
     from beam_pipelines import config as config_module
@@ -234,6 +235,13 @@ def test_the_launcher_chooses_from_the_listings_size_and_the_runner(tmp_path, mo
     with caplog.at_level(logging.INFO, logger="beam_pipelines.images_to_tfrecord"):
         assert images_to_tfrecord._choose_search(config, dask).search_method == "bucketed"
     assert "near-duplicate search: bucketed" in caplog.text and "about 5 inputs" in caplog.text
-    assert images_to_tfrecord._choose_search(config, in_process).search_method == "gathered"
-    monkeypatch.setattr(config_module, "AUTO_BUCKETED_FROM", 6)
-    assert images_to_tfrecord._choose_search(config, dask).search_method == "gathered"
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="beam_pipelines.images_to_tfrecord"):
+        assert images_to_tfrecord._choose_search(config, in_process).search_method == "gathered"
+        monkeypatch.setattr(config_module, "AUTO_BUCKETED_FROM", 6)
+        assert images_to_tfrecord._choose_search(config, dask).search_method == "gathered"
+        # A listing that cannot be read is left to the job, which names the problem.
+        (tmp_path / "dir.csv").mkdir()
+        unreadable = dataclasses.replace(config, input=str(tmp_path / "dir.csv"))
+        assert images_to_tfrecord._choose_search(unreadable, dask).search_method == "gathered"
+    assert caplog.text == ""  # the gathered search is not announced
