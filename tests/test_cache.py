@@ -107,7 +107,16 @@ def test_faults_do_not_change_the_output(
 ) -> None:
     upload_tree(jpeg_dataset.root, bucket.root)
     shards = _remote_shards(jpeg_dataset, bucket.root)
-    plan = FaultPlan(seed=7, error_rate=0.2, reset_rate=0.15, truncate_rate=0.15, latency_s=0.02)
+    # Drawn faults land on whichever requests the threads send first, so a run may draw no
+    # truncation of a body at all: the first try of every GET of one shard is cut for certain.
+    plan = FaultPlan(
+        seed=7,
+        error_rate=0.2,
+        reset_rate=0.15,
+        truncate_rate=0.15,
+        latency_s=0.02,
+        fail_first="train-00001-",
+    )
     proxy = fault_proxy(bucket.server_url, plan, flavour="s3" if bucket.scheme == "s3" else "gcs")
     bucket.point_at(proxy.url)
     # Small chunks: several ranged GETs per shard, each retried on its own.
@@ -117,7 +126,8 @@ def test_faults_do_not_change_the_output(
 
     assert got == _read_local(jpeg_dataset.shard_paths("train"))
     assert proxy.stats.faults >= 5, proxy.stats
-    assert proxy.stats.errors_503 and proxy.stats.resets and proxy.stats.truncations
+    # Bodies cut short (for certain), and 503s and resets drawn (about 9 of 26 requests).
+    assert proxy.stats.truncations and proxy.stats.errors_503 + proxy.stats.resets >= 3
     # Bounded: no request was tried more often than the policy allows.
     assert max(proxy.stats.attempts_by_request.values()) <= _FAST_RETRY.max_attempts
 
