@@ -17,6 +17,7 @@ input image can cause it, since per-image failures are rejections), with nothing
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -152,14 +153,10 @@ def _choose_search(config: PipelineConfig, options: PipelineOptions) -> Pipeline
     in_process = in_process_runner(options) is not None
     listed = None
     if config.near_duplicate_search == "auto" and not in_process and is_listing(config.input):
-        try:
+        with contextlib.suppress(OSError):  # the job reads it, and names what is wrong
             listed = estimate_records(config.input)
-        except OSError:
-            listed = None  # the job reads it, and names what is wrong with it
     resolved = resolve_search(config, listed_inputs=listed, in_process=in_process)
-    if resolved.near_duplicate_search != config.near_duplicate_search == "auto" and (
-        resolved.near_duplicate_search == "bucketed"
-    ):
+    if config.near_duplicate_search == "auto" and resolved.near_duplicate_search == "bucketed":
         logging.getLogger(__name__).info(
             "near-duplicate search: bucketed over the workers (--near_duplicate_search auto: "
             "the listing names about %s inputs; --near_duplicate_search gathered searches them "
@@ -475,9 +472,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("beam_pipelines.progress").setLevel(logging.INFO)
     logging.getLogger("beam_pipelines.engines").setLevel(logging.INFO)  # engine job id and UI
     logging.getLogger("beam_pipelines.builds.resume").setLevel(logging.INFO)  # what --resume takes
-    logging.getLogger(__name__).setLevel(
-        logging.INFO
-    )  # the search --near_duplicate_search auto chose
+    # The search --near_duplicate_search auto chose, when it is the bucketed one.
+    logging.getLogger(__name__).setLevel(logging.INFO)
     with catch_interrupts() as caught:
         try:
             return _run_and_report(argv, args.json, caught)

@@ -99,7 +99,6 @@ def _plain(block: bytes, csv_listing: bool) -> bool:
 def _cut_by_csv(listing: str, start: int, lines_before: int, cutter: _Cutter) -> int:
     """Cuts after each record as the ``csv`` module reads the file from ``start`` (a boundary);
     returns the file's size."""
-    offset = start
     with _open(listing) as handle:
         handle.seek(start)
         if start == 0 and handle.read(len(_BOM)) != _BOM:

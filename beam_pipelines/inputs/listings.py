@@ -3,8 +3,9 @@
 A ``.csv`` listing is read by RFC 4180 with Python's ``csv`` module, so a quoted field may hold
 commas, doubled quotes and newlines; a ``.jsonl`` listing is one JSON object a line. The file is
 cut into ranges of whole records (``listing_ranges``) that are parsed on their own, each
-reporting the line numbers of the whole file. Each record becomes a ``SourceFile``; a record that cannot be used (wrong number
-of fields, not JSON, no URI, bytes that are not UTF-8) becomes one too, carrying its problem
+reporting the line numbers of the whole file. Each record becomes a ``SourceFile``; a record
+that cannot be used (wrong number of fields, not JSON, no URI, bytes that are not UTF-8)
+becomes one too, carrying its problem
 (``bad_listing_line``) and its line number, so that the image step rejects it on its own and
 the job goes on.
 

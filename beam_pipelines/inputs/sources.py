@@ -85,8 +85,8 @@ def parse_listing_line(line: str, *, jsonl: bool, base: str) -> SourceFile | Non
     """Parses one line of a listing on its own; returns None for blank lines and the CSV header.
 
     The pipeline reads listings in ranges of whole records (``listings.range_sources``, where a
-    CSV record may span lines); this is for one line known to be whole. A class name that cannot be stored gives a
-    ``SourceFile`` carrying ``bad_label``.
+    CSV record may span lines); this is for one line known to be whole. A class name that
+    cannot be stored gives a ``SourceFile`` carrying ``bad_label``.
 
     Args:
       line: the text of the line.

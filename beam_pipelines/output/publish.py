@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -178,21 +179,19 @@ class ClassCounts(beam.CombineFn):
     counts, summed shard by shard, so that no step holds every shard's ``label_counts`` (a
     shard of N classes carries up to N pairs: 500 M pairs at 512 k shards of 1,000 classes)."""
 
-    def create_accumulator(self) -> tuple[int, dict[int, int]]:
-        return 0, {}
+    def create_accumulator(self) -> tuple[int, Counter[int]]:
+        return 0, Counter()
 
     def add_input(self, acc, shard: ShardResult):
         examples, labels = acc
-        for label, n in shard.label_counts:
-            labels[label] = labels.get(label, 0) + n
+        labels.update(dict(shard.label_counts))
         return examples + shard.num_examples, labels
 
     def merge_accumulators(self, accumulators):
-        examples, labels = 0, {}
+        examples, labels = self.create_accumulator()
         for more, their_labels in accumulators:
             examples += more
-            for label, n in their_labels.items():
-                labels[label] = labels.get(label, 0) + n
+            labels.update(their_labels)
         return examples, labels
 
     def extract_output(self, acc) -> dict[str, Any]:
