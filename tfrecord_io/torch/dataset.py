@@ -143,7 +143,7 @@ class ImageDataset(IterableDataset):
         """Batches this rank gets in the next pass."""
         plan = self._iteration(self._progress.next_epoch(0), self._progress.origin(0))
         steps = plan.num_steps
-        if plan.short:
+        if plan.tail:
             start, stop = plan.rank_slice(plan.stop, self.rank, self.world_size)
             steps -= start == stop
         return steps
@@ -225,7 +225,7 @@ class ImageDataset(IterableDataset):
             training=self.config.training,
             remainder=self.config.remainder,
         )
-        last = plan.stop if plan.short else plan.stop - 1
+        last = plan.stop if plan.tail else plan.stop - 1
         finished = plan.num_steps == 0 or delivered >= plan.end_of(last)
         if not finished:
             return epoch, delivered

@@ -25,8 +25,10 @@ plan without talking to the others, and a resumed job, on any number of ranks, r
   them, so no example is dropped or seen twice per epoch, every rank takes the same number of
   steps, and a pass that ended resumes at the next one on any grid. With
   ``"drop"`` each epoch starts a grid of its own and those examples are skipped, as
-  ``drop_last`` does (different ones each epoch). Evaluation keeps a last short step, split
-  as evenly as possible over the ranks.
+  ``drop_last`` does (different ones each epoch). Evaluation's last step takes the
+  ``N mod G`` examples left with it, split as evenly as possible over the ranks (each rank's
+  last batch holds at most ``G / W + 1`` examples), so every rank steps the same number of
+  times there too.
 
 Nothing here depends on the number of ranks or workers except the assignment of steps, which
 is why a position saved on one topology resumes on another.
@@ -194,14 +196,14 @@ class Iteration:
 
     Step ``k`` (``first <= k < stop``) covers stream positions
     ``[origin + k * global_batch, origin + (k + 1) * global_batch)``; in evaluation a last
-    step ``stop`` may cover fewer (``short``, split evenly over the ranks).
+    step ``stop`` may cover another number, ``tail``, split evenly over the ranks.
 
     Attributes:
       epoch: the epoch this pass belongs to.
       origin: the grid origin, a stream position.
       global_batch: ``G``.
       first, stop: the full steps of this pass.
-      short: examples of a last short step (evaluation), else 0.
+      tail: examples of an uneven last step (evaluation), else 0.
     """
 
     epoch: int
@@ -209,12 +211,12 @@ class Iteration:
     global_batch: int
     first: int
     stop: int
-    short: int = 0
+    tail: int = 0
 
     @property
     def num_steps(self) -> int:
-        """Steps of this pass, the short one included."""
-        return max(0, self.stop - self.first) + (1 if self.short else 0)
+        """Steps of this pass, the tail one included."""
+        return max(0, self.stop - self.first) + (1 if self.tail else 0)
 
     def step_start(self, step: int) -> int:
         """The stream position where ``step`` starts."""
@@ -228,15 +230,15 @@ class Iteration:
     def end_of(self, step: int) -> int:
         """The stream position just after ``step``: everything before it was delivered once
         this step was."""
-        if self.short and step == self.stop:
-            return self.step_start(step) + self.short
+        if self.tail and step == self.stop:
+            return self.step_start(step) + self.tail
         return self.step_start(step + 1)
 
     def rank_slice(self, step: int, rank: int, world: int) -> tuple[int, int]:
         """The stream positions ``[start, stop)`` of ``rank``'s share of ``step``."""
         start = self.step_start(step)
-        if self.short and step == self.stop:
-            return start + rank * self.short // world, start + (rank + 1) * self.short // world
+        if self.tail and step == self.stop:
+            return start + rank * self.tail // world, start + (rank + 1) * self.tail // world
         per_rank = self.global_batch // world
         return start + rank * per_rank, start + (rank + 1) * per_rank
 
@@ -244,7 +246,7 @@ class Iteration:
         """The steps DataLoader worker ``worker`` of ``workers`` produces, in order: every
         ``workers``-th from ``first + worker`` (from ``resume_at`` when given, which must be one
         of them)."""
-        last = self.stop + (1 if self.short else 0)
+        last = self.stop + (1 if self.tail else 0)
         begin = self.first + worker if resume_at is None else resume_at
         return range(begin, max(begin, last), workers)
 
@@ -267,7 +269,7 @@ def iteration(
       num_examples: ``N``.
       global_batch: ``G``.
       training: training passes (``remainder`` applies); False gives evaluation's single pass
-        over ``[origin, N)`` with a last short step.
+        over ``[origin, N)``, whose last step takes the examples left.
       remainder: ``"carry"`` or ``"drop"`` (see the module docstring).
 
     Raises:
@@ -277,9 +279,10 @@ def iteration(
         raise ValueError(f"remainder must be one of {REMAINDERS}, got {remainder!r}")
     n, g = num_examples, global_batch
     if not training:
-        full = max(0, (n - origin) // g)
-        short = max(0, n - origin - full * g)
-        return Iteration(epoch, origin, g, 0, full, short)
+        full, rest = divmod(max(0, n - origin), g)
+        if rest and full:  # the last full step takes the rest: no rank goes without
+            return Iteration(epoch, origin, g, 0, full - 1, g + rest)
+        return Iteration(epoch, origin, g, 0, full, rest)
     begin, end = epoch * n, (epoch + 1) * n
     if remainder == "drop":
         grid = max(origin, begin)

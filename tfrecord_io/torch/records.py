@@ -255,7 +255,8 @@ class RecordReader:
         size = self.files.sizes[shard]
         name = self.files.path(shard)
         if self.files.index_files[shard]:
-            entries = parse_index(_read_small(self.files.index_path(shard)), name=name)
+            index_path = self.files.index_path(shard)
+            entries = parse_index(_read_small(index_path), name=f"index file {index_path}")
             check_contiguous(entries, size, name=f"index of {name}")
             offsets, lengths = entries[:, 0], entries[:, 1]
         else:
