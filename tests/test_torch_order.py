@@ -27,7 +27,7 @@ def test_an_epoch_is_a_permutation_mixed_within_windows() -> None:
     # Each window's examples come from that window's shards only, and are mixed.
     shards, _ = layout.locate(indices)
     position = 0
-    for window in range(-(-layout.num_shards // 2)):
+    for _window in range(-(-layout.num_shards // 2)):
         members = order.shards_of_window_at(position)[:2]
         size = int(layout.counts[members].sum())
         assert set(shards[position : position + size].tolist()) <= set(members.tolist())

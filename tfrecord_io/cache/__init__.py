@@ -45,12 +45,24 @@ would need saving.
 
 One process owns a cache directory at a time (an ``flock`` on ``cache_dir/.lock``).
 
-The code is split by mechanism: ``cache_handoff`` (the graph side above, what ``tf.data``
-sees), ``cache_state`` (the Python state machine: requests, pins, eviction, downloads),
-``cache_watch`` (the inotify watch that wakes the scanner) and ``cache_config`` (configuration,
-errors, default directory).
+**Other processes on the host** (PyTorch ``DataLoader`` workers, other training ranks) read
+through the owner with a ``CacheClient``, which writes the same ``need``/``done`` markers in
+Python, without TensorFlow: ``open_shared_cache(config, shards)`` makes the first process the
+owner and gives every process a client, so the host downloads each shard once. The owner
+answers only for shards registered with it, so every process passes the whole split's shards.
+A client ends its pin right after opening the file; the owner cannot see another process's
+open files, so a shard a client still reads may be evicted (harmless on POSIX, but the disk
+keeps those bytes until the client closes the file, beyond ``cache_bytes``).
+
+The code is split by mechanism: ``handoff`` (the graph side above, what ``tf.data`` sees),
+``state`` (the Python state machine: requests, pins, eviction, downloads), ``client`` (the
+protocol's reader side for any process, in Python), ``names`` (the local file name of a URI,
+in pure Python, the same as the graph side's), ``watch`` (the inotify watch that wakes the
+scanner and the clients) and ``config`` (configuration, errors, default directory). The Python
+side imports and runs without TensorFlow; only the graph side needs it.
 """
 
+from tfrecord_io.cache.client import CacheClient, open_shared_cache
 from tfrecord_io.cache.config import (
     DEFAULT_CACHE_BYTES,
     CacheConfig,
@@ -61,10 +73,12 @@ from tfrecord_io.cache.config import (
     default_cache_bytes,
     default_cache_dir,
 )
+from tfrecord_io.cache.names import local_name, local_names
 from tfrecord_io.cache.state import ShardCache, open_cache, open_default_cache
 
 __all__ = [
     "DEFAULT_CACHE_BYTES",
+    "CacheClient",
     "CacheConfig",
     "CacheDirInUseError",
     "CacheStats",
@@ -73,6 +87,9 @@ __all__ = [
     "ShardIntegrityError",
     "default_cache_bytes",
     "default_cache_dir",
+    "local_name",
+    "local_names",
     "open_cache",
     "open_default_cache",
+    "open_shared_cache",
 ]

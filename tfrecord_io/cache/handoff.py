@@ -13,14 +13,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from tfrecord_io.cache.config import CacheConfig
+from tfrecord_io.cache.names import BASENAME_BYTES, HASH_BUCKETS, HASH_KEY, local_names
 
 if TYPE_CHECKING:  # TensorFlow is imported lazily: importing it costs seconds.
     import tensorflow as tf
 
 __all__ = ["GraphHandoff", "local_name_graph"]
-
-_HASH_KEY = (0x7466726563, 0x6F72645F696F)  # fixed: local names must be stable across processes
-_HASH_BUCKETS = (1 << 62) - 1
 
 
 def _after(op: Any, value: tf.Tensor) -> tf.Tensor:
@@ -38,13 +36,14 @@ def _present(path: tf.Tensor) -> tf.Tensor:
 
 
 def local_name_graph(uri: tf.Tensor) -> tf.Tensor:
-    """The cache file name of a shard URI, in graph ops (Python uses the same ops, eagerly)."""
+    """The cache file name of a shard URI, in graph ops: ``tfrecord_io.cache.names.local_name``
+    computes the same name in pure Python (and its module says how)."""
     import tensorflow as tf
 
-    digest = tf.strings.to_hash_bucket_strong(uri, _HASH_BUCKETS, key=list(_HASH_KEY))
+    digest = tf.strings.to_hash_bucket_strong(uri, HASH_BUCKETS, key=list(HASH_KEY))
     base = tf.strings.regex_replace(uri, r"^.*/", "")
     base = tf.strings.regex_replace(base, r"[^A-Za-z0-9._-]", "_")
-    base = tf.strings.substr(base, 0, 80)
+    base = tf.strings.substr(base, 0, BASENAME_BYTES)
     return tf.strings.join([tf.strings.as_string(digest), "-", base])
 
 
@@ -78,13 +77,9 @@ class GraphHandoff:
 
     @staticmethod
     def local_names(uris: Sequence[str]) -> list[str]:
-        """Cache file names of ``uris`` (stable across processes)."""
-        import tensorflow as tf
-
-        if not uris:
-            return []
-        with tf.init_scope():  # eager even when called while a tf.data function is traced
-            return [n.decode() for n in local_name_graph(tf.constant(list(uris))).numpy()]
+        """Cache file names of ``uris`` (stable across processes), computed without TensorFlow
+        (``tfrecord_io.cache.names``): the same names ``local_name_graph`` gives."""
+        return local_names(uris)
 
     def read_ahead(self, files: tf.data.Dataset, path_index: int | None = None) -> tf.data.Dataset:
         """Announces each file ``download_ahead`` elements before the consumer reaches it.

@@ -32,6 +32,7 @@ from tfrecord_io.cache.config import (
     default_cache_dir,
 )
 from tfrecord_io.cache.handoff import GraphHandoff
+from tfrecord_io.cache.names import INTEGRITY_FAILURE, NOT_REGISTERED, requester_pid
 from tfrecord_io.cache.watch import DirectoryWatch
 
 __all__ = ["ShardCache", "open_cache", "open_default_cache"]
@@ -177,6 +178,9 @@ class ShardCache(GraphHandoff):
                 entry = _Entry(shard, name)
                 self._entries[name] = entry
                 self._by_uri[shard.uri] = entry
+                # An earlier request for it, before it was registered, left "no shard is
+                # registered": that is no longer true.
+                _unlink(os.path.join(self._dirs["errors"], name))
 
     def _check_fits(self, shards: Sequence[RemoteShard]) -> None:
         if not shards:
@@ -283,7 +287,7 @@ class ShardCache(GraphHandoff):
                 name, kind, rid = marker.rsplit(".", 2)
                 entry = self._entries.get(name)
                 if entry is None:
-                    message = f"shard cache file {name} was requested but no shard is registered"
+                    message = f"shard cache file {name} {NOT_REGISTERED}"
                     _log.error("shard cache: %s", message)
                     write_atomic(
                         os.path.join(self._dirs["errors"], name),
@@ -414,6 +418,8 @@ class ShardCache(GraphHandoff):
     def _release_open_pins(self) -> bool:
         """Unpins shards that this process holds open. Lock held.
 
+        A pin of a ``CacheClient`` in another process stays: this process's open file says
+        nothing about that reader, which ends its pin itself right after its open.
         Rate-limited: listing /proc/self/fd costs about a millisecond. Returns whether anything
         was unpinned.
         """
@@ -433,7 +439,10 @@ class ShardCache(GraphHandoff):
             # of them may not have opened it yet.
             path = os.path.join(self._dirs["shards"], entry.name)
             if len(entry.pins) == 1 and path in open_paths:
-                self._unpin(entry, next(iter(entry.pins)))
+                rid = next(iter(entry.pins))
+                if requester_pid(rid) not in (None, os.getpid()):
+                    continue
+                self._unpin(entry, rid)
                 released = True
         return released
 
@@ -467,7 +476,7 @@ class ShardCache(GraphHandoff):
             )
             if shard.sha256 is not None and digest != shard.sha256:
                 raise ShardIntegrityError(
-                    f"{shard.uri}: SHA-256 mismatch: dataset.json says {shard.sha256}, the "
+                    f"{shard.uri}: {INTEGRITY_FAILURE}: dataset.json says {shard.sha256}, the "
                     f"downloaded bytes hash to {digest}; the object changed or was corrupted "
                     f"after the dataset was published. The bad copy was removed.",
                     uri=shard.uri,
@@ -528,6 +537,18 @@ def _unlink(path: str) -> None:
 
 _caches: dict[str, ShardCache] = {}
 _caches_lock = threading.Lock()
+
+
+def _forget_inherited_caches() -> None:
+    """In a forked child: the parent's caches have no threads here, and the parent still owns
+    their directories, so ``open_cache`` must not hand them out (a DataLoader worker forked
+    from a rank that owns the cache is a client of it)."""
+    global _caches_lock
+    _caches.clear()
+    _caches_lock = threading.Lock()  # it may have been held by another thread at the fork
+
+
+os.register_at_fork(after_in_child=_forget_inherited_caches)
 
 
 def open_cache(config: CacheConfig, shards: Iterable[RemoteShard] = ()) -> ShardCache:
