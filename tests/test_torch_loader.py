@@ -261,3 +261,24 @@ def test_shared_memory_batches_use_torch_new_shared() -> None:
     storage = torch.UntypedStorage._new_shared(16)
     assert storage.is_shared() and storage.nbytes() == 16
     assert isinstance(np.zeros(1), np.ndarray)
+
+
+def test_a_torchvision_model_trains_from_local_shards(split: SplitDataset) -> None:
+    """ResNet-18 takes a few SGD steps on batches from a DataLoader with two workers."""
+    import torchvision
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=split.num_classes)
+    before = [p.detach().clone() for p in model.parameters()]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    ds = tt.dataset(split.root, "train", global_batch_size=8, seed=0, output="float32")
+    losses = []
+    for images, labels in DataLoader(ds, batch_size=None, num_workers=2):
+        loss = torch.nn.functional.cross_entropy(model(images), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss))
+    assert len(losses) == len(ds) == 7
+    assert all(np.isfinite(losses))
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))

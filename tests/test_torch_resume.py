@@ -12,15 +12,20 @@ loopback behind a proxy that injects 503s, resets and cut bodies.
 from __future__ import annotations
 
 import json
+import math
+import os
 import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
 
+from tests.fixtures.fault_proxy import FaultPlan
+from tests.fixtures.object_store import BucketEnv, upload_tree
 from tests.fixtures.processes import LoggedProcess, finish_all, free_ports, process_env
 from tests.fixtures.split_datasets import write_split_dataset
 
@@ -74,7 +79,7 @@ def _rank_batches(log: Path) -> list[list[int]]:
     ]
 
 
-def _job_args(data: Path, run: Path, *extra: str) -> list[str]:
+def _job_args(data: Path | str, run: Path, *extra: str) -> list[str]:
     return [
         "--data", str(data), "--log", str(run / "log.jsonl"),
         "--checkpoint", str(run / "checkpoint.pt"),
@@ -82,10 +87,11 @@ def _job_args(data: Path, run: Path, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _interrupted_run(data: Path, run: Path, **env: str) -> int:
+def _interrupted_run(data: Path | str, run: Path, *extra: str, **env: str) -> int:
     """Two ranks of two workers, killed after the checkpoint of step 4; returns that step."""
     run.mkdir()
-    job = _start(2, _job_args(data, run, "--step_sleep", "0.3"), "first run", **env)
+    args = _job_args(data, run, "--step_sleep", "0.3", *extra)
+    job = _start(2, args, "first run", **env)
     checkpoint = run / "checkpoint.pt"
     for process in job:
         process.wait_for_path(checkpoint, timeout=180)
@@ -99,10 +105,18 @@ def _interrupted_run(data: Path, run: Path, **env: str) -> int:
     return int(torch.load(checkpoint, weights_only=False)["step"])
 
 
-def _resume(data: Path, first: Path, run: Path, world: int, workers: int, **env: str) -> None:
+def _resume(
+    data: Path | str,
+    first: Path,
+    run: Path,
+    world: int,
+    workers: int,
+    extra: tuple[str, ...] = (),
+    **env: str,
+) -> None:
     run.mkdir()
     shutil.copy(first / "checkpoint.pt", run / "checkpoint.pt")
-    args = _job_args(data, run, "--resume", "--workers", str(workers))
+    args = _job_args(data, run, "--resume", "--workers", str(workers), *extra)
     job = _start(world, args, f"resume on {world}", **env)
     statuses = finish_all(job, timeout=240)
     assert statuses == [0] * world, "\n".join(p.log for p in job)
@@ -156,3 +170,34 @@ def test_uneven_shards_every_rank_steps_the_same(uneven_split: Path, tmp_path: P
     n = sum(SHARD_COUNTS)
     assert sorted(stream[:n]) == list(range(n))
     assert sorted(stream[n : 2 * n]) == list(range(n))
+
+
+def test_kill_and_resume_training_from_a_faulty_bucket(
+    uneven_split: Path, tmp_path: Path, s3_env: BucketEnv, fault_proxy: Callable
+) -> None:
+    """The same from S3 behind 503s, resets and cut bodies, with ResNet-18 trained under DDP:
+    each host downloads through one cache, owned by one rank, that the workers read through."""
+    upload_tree(uneven_split, s3_env.uri("ds"))
+    plan = FaultPlan(
+        seed=3, error_rate=0.15, reset_rate=0.1, truncate_rate=0.1, fail_first=".tfrecord"
+    )
+    proxy = fault_proxy(s3_env.server_url, plan, flavour="s3")
+    env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
+    env["AWS_ENDPOINT_URL"] = proxy.url
+    data = s3_env.uri("ds")
+    first = tmp_path / "first"
+    committed = _interrupted_run(
+        data, first, "--train", "--cache_dir", str(tmp_path / "cache1"), **env
+    )
+    _resume(
+        data, first, tmp_path / "one", world=1, workers=2,
+        extra=("--train", "--cache_dir", str(tmp_path / "cache2")), **env,
+    )  # fmt: skip
+    _check_exactly_once(first, committed, tmp_path / "one", sum(SHARD_COUNTS))
+    losses = [
+        r["loss"]
+        for r in map(json.loads, (tmp_path / "one" / "log.jsonl").read_text().splitlines())
+        if "loss" in r
+    ]
+    assert losses and all(math.isfinite(x) for x in losses)
+    assert proxy.stats.faults >= 3 and proxy.stats.truncations, proxy.stats

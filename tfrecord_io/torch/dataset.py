@@ -19,11 +19,12 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from tfrecord_io.torch._image_stub import ImageSpec, decode_into, normalize_batch
+from tfrecord_io.torch.image import ImageSpec, decode_into, normalize_batch
 from tfrecord_io.torch.options import LoaderConfig
 from tfrecord_io.torch.order import EpochOrder, Iteration, SplitLayout, iteration
 from tfrecord_io.torch.records import RecordReader, SplitFiles
@@ -240,6 +241,10 @@ class ImageDataset(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if worker >= MAX_WORKERS:
             raise ValueError(f"at most {MAX_WORKERS} DataLoader workers, got {workers}")
+        if info is not None:
+            # One image at a time per worker, as torch sets its own threads in workers: OpenCV's
+            # resize would otherwise start a thread per core in every worker.
+            cv2.setNumThreads(1)
         epoch, origin = self._progress.next_epoch(worker), self._progress.origin(worker)
         plan = self._iteration(epoch, origin)
         resume = self._resume_step.pop(worker, None)
@@ -341,9 +346,12 @@ class ImageDataset(IterableDataset):
 
     def _arrange(self, images: torch.Tensor) -> torch.Tensor:
         if self.config.output == "float32":
-            images = normalize_batch(images)
+            count, size = images.shape[0], images.shape[1]
+            shape = (count, 3, size, size) if self.config.layout == "CHW" else tuple(images.shape)
+            out = _batch_buffer(shape, torch.float32)
+            return normalize_batch(images, layout=self.config.layout, out=out)
         if self.config.layout == "CHW":
-            images = images.permute(0, 3, 1, 2)
+            return images.permute(0, 3, 1, 2)
         return images
 
     def _check_labels(self, labels: np.ndarray, shards: np.ndarray, records: np.ndarray) -> None:
@@ -364,11 +372,14 @@ class ImageDataset(IterableDataset):
         return state
 
 
-def _batch_buffer(shape: tuple[int, ...]) -> torch.Tensor:
-    """A uint8 tensor for a batch: in shared memory inside a DataLoader worker, so handing it to
-    the training process copies nothing."""
+def _batch_buffer(shape: tuple[int, ...], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """A tensor for a batch: in shared memory inside a DataLoader worker, so handing it to the
+    training process copies nothing. ``UntypedStorage._new_shared`` is what torch's own
+    ``default_collate`` allocates worker batches with; no public call allocates shared memory
+    without a copy (``share_memory_()`` copies), and a test names the change if it goes."""
     if get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.uint8)
-    numel = int(np.prod(shape))
-    storage = torch.UntypedStorage._new_shared(numel)
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
+        return torch.empty(shape, dtype=dtype)
+    count = int(np.prod(shape))
+    storage = torch.UntypedStorage._new_shared(count * dtype.itemsize)
+    strides = torch.empty(shape, device="meta").stride()
+    return torch.empty(0, dtype=dtype).set_(storage, 0, shape, strides)

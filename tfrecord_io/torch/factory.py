@@ -6,8 +6,8 @@ import logging
 import os
 from typing import Any
 
-from tfrecord_io.torch._image_stub import ImageSpec
 from tfrecord_io.torch.dataset import ImageDataset
+from tfrecord_io.torch.image import ImageSpec
 from tfrecord_io.torch.options import config_from_options, resolve_topology
 from tfrecord_io.torch.records import SplitFiles, load_split
 

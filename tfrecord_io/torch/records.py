@@ -5,9 +5,10 @@ data from ``dataset.json``); ``RecordReader`` is what each worker builds from it
 records: ``os.pread`` of each record's frame from the shard file, its length and data CRCs
 checked (``schemas.framing``), then the example's few features parsed.
 
-* **Offsets** come from the shard's index file when ``dataset.json`` lists one (one
+* **Offsets** come from a local shard's index file when ``dataset.json`` lists one (one
   ``"<offset> <length>"`` line per record, checked to tile the shard), else from one scan of
-  the shard's record headers. A reader keeps the offsets of the shards it read last.
+  the shard's record headers (always for bucket shards, whose local copy was just written).
+  A reader keeps the offsets of the shards it read last.
 * **Local shards** are opened directly; a shard whose size is not its committed size, or whose
   record count differs from ``dataset.json``, fails naming it.
 * **Bucket shards** (``s3://``, ``gs://``) come through the host's shard cache
@@ -190,7 +191,7 @@ class RecordReader:
             _, shard = self._open.popitem()
             shard.handle.close()
 
-    def announce(self, shards: Sequence[int]) -> None:
+    def announce(self, shards: Sequence[int] | np.ndarray) -> None:
         """Asks the shard cache to download these shards ahead (bucket splits only)."""
         if self._cache is not None:
             self._cache.announce([self.files.path(int(s)) for s in shards])
@@ -254,7 +255,10 @@ class RecordReader:
         expected = self.files.counts[shard]
         size = self.files.sizes[shard]
         name = self.files.path(shard)
-        if self.files.index_files[shard]:
+        # A bucket shard is a verified local copy by now: its headers are read from the page
+        # cache, which spares the workers a client of the object store (whose clients do not
+        # survive the DataLoader's fork) and a request per shard.
+        if self.files.index_files[shard] and self._cache is None:
             index_path = self.files.index_path(shard)
             entries = parse_index(_read_small(index_path), name=f"index file {index_path}")
             check_contiguous(entries, size, name=f"index of {name}")

@@ -1,7 +1,7 @@
 """The torch loader's position: its saved form, and what its processes share.
 
 **The saved state** (``ImageDataset.state_dict()``) is a small dict of integers and short
-strings, the same size for any split (about 400 bytes as JSON, at a thousand examples or a
+strings, the same size for any split (about 270 bytes as JSON, at a million examples or a
 billion). It names the split (a digest of its shard names and record counts), the order
 (seed, window, training, remainder), and the position: the epoch, the grid origin and global
 batch, and how far the stream was delivered. In a DataLoader worker it also says which steps
