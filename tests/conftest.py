@@ -35,6 +35,7 @@ def _no_global_tensorflow_seed():
 LONG_MODULES = {
     "tests/test_engines_jvm.py": 330,
     "tests/test_resume.py": 138,
+    "tests/test_torch_resume.py": 120,
     "tests/test_service.py": 95,
     "tests/test_elastic_resume.py": 91,
     "tests/test_fit_callback.py": 84,

@@ -133,23 +133,22 @@ def load_split(source: str | os.PathLike[str], split: str) -> tuple[SplitFiles, 
     return files, manifest
 
 
-def parse_example(payload: bytes | memoryview, *, with_key: bool, where: str) -> ExampleFields:
+def parse_example(payload: bytes | memoryview, *, with_key: bool) -> ExampleFields:
     """Parses the features the loader needs from a serialised ``tf.train.Example``.
 
     Raises:
-      ValueError: naming ``where``, if the message cannot be parsed or lacks the image or the
-        label.
+      ValueError: if the message cannot be parsed or lacks the image or the label.
     """
     try:
-        example = Example.FromString(bytes(payload))
+        example = Example.FromString(payload)
         feature = example.features.feature
         encoded = feature[KEY_ENCODED].bytes_list.value
         label = feature[KEY_LABEL].int64_list.value
     except Exception as e:  # protobuf's DecodeError and friends
-        raise ValueError(f"{where}: not a tf.train.Example ({e})") from e
+        raise ValueError(f"not a tf.train.Example ({e})") from e
     if len(encoded) != 1 or len(label) != 1:
         raise ValueError(
-            f"{where}: expected one {KEY_ENCODED!r} and one {KEY_LABEL!r}, got "
+            f"expected one {KEY_ENCODED!r} and one {KEY_LABEL!r}, got "
             f"{len(encoded)} and {len(label)}"
         )
     key = ""
@@ -207,14 +206,14 @@ class RecordReader:
         opened = self._shard(shard)
         offset, length = int(opened.offsets[record]), int(opened.lengths[record])
         frame = os.pread(opened.fd, length, offset)
-        where = f"{self.files.path(shard)}: record {record} at byte {offset}"
-        if len(frame) != length:
-            raise ValueError(f"{where}: the file ends inside the record (damaged shard)")
         try:
-            payload = payload_of_frame(frame, where)
-        except FrameError as e:
-            raise ValueError(str(e)) from e
-        return parse_example(payload, with_key=with_key, where=where)
+            if len(frame) != length:
+                raise FrameError("the file ends inside the record (damaged shard)")
+            payload = payload_of_frame(frame)
+            return parse_example(payload, with_key=with_key)
+        except (FrameError, ValueError) as e:
+            where = f"{self.files.path(shard)}: record {record} at byte {offset}"
+            raise ValueError(f"{where}: {e}") from e
 
     def _shard(self, shard: int) -> _OpenShard:
         opened = self._open.get(shard)
