@@ -96,8 +96,14 @@ class ShardCache(GraphHandoff):
         self._lock_file = self._acquire_dir()
         self._used = self._index_existing()
         self.register(shards)
+        # Opened here, not on the scanner thread: opening runs a subprocess (ctypes'
+        # find_library), and a process forked meanwhile (a DataLoader worker) would inherit its
+        # pipe, leaving the scanner blocked until that process exits.
+        watch = DirectoryWatch.open(self._dirs["requests"])
         self._threads = [
-            threading.Thread(target=self._scan_loop, name="shard-cache-scan", daemon=True)
+            threading.Thread(
+                target=self._scan_loop, args=(watch,), name="shard-cache-scan", daemon=True
+            )
         ] + [
             threading.Thread(target=self._download_loop, name=f"shard-cache-dl-{i}", daemon=True)
             for i in range(config.download_threads)
@@ -253,8 +259,7 @@ class ShardCache(GraphHandoff):
 
     # -- scanner: markers -> jobs, pins -> acks ---------------------------------------------------
 
-    def _scan_loop(self) -> None:
-        watch = DirectoryWatch.open(self._dirs["requests"])
+    def _scan_loop(self, watch: DirectoryWatch | None) -> None:
         try:
             while not self._stop.is_set():
                 try:

@@ -24,10 +24,12 @@ class DirectoryWatch:
     @classmethod
     def open(cls, directory: str) -> DirectoryWatch | None:
         import ctypes
-        import ctypes.util
 
         try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+            # The process's own symbols (libc is loaded into every CPython): ``find_library``
+            # would run ``ldconfig`` in a subprocess, whose pipe a fork at that moment (a
+            # DataLoader starting its workers) would inherit, stalling this thread.
+            libc = ctypes.CDLL(None, use_errno=True)
             fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
             if fd < 0:
                 return None
