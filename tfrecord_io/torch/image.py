@@ -482,7 +482,9 @@ def _pillow_into(data: bytes, out: np.ndarray, seed: int | None, spec: ImageSpec
     _resize_into(_crop(pixels, window), out, window.flip)
 
 
-def _raw_into(data: bytes, out: np.ndarray, seed: int | None, spec: ImageSpec) -> None:
+def _raw_into(
+    data: bytes | bytearray | memoryview, out: np.ndarray, seed: int | None, spec: ImageSpec
+) -> None:
     """A RAW uint8 HWC image: the TensorFlow reader's ``_decode_raw`` for one example."""
     stored, size = spec.stored_size, spec.image_size
     assert stored is not None  # checked in ImageSpec
@@ -543,12 +545,13 @@ def decode_into(
     _check_out(out, spec.image_size)
     if spec.training and seed is None:
         raise ValueError("training decode needs the example's seed, got seed=None")
-    data = encoded if isinstance(encoded, bytes) else bytes(encoded)
-    if not data:
+    if not len(encoded):
         raise ValueError("cannot decode an empty image (0 bytes)")
-    if spec.encoding == "raw":
-        _raw_into(data, out, seed, spec)
-    elif data.startswith(_JPEG_MAGIC):
+    if spec.encoding == "raw":  # read in place: a view of the record is not copied
+        _raw_into(encoded, out, seed, spec)
+        return
+    data = encoded if isinstance(encoded, bytes) else bytes(encoded)
+    if data.startswith(_JPEG_MAGIC):
         _jpeg_into(data, out, seed, spec)
     else:
         _pillow_into(data, out, seed, spec)

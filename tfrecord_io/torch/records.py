@@ -25,7 +25,7 @@ import posixpath
 import struct
 from collections import OrderedDict
 from collections.abc import Sequence
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import numpy as np
 
@@ -41,10 +41,13 @@ from tfrecord_io.source import (
     manifest_path,
     object_store_for,
 )
+from tfrecord_io.torch.example_fields import ParsedFields, read_fields
 
 __all__ = ["ExampleFields", "RecordReader", "SplitFiles", "load_split", "scan_offsets"]
 
 _HEADER = struct.Struct("<QI")  # a frame's payload length and its masked CRC
+_PAYLOAD_START = _HEADER.size
+_FOOTER = FRAME_OVERHEAD - _HEADER.size  # the payload's masked CRC
 # Shards whose files and offsets a reader keeps open: two windows' worth, at least.
 _MIN_OPEN_SHARDS = 16
 
@@ -85,13 +88,13 @@ class SplitFiles:
         return join(self.root, self.index_files[shard])
 
 
-@dataclasses.dataclass(frozen=True)
-class ExampleFields:
-    """The fields of one example a batch needs: its stored image, label and (optional) key."""
+class ExampleFields(NamedTuple):
+    """The fields of one example a batch needs: its stored image (a view of the record read,
+    or bytes), its label and its key ("" unless asked for)."""
 
-    encoded: bytes
+    encoded: memoryview | bytes
     label: int
-    key: str = ""
+    key: str
 
 
 def load_split(source: str | os.PathLike[str], split: str) -> tuple[SplitFiles, Manifest]:
@@ -133,8 +136,9 @@ def load_split(source: str | os.PathLike[str], split: str) -> tuple[SplitFiles, 
     return files, manifest
 
 
-def parse_example(payload: bytes | memoryview, *, with_key: bool) -> ExampleFields:
-    """Parses the features the loader needs from a serialised ``tf.train.Example``.
+def parse_example(payload: bytes | memoryview, *, with_key: bool) -> ParsedFields:
+    """Parses the features the loader needs from a serialised ``tf.train.Example`` with
+    protobuf: ``(image bytes, label, key)``.
 
     Raises:
       ValueError: if the message cannot be parsed or lacks the image or the label.
@@ -155,7 +159,7 @@ def parse_example(payload: bytes | memoryview, *, with_key: bool) -> ExampleFiel
     if with_key and KEY_SHA256 in feature:
         values = feature[KEY_SHA256].bytes_list.value
         key = values[0].decode() if values else ""
-    return ExampleFields(encoded[0], int(label[0]), key)
+    return encoded[0], int(label[0]), key
 
 
 class _OpenShard:
@@ -209,8 +213,11 @@ class RecordReader:
         try:
             if len(frame) != length:
                 raise FrameError("the file ends inside the record (damaged shard)")
-            payload = payload_of_frame(frame)
-            return parse_example(payload, with_key=with_key)
+            payload_of_frame(frame)  # checks the length and both CRCs
+            end = len(frame) - _FOOTER
+            return ExampleFields(
+                *read_fields(frame, _PAYLOAD_START, end, with_key=with_key, parse=parse_example)
+            )
         except (FrameError, ValueError) as e:
             where = f"{self.files.path(shard)}: record {record} at byte {offset}"
             raise ValueError(f"{where}: {e}") from e
