@@ -39,6 +39,7 @@ declare -A runs=(
   [reader]="--quick"
   [scale]="overhead --n 24 --repeats 1"
   [service]="--quick"
+  [torch_decode]="--quick"
   # Our rows only: the peers' rows need their own venv (.venv-peers, a 6 GB torch install).
   [torch_loaders]="--quick --rows ours_torch,ours_tf"
   [trainer]="--quick"
