@@ -38,6 +38,7 @@ __all__ = [
     "decode_manifest",
     "encode_manifest",
     "encode_shard_table",
+    "split_digest",
 ]
 
 SHARD_TABLE_SCHEMA = pa.schema(
@@ -271,3 +272,15 @@ def _shard_info(row: Mapping[str, Any]) -> ShardInfo:
         sha256=row["sha256"].hex(),
         index=index,
     )
+
+
+def split_digest(shards: Iterable[tuple[str, int]]) -> str:
+    """A digest of a split's layout: its shard file names and record counts, in order.
+
+    Two splits with the same digest number their examples the same way, so a position taken on
+    one (a delivered set, a torch loader's state) applies to the other. Paths are reduced to
+    their file names, so the same dataset read from another directory or bucket keeps its
+    digest.
+    """
+    text = "\n".join(f"{path.rstrip('/').rsplit('/', 1)[-1]}:{count}" for path, count in shards)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]

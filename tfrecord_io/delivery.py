@@ -35,6 +35,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import tensorflow as tf
 
+from schemas.shard_table import split_digest
+
 if TYPE_CHECKING:
     from schemas import ShardInfo
     from schemas.shard_table import ShardTable
@@ -52,17 +54,6 @@ _log = logging.getLogger(__name__)
 
 _MAGIC = b"TFRDLV1\n"
 _HEADER = struct.Struct("<I")  # length of the JSON header that follows
-
-
-def split_digest(shards: Iterable[tuple[str, int]]) -> str:
-    """A digest of a split's layout: its shard file names and record counts, in order.
-
-    Two splits with the same digest number their examples the same way, so a delivered set
-    taken on one applies to the other. Paths are reduced to their file names, so the same
-    dataset read from another directory or bucket keeps its digest.
-    """
-    text = "\n".join(f"{path.rstrip('/').rsplit('/', 1)[-1]}:{count}" for path, count in shards)
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 # Shard-table rows hashed at a time by ``manifest_split_digest`` (bounded Arrow buffers).

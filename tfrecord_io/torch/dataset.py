@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from schemas.shard_table import split_digest
 from tfrecord_io.torch.image import ImageSpec, decode_into, normalize_batch
 from tfrecord_io.torch.options import LoaderConfig
 from tfrecord_io.torch.order import EpochOrder, Iteration, SplitLayout, iteration
@@ -34,7 +35,6 @@ from tfrecord_io.torch.state import (
     SharedProgress,
     check_compatible,
     dataset_states,
-    split_digest,
 )
 
 __all__ = ["ImageDataset"]
@@ -96,7 +96,7 @@ class ImageDataset(IterableDataset):
         self._cache = cache
         self.layout = SplitLayout.from_counts(files.counts)
         self._identity = {
-            "split": split_digest(files.files, files.counts),
+            "split": split_digest(zip(files.files, files.counts, strict=True)),
             "seed": config.order_seed,
             "window_shards": config.window_shards,
             "training": config.training,
@@ -114,6 +114,7 @@ class ImageDataset(IterableDataset):
         self._position: dict[str, Any] | None = None
         self._reader: RecordReader | None = None
         self._orders: dict[int, EpochOrder] = {}
+        self._announced: tuple[int, int] | None = None
 
     # -- epochs and length -------------------------------------------------------------------
 
@@ -307,7 +308,11 @@ class ImageDataset(IterableDataset):
         return np.concatenate(epochs), np.concatenate(parts)
 
     def _announce(self, order: EpochOrder, offset: int) -> None:
-        self._records().announce(order.shards_of_window_at(offset))
+        """Asks the shard cache for this window's and the next window's shards, once a window."""
+        where = (order.epoch, order.window_at(offset))
+        if where != self._announced:
+            self._announced = where
+            self._records().announce(order.shards_of_window_at(offset))
 
     def _records(self) -> RecordReader:
         if self._reader is None:

@@ -151,11 +151,11 @@ def _scan(data: bytes, start: int, end: int, with_key: bool) -> ParsedFields:
     labels = _int64s(data, *_only(data, *label, 3, rivals=(1, 2)))
     if len(labels) != 1:
         raise _Fallback
-    key = ""
+    text = ""
     if with_key and sha is not None:
         a, b = _only(data, *_only(data, *sha, 1, rivals=(2, 3)), 1)
-        key = data[a:b].decode()
-    return memoryview(data)[bytes_start:bytes_end], labels[0], key
+        text = data[a:b].decode()
+    return memoryview(data)[bytes_start:bytes_end], labels[0], text
 
 
 def read_fields(

@@ -122,6 +122,7 @@ class EpochOrder:
         self, layout: SplitLayout, *, seed: int, epoch: int, window_shards: int, shuffle: bool
     ) -> None:
         self.layout = layout
+        self.epoch = epoch
         self._seed, self._epoch, self._shuffle = seed, epoch, shuffle
         self._window_shards = window_shards
         self._windows: OrderedDict[int, np.ndarray] = OrderedDict()
@@ -157,13 +158,18 @@ class EpochOrder:
             window += 1
         return out
 
+    def window_at(self, offset: int) -> int:
+        """The window holding epoch offset ``offset`` (evaluation: its shard)."""
+        if not self._shuffle:
+            return int(self.layout.locate(np.array([offset]))[0][0])
+        return int(np.searchsorted(self._window_starts, offset, side="right")) - 1
+
     def shards_of_window_at(self, offset: int) -> np.ndarray:
         """The shards (file-order numbers) of the window holding epoch offset ``offset`` and of
         the window after it, in the order they are read: what to fetch ahead."""
+        window = self.window_at(offset)
         if not self._shuffle:
-            shard = int(self.layout.locate(np.array([offset]))[0][0])
-            return np.arange(shard, min(shard + 2, self.layout.num_shards), dtype=np.int64)
-        window = int(np.searchsorted(self._window_starts, offset, side="right")) - 1
+            return np.arange(window, min(window + 2, self.layout.num_shards), dtype=np.int64)
         k = self._window_shards
         return self._shard_order[window * k : (window + 2) * k]
 

@@ -23,10 +23,9 @@ not, and a worker that finishes a pass moves its own slot to the next epoch.
 
 from __future__ import annotations
 
-import hashlib
 import multiprocessing
 import multiprocessing.context
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -37,23 +36,12 @@ __all__ = [
     "SharedProgress",
     "check_compatible",
     "dataset_states",
-    "split_digest",
 ]
 
 STATE_FORMAT = "tfrecord_io.torch/1"
 # DataLoader workers per rank that the shared array has slots for.
 MAX_WORKERS = 256
 _ORDER_KEYS = ("split", "seed", "window_shards", "training", "remainder")
-
-
-def split_digest(files: Sequence[str], counts: Sequence[int]) -> str:
-    """A digest of a split's layout (shard file names and record counts, in order), the same
-    as the TensorFlow reader's ``split_digest``: the same examples get the same indices."""
-    text = "\n".join(
-        f"{path.rstrip('/').rsplit('/', 1)[-1]}:{count}"
-        for path, count in zip(files, counts, strict=True)
-    )
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def check_compatible(state: Mapping[str, Any], expected: Mapping[str, Any]) -> None:
