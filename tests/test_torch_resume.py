@@ -2,8 +2,9 @@
 
 A job of two ranks with two workers each reads a split whose shards differ tenfold in size;
 after a checkpoint mid-epoch every process of it (ranks and workers) is SIGKILLed. The
-checkpoint (``StatefulDataLoader.state_dict()`` of rank 0) is then resumed on one rank and on
-three (with other numbers of workers). The stream the job trained on, the steps up to the
+checkpoint (``StatefulDataLoader.state_dict()`` of rank 0) is then resumed on the same two
+ranks through ``StatefulDataLoader.load_state_dict``, and on one rank and on three (with other
+numbers of workers) through the dataset's ``load_state_dict``. The stream the job trained on, the steps up to the
 checkpoint plus every step after the resume, must hold every example of the epoch exactly
 once; every rank must take the same number of steps. The same runs from an S3 bucket on
 loopback behind a proxy that injects 503s, resets and cut bodies.
@@ -151,12 +152,18 @@ def uneven_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def test_kill_and_resume_on_one_and_three_ranks(uneven_split: Path, tmp_path: Path) -> None:
+def test_kill_and_resume_on_two_one_and_three_ranks(uneven_split: Path, tmp_path: Path) -> None:
     committed = _interrupted_run(uneven_split, tmp_path / "first")
     rows = _steps(tmp_path / "first" / "log.jsonl")
     assert committed < len(rows) + 1 and committed * GLOBAL_BATCH < sum(SHARD_COUNTS), (
         "the kill did not land mid-epoch"
     )
+    # The same two ranks of two workers, through StatefulDataLoader.load_state_dict.
+    _resume(
+        uneven_split, tmp_path / "first", tmp_path / "two", world=2, workers=2,
+        extra=("--resume_loader",),
+    )  # fmt: skip
+    _check_exactly_once(tmp_path / "first", committed, tmp_path / "two", sum(SHARD_COUNTS))
     _resume(uneven_split, tmp_path / "first", tmp_path / "one", world=1, workers=2)
     _check_exactly_once(tmp_path / "first", committed, tmp_path / "one", sum(SHARD_COUNTS))
     # Three ranks finish the epoch and read the next whole (shards tenfold uneven: equal steps).

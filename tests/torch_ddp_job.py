@@ -34,6 +34,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--log", required=True)
     parser.add_argument("--checkpoint", required=True)
     parser.add_argument("--resume", action="store_true")
+    # Resume through StatefulDataLoader.load_state_dict (the same number of workers) instead of
+    # the dataset's load_state_dict before the loader is built (any topology).
+    parser.add_argument("--resume_loader", action="store_true")
     parser.add_argument("--passes", type=int, default=1)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--global_batch_size", type=int, default=12)
@@ -69,14 +72,17 @@ def main(argv: list[str]) -> int:
 
         options["shard_cache"] = CacheConfig(cache_dir=args.cache_dir, cache_bytes=1 << 30)
     ds = tt.dataset(args.data, "train", **options)
-    step = 0
+    step, saved = 0, None
     if args.resume:
         saved = torch.load(args.checkpoint, weights_only=False)
-        ds.load_state_dict(saved["loader"])
         step = saved["step"]
+        if not args.resume_loader:
+            ds.load_state_dict(saved["loader"])
     loader = StatefulDataLoader(
         ds, batch_size=None, num_workers=args.workers, persistent_workers=args.workers > 0
     )
+    if saved is not None and args.resume_loader:
+        loader.load_state_dict(saved["loader"])  # rank 0's state, on every rank
     model = _model(ds.num_classes) if args.train else None
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01) if model is not None else None
     log = open(args.log, "a") if rank == 0 else None
