@@ -153,6 +153,7 @@ def _in_processes(method: str, target: Callable[..., Any], *arg_lists: tuple[Any
 # -- tests -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_client_in_another_process_gets_verified_shards(
     s3_env: BucketEnv, jpeg_dataset: WrittenDataset, tmp_path: Path, owner: Callable
 ) -> None:
@@ -170,6 +171,7 @@ def test_a_client_in_another_process_gets_verified_shards(
     assert not os.listdir(tmp_path / "cache" / "requests")
 
 
+@pytest.mark.slow
 def test_two_clients_in_two_processes_share_one_download(
     s3_env: BucketEnv, jpeg_dataset: WrittenDataset, tmp_path: Path, owner: Callable
 ) -> None:
@@ -258,6 +260,7 @@ def test_a_wait_without_a_running_owner_times_out_naming_the_uri(
         CacheClient(str(tmp_path / "never-opened")).open(shard.uri)
 
 
+@pytest.mark.slow
 def test_clients_reading_more_than_fits_keep_the_cache_within_cache_bytes(
     s3_env: BucketEnv, six_shards: WrittenDataset, tmp_path: Path, owner: Callable
 ) -> None:
@@ -334,9 +337,10 @@ def test_a_pin_of_another_process_survives_the_owner_holding_the_file_open(
 def test_the_owner_opens_its_watch_before_it_returns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Opening the inotify watch runs a subprocess (ctypes' find_library). On the scanner
+    # Opening the inotify watch once ran a subprocess (ctypes' find_library). On the scanner
     # thread, a DataLoader worker forked meanwhile inherited its pipe, and the scanner answered
-    # nothing until that worker exited (the fork test above hung about one run in ten).
+    # nothing until that worker exited (the fork test above hung about one run in ten). The
+    # watch now opens on the caller's thread, before the owner's threads start.
     callers: list[threading.Thread] = []
     original = DirectoryWatch.open
 

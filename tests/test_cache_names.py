@@ -95,6 +95,7 @@ def test_names_reject_what_is_not_a_text_uri(uri: object, error: type, message: 
         local_names(["s3://bucket/ok"] * 40 + [uri])  # type: ignore[list-item]
 
 
+@pytest.mark.slow
 def test_the_cache_python_side_runs_without_tensorflow(
     s3_env: BucketEnv, jpeg_dataset: WrittenDataset, tmp_path: Path
 ) -> None:

@@ -242,6 +242,7 @@ def test_window_only_decoding_matches_whole_image_decoding() -> None:
         assert np.array_equal(_decoded(data, seed, fast), _decoded(data, seed, fast_whole))
 
 
+@pytest.mark.slow
 def test_a_library_named_that_is_not_turbojpeg_3_is_an_error() -> None:
     script = (
         "from tfrecord_io.torch.image import ImageSpec, jpeg_decoder\n"

@@ -242,6 +242,7 @@ def test_shared_memory_batches_use_torch_new_shared() -> None:
     assert isinstance(np.zeros(1), np.ndarray)
 
 
+@pytest.mark.slow
 def test_a_torchvision_model_trains_without_tensorflow(split: SplitDataset) -> None:
     """ResNet-18 takes a few SGD steps on batches from a DataLoader with two workers, in a
     process where TensorFlow cannot be imported (as on an install without it), and nothing of
@@ -285,6 +286,7 @@ def bucket(request: pytest.FixtureRequest):
     return request.getfixturevalue("s3_env" if request.param == "s3" else "gcs_env")
 
 
+@pytest.mark.slow
 def test_a_bucket_reads_as_its_local_copy(split: SplitDataset, bucket, tmp_path: Path) -> None:
     """The same batches from ``s3://`` or ``gs://`` through the shard cache (this process owns
     it; the two DataLoader workers read through it) as from local disk, and one download per

@@ -96,9 +96,8 @@ class ShardCache(GraphHandoff):
         self._lock_file = self._acquire_dir()
         self._used = self._index_existing()
         self.register(shards)
-        # Opened here, not on the scanner thread: opening runs a subprocess (ctypes'
-        # find_library), and a process forked meanwhile (a DataLoader worker) would inherit its
-        # pipe, leaving the scanner blocked until that process exits.
+        # Opened here, before the threads start: a thread of ours still opening it while the
+        # caller forks (a DataLoader starting its workers) would fork in the middle of it.
         watch = DirectoryWatch.open(self._dirs["requests"])
         self._threads = [
             threading.Thread(
