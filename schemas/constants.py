@@ -11,10 +11,13 @@ from __future__ import annotations
 import importlib.metadata
 
 __all__ = [
+    "CROP_PADDING",
     "CROPS",
     "ENCODINGS",
     "FIVE_DIGIT_SHARDS",
     "MAX_SHARDS",
+    "MEAN_RGB",
+    "STDDEV_RGB",
     "SPLITS",
     "TOOL_NAME",
     "TOOL_VERSION",
@@ -36,6 +39,14 @@ def _installed_version() -> str:
 
 #: The version recorded in every ``dataset.json`` (``tool_version``), from package metadata.
 TOOL_VERSION = _installed_version()
+
+#: Per-channel ImageNet statistics in 0-255 units: the readers' float32 output (TensorFlow's and
+#: torch's) is (pixel - mean) / stddev.
+MEAN_RGB = (123.675, 116.28, 103.53)
+STDDEV_RGB = (58.395, 57.12, 57.375)
+#: The readers' eval centre crop keeps image_size / (image_size + CROP_PADDING) of the shorter
+#: side, the convention of the reference ImageNet pipelines (224 of 256).
+CROP_PADDING = 32
 
 #: How images are stored in ``image/encoded``.
 ENCODINGS = ("jpeg", "png", "raw")

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from schemas import KEY_ENCODED, KEY_LABEL, KEY_SHA256, feature_spec
+from schemas.constants import CROP_PADDING, MEAN_RGB, STDDEV_RGB
 from schemas.constants import ENCODINGS as STORED_ENCODINGS
 
 __all__ = [
@@ -35,12 +36,6 @@ __all__ = [
     "shard_damage_record",
 ]
 
-# Per-channel ImageNet statistics in 0-255 units: float32 output is (pixel - mean) / stddev.
-MEAN_RGB = (123.675, 116.28, 103.53)
-STDDEV_RGB = (58.395, 57.12, 57.375)
-# Eval center crop keeps image_size / (image_size + CROP_PADDING) of the shorter side, the
-# convention of the reference ImageNet pipelines (224 of 256).
-CROP_PADDING = 32
 # "auto" (foreign shards): JPEG takes the decode-and-crop fast path, anything else
 # tf.io.decode_image reads (PNG, GIF, BMP) takes the generic path.
 ENCODINGS = (*STORED_ENCODINGS, "auto")

@@ -57,6 +57,7 @@ import numpy as np
 import simplejpeg
 from PIL import Image
 
+from schemas.constants import CROP_PADDING, MEAN_RGB, STDDEV_RGB
 from schemas.constants import ENCODINGS as STORED_ENCODINGS
 
 if TYPE_CHECKING:
@@ -79,11 +80,8 @@ __all__ = [
     "random_crop_window",
 ]
 
-# The TensorFlow reader's constants (tfrecord_io.decode imports TensorFlow, so they are repeated
-# here; tests/test_torch_image.py checks they agree).
-MEAN_RGB = (123.675, 116.28, 103.53)
-STDDEV_RGB = (58.395, 57.12, 57.375)
-CROP_PADDING = 32
+# The TensorFlow reader's encodings and IDCT methods (tfrecord_io.decode imports TensorFlow, so
+# they are repeated here; tests/test_torch_image.py checks they agree).
 ENCODINGS = (*STORED_ENCODINGS, "auto")
 DCT_METHODS = ("", "INTEGER_FAST", "INTEGER_ACCURATE")
 #: Environment variable naming a TurboJPEG 3 library file (``libturbojpeg.so.0`` of
