@@ -16,6 +16,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipelines.graph.leakage import AUTO_BUCKETED_FROM, LEAKAGE_ACTIONS, SEARCH_METHODS
 from beam_pipelines.graph.near_duplicate_search import DEFAULT_MAX_BUCKET_ENTRIES
+from beam_pipelines.graph.splits import QUOTA_RULE, split_rule
 from beam_pipelines.image.options import ImageOptions
 from beam_pipelines.output.shards import LABEL_CONFLICT_POLICIES
 from catalog.near_duplicates import DEFAULT_THRESHOLD, MAX_THRESHOLD
@@ -69,7 +70,9 @@ class PipelineConfig:
       label_conflicts: what to do with byte-identical files under different classes, one of
         ``LABEL_CONFLICT_POLICIES``: keep the first copy (in URI order), drop every copy, or
         keep the first and refuse to publish.
-      stratify_validation: give every class its share of ``validation`` (``splits``).
+      stratify_validation: give every class its quota of ``validation``, ``QUOTA_RULE``
+        (``splits``); on a ``base``, the base's examples keep their split and new ones fill
+        each class's gap to its quota.
       leakage: what to do with validation examples that are near-duplicates of train ones
         (``leakage``): ``report`` them in ``near_duplicates.jsonl`` only, or ``move_to_train``.
       near_duplicate_threshold: the largest Hamming distance between perceptual hashes (of 64
@@ -84,8 +87,10 @@ class PipelineConfig:
         search holds; a bigger bucket is searched in blocks (the same pairs).
       base: a previous dataset (or a versions root with ``latest``) whose stored examples are
         reused for unchanged source bytes when the image options match (``base``); None for a
-        clean build. It is only read, and never recorded in ``manifest_options``: an
-        incremental build's dataset equals a clean build's.
+        clean build. It is only read, and its location is never recorded in
+        ``manifest_options``: an incremental build's dataset equals a clean build's, except
+        with ``stratify_validation``, where the base's examples keep the base's split
+        (``split_rule`` says so).
 
     Raises:
       ValueError: naming the bad field and value.
@@ -113,8 +118,12 @@ class PipelineConfig:
     stratify_validation: bool = dataclasses.field(
         default=False,
         metadata=flag(
-            help="give every class its share of the validation split (still chosen by content "
-            "hash); records then wait until every class is counted",
+            help="give every class of n examples exactly its quota of the validation split, "
+            f"{QUOTA_RULE} (f = --validation_fraction): its k examples of the smallest "
+            "split values (bits 64-127 of the content hash). With --base, examples already in "
+            "the base keep their split (nothing in the base moves, so a class may stay over "
+            "its quota) and new examples fill each class's gap to k. Records wait until every "
+            "class is counted",
             group="sharding",
             show_default=False,
         ),
@@ -288,6 +297,11 @@ class PipelineConfig:
         return int(self.target_shard_mb * 1024 * 1024)
 
     @property
+    def split_rule(self) -> str:
+        """How examples are placed in splits, as ``dataset.json`` records it (``splits``)."""
+        return split_rule(stratify=self.stratify_validation, base=self.base is not None)
+
+    @property
     def search_method(self) -> str:
         """``gathered`` or ``bucketed``: how the graph searches (``auto`` unresolved gathers)."""
         return "bucketed" if self.near_duplicate_search == "bucketed" else "gathered"
@@ -321,6 +335,9 @@ class PipelineConfig:
             "max_bad_fraction": self.max_bad_fraction,
             "label_conflicts": self.label_conflicts,
             "stratify_validation": self.stratify_validation,
+            # What placed the examples: a build on a --base keeps the base's splits when
+            # stratified, so its dataset then depends on the base.
+            "split_rule": self.split_rule,
             "leakage": self.leakage,
             "near_duplicate_threshold": self.near_duplicate_threshold,
             # Past MAX_REPORTED_PAIRS the two keep different pairs (see leakage.py).

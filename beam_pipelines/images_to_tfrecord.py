@@ -35,6 +35,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 from apache_beam.runners.runner import PipelineResult
 
+from beam_pipelines.builds.base_splits import BaseSplitsSpec, base_splits_spec
 from beam_pipelines.builds.incremental import BaseDataset, lineage_block, open_base
 from beam_pipelines.builds.resume import (
     ResumeState,
@@ -79,7 +80,7 @@ from beam_pipelines.output.publish import (
 from beam_pipelines.output.shards import METRICS_NAMESPACE, TRAIN, VALIDATION, fixed_shard_counts
 from beam_pipelines.progress import ProgressSpec, close_reporter
 from beam_pipelines.summary import TOP_REASONS, RunSummary
-from cliflags import command_name
+from cliflags import command_name, plural
 from cliflags.interrupts import Caught, Interrupted, catch_interrupts
 from schemas.manifest import REJECTED_NAME, TOOL_VERSION, ImageSpec, Manifest
 
@@ -215,8 +216,8 @@ def _bad_fraction_refusal(staged: StagedResult, config: PipelineConfig, argv: Se
     command = publish_anyway_command(argv, publish_anyway_fraction(staged.bad_fraction))
     return (
         f"bad fraction {staged.bad_fraction:.2%} is above --max_bad_fraction "
-        f"{config.max_bad_fraction} ({bad} of {staged.input - staged.no_label} files in class "
-        f"folders rejected: {top}{more}); each file and why: {rejected}\n"
+        f"{config.max_bad_fraction} ({bad} of {plural(staged.input - staged.no_label, 'file')} in "
+        f"class folders rejected: {top}{more}); each file and why: {rejected}\n"
         "  the prepared images are kept: to publish this build anyway, without preparing any "
         f"image again, run\n    {command}"
     )
@@ -234,18 +235,14 @@ def _empty_build_refusal(staged: StagedResult, config: PipelineConfig) -> str:
                 'its class, uri,label (.csv) or {"uri": ..., "label": ...} (.jsonl)'
             )
         return (
-            f"no class folders under --input {config.input} ({_count(staged.input, 'file')} "
+            f"no class folders under --input {config.input} ({plural(staged.input, 'file')} "
             "directly in it): put each class's images in a folder of its own, "
             "--input DIR/<class>/<file>; or give a .csv/.jsonl listing of uri,label"
         )
     return (
-        f"no example to write: all {_count(staged.input, 'input')} were rejected "
+        f"no example to write: all {plural(staged.input, 'input')} were rejected "
         f"({_reason_counts(staged)}); each file and why: {rejected}"
     )
-
-
-def _count(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _reason_counts(staged: StagedResult) -> str:
@@ -301,6 +298,7 @@ def _run_pipeline(
     spec: ProgressSpec,
     resume: ResumeState,
     base: BaseDataset | None,
+    base_splits: BaseSplitsSpec | None = None,
 ) -> PipelineResult:
     """Builds and runs the Beam pipeline to its end; returns its result (for the counters).
 
@@ -311,7 +309,11 @@ def _run_pipeline(
     with private_temp_dir(), workers_shielded_from_ctrl_c():
         pipeline = beam.Pipeline(runner=in_process_runner(options), options=options)
         results = pipeline | "ImagesToShards" >> ImagesToShards(
-            config, spec, resume=resume, base=base.spec if base and base.reusable else None
+            config,
+            spec,
+            resume=resume,
+            base=base.spec if base and base.reusable else None,
+            base_splits=base_splits,
         )
         _ = results | "StageResults" >> StageResults(config.output, spec.run_id)
         try:
@@ -392,6 +394,10 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
     config = _choose_search(config, options)
     content = config.manifest_options()
     base = _open_base(config, content)
+    # With --stratify_validation the base's examples keep their split: checked now.
+    base_splits = base_splits_spec(
+        base, stratify=config.stratify_validation, validation_fraction=config.validation_fraction
+    )
     if config.resume and (done := published_by_earlier_attempt(config.output, content)):
         # Killed after publishing: nothing left to do but tidy up.
         return summary_of_published(config.output, done, time.monotonic() - started)
@@ -404,7 +410,7 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
     resume = start_build(config.output, content, resume=config.resume, fixed_counts=fixed)
     run_id = uuid.uuid4().hex
     spec = ProgressSpec(run_id, _progress_mode(progress or args.progress, options))
-    result = _run_pipeline(config, options, spec, resume, base)
+    result = _run_pipeline(config, options, spec, resume, base, base_splits)
 
     staged = read_staged(config.output, run_id)
     metrics = _counters(result)

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from cliflags import StrictArgumentParser, command_name
+from cliflags import StrictArgumentParser, command_name, plural
 from cliflags.interrupts import run_command, signal_name
 from objstore import write_atomic
 from schemas.constants import TRAIN, VALIDATION
@@ -390,10 +390,10 @@ def _write_and_report(parser: argparse.ArgumentParser, args: argparse.Namespace)
     except ValueError as e:
         parser.error(str(e))
     print(
-        f"wrote {counts['images']} images in {len(SAMPLE_CLASSES)} classes "
-        f"({', '.join(SAMPLE_CLASSES)}), plus {counts['bad']} bad files, "
-        f"{counts['duplicates']} duplicate and {counts['near_duplicates']} near-duplicates, "
-        f"to {args.output}"
+        f"wrote {plural(counts['images'], 'image')} in {len(SAMPLE_CLASSES)} classes "
+        f"({', '.join(SAMPLE_CLASSES)}), plus {plural(counts['bad'], 'bad file')}, "
+        f"{plural(counts['duplicates'], 'duplicate')} and "
+        f"{plural(counts['near_duplicates'], 'near-duplicate')}, to {args.output}"
     )
     return 0
 

@@ -11,20 +11,22 @@ from apache_beam.io.filesystems import FileSystems
 from beam_pipelines.graph.leakage import summary_lines
 from beam_pipelines.inputs.listings import display_label
 from beam_pipelines.output.publish import DUPLICATES_NAME
+from cliflags import plural
 from schemas.manifest import MANIFEST_NAME, REJECTED_NAME, Manifest
 
-__all__ = ["RunSummary", "TOP_REASONS", "CLASSES_IN_FULL", "CLASSES_AT_EACH_END"]
+__all__ = ["RunSummary", "TOP_REASONS", "NOT_IMAGES", "CLASSES_IN_FULL", "CLASSES_AT_EACH_END"]
 
 TOP_REASONS = 5
+# Rejections of inputs that are no image to prepare, left out of images/s: never read (no
+# class folder, a bad listing line or class name), empty, or no image format in the bytes
+# (a README.txt in a class folder). Every other input counts: written, duplicates, and
+# images rejected for what their bytes hold (truncated, too small...).
+NOT_IMAGES = ("no_label", "bad_listing_line", "bad_label", "empty_file", "not_an_image")
 _CONFLICTS_SHOWN = 5
 # Past this many classes the summary's table shows only the smallest and the largest
 # (CLASSES_AT_EACH_END each); dataset.json's class_counts holds them all.
 CLASSES_IN_FULL = 25
 CLASSES_AT_EACH_END = 5
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _relative_to_input(uri: str, root: str) -> str:
@@ -76,9 +78,15 @@ class RunSummary:
     reused_from_staging: int | None = None
 
     @property
+    def images(self) -> int:
+        """The inputs that are images: all but those rejected as ``NOT_IMAGES`` say."""
+        not_images = sum(self.rejected_by_reason.get(reason, 0) for reason in NOT_IMAGES)
+        return max(self.manifest.counts.input - not_images, 0)
+
+    @property
     def images_per_s(self) -> float:
-        """Inputs through the image step per second of the whole run."""
-        return self.manifest.counts.input / self.elapsed_s if self.elapsed_s > 0 else 0.0
+        """Images (``images``) through the image step per second of the whole run."""
+        return self.images / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     def top_reasons(self, n: int = TOP_REASONS) -> list[tuple[str, int]]:
         """The ``n`` most frequent rejection reasons, most frequent first."""
@@ -97,28 +105,29 @@ class RunSummary:
         m = self.manifest
         c = m.counts
         path = lambda name: FileSystems.join(self.output, name)  # noqa: E731
+        images = "" if self.images == c.input else f" ({plural(self.images, 'image')})"
         lines = [
-            f"{_plural(c.input, 'input')} in {self.elapsed_s:.1f} s "
+            f"{plural(c.input, 'input')}{images} in {self.elapsed_s:.1f} s "
             f"({self.images_per_s:.1f} images/s): {c.written} written, {c.rejected} rejected, "
-            f"{_plural(c.duplicates, 'duplicate')}"
+            f"{plural(c.duplicates, 'duplicate')}"
         ]
         if m.lineage is not None:  # a --base build
             reused, prepared = m.lineage.get("reused", 0), m.lineage.get("prepared", 0)
             lines.append(
-                f"--base: reused {_plural(reused, 'example')} from the base (stored bytes, not "
+                f"--base: reused {plural(reused, 'example')} from the base (stored bytes, not "
                 f"decoded again), prepared {prepared}"
             )
         if self.reused_from_staging is not None:
             prepared = self.metrics.get("images_prepared", 0)
             lines.append(
-                f"--resume: reused {_plural(self.reused_from_staging, 'prepared image')} from "
+                f"--resume: reused {plural(self.reused_from_staging, 'prepared image')} from "
                 f"staging (not read or decoded again), prepared {prepared}"
             )
         if c.skipped:
             root = str(m.options.get("input", ""))
             examples = ", ".join(_relative_to_input(p, root) for p in self.skipped_examples)
             lines.append(
-                f"skipped {_plural(c.skipped, 'hidden or system file')} (not inputs): {examples}"
+                f"skipped {plural(c.skipped, 'hidden or system file')} (not inputs): {examples}"
                 + (" …" if c.skipped > len(self.skipped_examples) else "")
             )
         limit = m.options.get("max_bad_fraction", 0.0)
@@ -126,7 +135,7 @@ class RunSummary:
         lines.append(
             f"bad fraction {self.bad_fraction:.2%} (limit {limit:.2%})"
             + (
-                f"; {_plural(no_label, 'file')} outside any class folder (no_label) not counted"
+                f"; {plural(no_label, 'file')} outside any class folder (no_label) not counted"
                 if no_label
                 else ""
             )
@@ -161,12 +170,20 @@ class RunSummary:
                 f"shards: {path(shards[0].file)}"
                 + (f" … {shards[-1].file} ({len(shards)} files)" if len(shards) > 1 else "")
             )
-        lines.append(f"reports: {path(REJECTED_NAME)}, {path(DUPLICATES_NAME)}")
+        lines.append(self._reports_line())
         if self.published:
             lines.append(f"published: {path(MANIFEST_NAME)}")
         else:
             lines.extend(f"NOT published: {reason}" for reason in self.not_published_because)
         return "\n".join(lines)
+
+    def _reports_line(self) -> str:
+        """The reports that hold a line. Both are always written (the tools read them), but
+        an empty one is not worth a look."""
+        c = self.manifest.counts
+        listed = [(REJECTED_NAME, c.rejected), (DUPLICATES_NAME, c.duplicates)]
+        reports = ", ".join(FileSystems.join(self.output, name) for name, n in listed if n)
+        return f"reports: {reports or '(none: no file rejected, no duplicate)'}"
 
     @property
     def upscaled(self) -> int:
@@ -181,12 +198,12 @@ class RunSummary:
         lines = []
         if self.upscaled:
             lines.append(
-                f"upscaled: {_plural(self.upscaled, 'image')} stored larger than the source "
+                f"upscaled: {plural(self.upscaled, 'image')} stored larger than the source "
                 f"(shorter side below --image_size {self.manifest.image.image_size})"
             )
         if too_small:
             lines.append(
-                f"too small: {_plural(too_small, 'image')} with a shorter side below "
+                f"too small: {plural(too_small, 'image')} with a shorter side below "
                 "--min_source_side rejected (--small_images keep or upscale stores them)"
             )
         return lines
@@ -198,8 +215,8 @@ class RunSummary:
         if not m.label_names or set(counts) != set(splits):
             names = ", ".join(map(display_label, m.label_names))
             return [f"classes ({len(m.label_names)}): {names}"] + [
-                f"{name}: {m.splits[name].num_examples} examples in "
-                f"{_plural(len(m.splits[name].shards), 'shard')}"
+                f"{name}: {plural(m.splits[name].num_examples, 'example')} in "
+                f"{plural(len(m.splits[name].shards), 'shard')}"
                 for name in splits
             ]
         # Long class names are kept whole in the data; the table shows them shortened.
@@ -234,6 +251,7 @@ class RunSummary:
             "published": self.published,
             "not_published_because": list(self.not_published_because),
             "elapsed_s": round(self.elapsed_s, 3),
+            "images": self.images,
             "images_per_s": round(self.images_per_s, 3),
             "counts": m.counts.to_dict(),
             "bad_fraction": self.bad_fraction,

@@ -14,7 +14,7 @@ With ``flips=True`` the search also probes with each hash's mirrored hash
 ``classify`` then names what each pair means for a dataset: a train-validation pair is
 *leakage* (the validation score is inflated by it), a pair with two labels is *cross-class*
 (one of the labels may be wrong). ``leakage_moves`` picks the validation examples to move to
-train so that no leakage remains.
+train so that no leakage remains; ``leakage_remedy`` tells a person how to have them moved.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ __all__ = [
     "brute_force_pairs",
     "classify",
     "leakage_moves",
+    "leakage_remedy",
     "bucket_layout",
     "bucket_values",
     "BucketPairs",
@@ -414,6 +415,21 @@ def leakage_moves(pairs: Pairs, splits: Sequence[str] | np.ndarray) -> np.ndarra
         if r in has_train and split[i] != "train"
     ]
     return np.asarray(sorted(moving), dtype=np.int64)
+
+
+def leakage_remedy(dataset: str) -> str:
+    """What to do about a dataset's train-validation leakage, in one sentence for people: the
+    build's summary, the report's banner and ``inspect --fail_on_leakage`` all say it.
+
+    Args:
+      dataset: the dataset directory or URI, named as the ``--base`` of the rebuild.
+    """
+    return (
+        "rebuild with --leakage move_to_train: it moves the validation member of each leaking "
+        "pair into train, before the shards are written; with --base "
+        f"{dataset} and a new --output the rebuild reuses this dataset's examples instead of "
+        "decoding the images again"
+    )
 
 
 def bucket_layout(threshold: int) -> list[tuple[int, int]]:

@@ -2,7 +2,8 @@
 
 Unknown or misspelled flags fail at once (``StrictArgumentParser``); each flag is written once,
 on its config dataclass's field, from which ``add_dataclass_flags`` generates it
-(``dataclass_flags``). Imports nothing of the project (a bottom-floor package, like
+(``dataclass_flags``). Counts in the commands' output agree with their nouns (``plural``).
+Imports nothing of the project (a bottom-floor package, like
 ``schemas``), so the pipeline, the reader's tools, the tf.data service and the trainer share it.
 """
 
@@ -25,6 +26,7 @@ from cliflags.strict import (
     suggest_flag,
     unknown_flags,
 )
+from cliflags.wording import plural
 
 __all__ = [
     "NESTED_FLAGS",
@@ -39,6 +41,7 @@ __all__ = [
     "flag",
     "flag_groups",
     "flag_values",
+    "plural",
     "quiet_tensorflow",
     "suggest_flag",
     "unknown_flags",

@@ -34,6 +34,7 @@ from typing import Any
 
 from catalog.index_files import format_index, index_filename
 from catalog.table import build_table, catalog_filename, table_bytes
+from cliflags import plural
 from dataset_tools.command import parse_tool_args, run_tool, tool_parser
 from dataset_tools.foreign import ADOPTED_OPTION, ForeignRecord, parse_foreign
 from schemas import (
@@ -377,7 +378,8 @@ def _main(argv: Sequence[str] | None) -> int:
         return 2
     root = args.output or "the shards' directory"
     for name, split in sorted(manifest.splits.items()):
-        print(f"{name}: {split.num_examples} examples in {len(split.shards)} shards")
+        shards = plural(len(split.shards), "shard")
+        print(f"{name}: {plural(split.num_examples, 'example')} in {shards}")
     print(f"classes: {len(manifest.label_names)}")
     print(f"adopted: dataset.json, index files and catalogs written to {root}")
     return 0

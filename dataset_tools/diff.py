@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 
 from catalog.keys import key_prefixes
 from catalog.table import catalog_filename, read_table
+from cliflags import plural
 from dataset_tools.command import parse_tool_args, run_tool, tool_parser
 from schemas import (
     KEY_CHANNELS,
@@ -676,7 +677,7 @@ def _print_human(report: DiffReport) -> None:
     t = report.totals
     for side, info in (("OLD", report.old), ("NEW", report.new)):
         print(
-            f"{side} {info['root']}: {info['num_examples']} examples "
+            f"{side} {info['root']}: {plural(info['num_examples'], 'example')} "
             f"(dataset.json sha256 {info['manifest_sha256'][:12]})"
         )
     options = (

@@ -31,19 +31,26 @@ __all__ = [
 LATEST_NAME = "latest"
 # Manifest options that never change an example's stored bytes, nor whether its source is
 # accepted: where the inputs are listed, how examples are split and sharded, the publishing
-# threshold, and which of two identical files is kept. Every other option (image size, crop,
-# encoding, quality, colour handling, bounds, accepted formats, the image library's version,
-# and any option added later) counts as an image option, so that an unknown option turns
-# reuse off rather than on.
+# threshold, and which of two identical files is kept. The near-duplicate options belong here
+# too: the search reads each example's perceptual hash (decided, like its stored bytes, by
+# the source and the image options), and its result only reports pairs or, with ``leakage
+# move_to_train``, places an example in train instead of validation. Every other option
+# (image size, crop, encoding, quality, colour handling, bounds, small images, accepted
+# formats, the image library's version, and any option added later) counts as an image
+# option, so that an unknown option turns reuse off rather than on.
 NON_IMAGE_OPTIONS = frozenset(
     {
         "input",
         "validation_fraction",
         "stratify_validation",
+        "split_rule",
         "num_shards",
         "target_shard_mb",
         "max_bad_fraction",
         "label_conflicts",
+        "leakage",
+        "near_duplicate_threshold",
+        "near_duplicate_search",
     }
 )
 _VERSION_RE = re.compile(r"^v(\d{4,})$")

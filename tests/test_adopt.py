@@ -120,7 +120,7 @@ def test_the_cli_runs_as_a_module(tmp_path):
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "train: 3 examples in 1 shards" in done.stdout
+    assert "train: 3 examples in 1 shard\n" in done.stdout
 
 
 def test_the_reader_reads_adopted_shards_with_their_recorded_offset(tmp_path):

@@ -125,6 +125,10 @@ def test_different_image_options_turn_reuse_off_and_say_why(
     # Options that only place examples never matter.
     moved = _options(built, num_shards=7, validation_fraction=0.5, input="/elsewhere")
     assert open_base(str(built), options=moved, tool_version=TOOL_VERSION).reusable
+    # Nor do the near-duplicate options: they report pairs and may move one to train.
+    near = {"leakage": "move_to_train", "near_duplicate_threshold": 4}
+    placed = _options(built, **near, near_duplicate_search="bucketed")
+    assert open_base(str(built), options=placed, tool_version=TOOL_VERSION).reusable
 
 
 def test_versions_root_resolves_through_latest(built: Path, tmp_path: Path) -> None:
@@ -133,6 +137,25 @@ def test_versions_root_resolves_through_latest(built: Path, tmp_path: Path) -> N
     (root / LATEST_NAME).write_text(format_latest_pointer("v0001"))
     base = open_base(str(root), options=_options(built), tool_version=TOOL_VERSION)
     assert base.root == str(root / "v0001") and base.reusable
+
+
+def test_a_plain_build_moved_into_a_versions_root_is_its_first_version(
+    built: Path, tmp_path: Path
+) -> None:
+    """What the README says of a plain build: moved to ``DST/v0001`` (nothing in it names its
+    own directory) it verifies, and ``--base DST`` reuses all of it."""
+    from beam_pipelines import versions
+    from dataset_tools.verify import verify_dataset
+
+    root = tmp_path / "photos"
+    root.mkdir()
+    plain = Path(shutil.copytree(built, tmp_path / "out" / "photos"))
+    plain.rename(root / "v0001")  # mv out/photos photos/v0001
+    assert versions.main([str(root), "--set_latest", "v0001"]) == 0
+    report = verify_dataset(str(root))
+    assert report.ok and report.num_records == 14, report.problems
+    base = open_base(str(root), options=_options(built), tool_version=TOOL_VERSION)
+    assert base.root == str(root / "v0001") and base.index.num_examples == 14
 
 
 def _refusal(root: Path) -> str:

@@ -126,6 +126,13 @@ def test_moving_leakage_to_train_holds_every_record(build_args):
     assert "ImagesToShards/AssignSplit/BySplitValue" in _per_record(buffered)
 
 
+def test_a_stratified_split_holds_every_record(build_args):
+    """Known and documented: with ``--stratify_validation`` (and a validation split) every
+    record, grouped by content, waits for the class quotas."""
+    buffered = _buffered([*build_args, "--validation_fraction", "0.2", "--stratify_validation"])
+    assert _per_record(buffered) == ["ImagesToShards/AssignSplit/Content"]
+
+
 def _staged(i: int) -> StagedRecord:
     sha256, meta = simulated_meta(i)
     return StagedRecord(sha256, f"class{meta.label:04d}/{i:010d}.jpg", "f-0", 64 * i, 64, meta)

@@ -313,7 +313,8 @@ def test_the_pipeline_shows_a_progress_bar_and_a_summary_on_a_terminal(tmp_path)
     )
     assert status == 0, text[-3000:]
     assert "images:" in text and "img/s" in text and "rejected 1" in text  # the tqdm bar
-    assert "13 inputs in" in text and "images/s" in text  # the closing summary
+    # The closing summary; its rate is over images, and broken.jpg is not one (not_an_image).
+    assert "13 inputs (12 images) in" in text and "images/s" in text
     assert "top rejection reasons:" in text
     assert f"published: {output / 'dataset.json'}" in text
     assert list(temp.iterdir()) == []  # no beam-temp*, tmp* or caches left behind

@@ -6,6 +6,7 @@ TensorFlow start-up line and no warning."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -253,6 +254,12 @@ def _split_of_each_example(dataset: Path) -> dict[str, str]:
     return where
 
 
+def _validation_per_class(dataset: Path) -> dict[str, int]:
+    return json.loads((dataset / "dataset.json").read_text())["splits"]["validation"][
+        "class_counts"
+    ]
+
+
 @pytest.mark.parametrize("stratify", [[], ["--stratify_validation"]], ids=["plain", "stratified"])
 def test_adding_and_removing_images_moves_no_example_between_splits(tmp_path, stratify):
     images = tmp_path / "images"
@@ -264,10 +271,13 @@ def test_adding_and_removing_images_moves_no_example_between_splits(tmp_path, st
     ).published
     before = _split_of_each_example(first)
     assert set(before.values()) == {"train", "validation"}
+    if stratify:  # quota k = min(floor(0.25 * 12 + 1/2), 11) = 3 a class
+        assert _validation_per_class(first) == {"cat": 3, "dog": 3}
     # A new version: images added to one class and one removed from the other.
     added = make_image_tree(tmp_path / "new", {"cat": 4}, size=(64, 48), seed=99)
     for i, path in enumerate(added["cat"]):
         path.rename(images / "cat" / f"new {i}.jpg")
+    removed = hashlib.sha256(written["dog"][0].read_bytes()).hexdigest()
     written["dog"][0].unlink()
     second = tmp_path / "v0002"
     summary = images_to_tfrecord.run(
@@ -280,6 +290,18 @@ def test_adding_and_removing_images_moves_no_example_between_splits(tmp_path, st
     assert len(after) == len(before) + 4 - 1
     moved = {key for key in set(before) & set(after) if before[key] != after[key]}
     assert not moved
+    rule = json.loads((second / "dataset.json").read_text())["options"]["split_rule"]
+    assert rule == ("class_quota_keeping_base" if stratify else "split_value")
+    if stratify:
+        # cat grew to 16 (quota 4): its gap of 1 is filled by the new cat of the smallest
+        # split value. dog shrank to 11 (quota 3): it keeps the validation examples it had
+        # left, and has no new example to fill a gap with.
+        new = sorted(
+            (int(key[16:32], 16), key) for key in set(after) - set(before)
+        )  # bits 64-127: the split value's order
+        assert [after[key] for _, key in new] == ["validation", "train", "train", "train"]
+        dog_left = 3 - (before[removed] == "validation")
+        assert _validation_per_class(second) == {"cat": 4, "dog": dog_left}
 
 
 def test_the_trainer_calls_an_empty_train_split_empty_not_a_batch_size_problem(tmp_path):

@@ -173,7 +173,7 @@ def test_every_class_gets_its_share_of_validation_deterministically():
 
     for order in (records, list(reversed(records))):
         with test_pipeline.TestPipeline() as p:
-            out = p | beam.Create(order) | AssignSplits(0.2, stratify=True, exact_shares=True)
+            out = p | beam.Create(order) | AssignSplits(0.2, stratify=True)
             assert_that(out, check)
 
 

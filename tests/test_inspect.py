@@ -81,9 +81,50 @@ def test_fail_on_leakage_fails_on_the_planted_pair_and_passes_once_moved(
     _, dataset = built
     argv = [str(dataset), "--out", str(tmp_path / "r"), "--fail_on_leakage"]
     assert inspect_cli.main(argv) == 1
-    assert "1 validation example(s) have a near-duplicate in train" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert err.startswith(
+        "FAILED: 1 train-validation leakage pair (a validation example with a near-duplicate "
+        "in train, within 8 bits); see the report's near-duplicates section; to fix, rebuild "
+        "with --leakage move_to_train: it moves the validation member of each leaking pair into "
+        f"train, before the shards are written; with --base {dataset} and a new --output"
+    ), err
+    assert out.splitlines()[-1].startswith("report: ")  # the fix is said once, on stderr
+    # The report's banner says it too.
+    html = (tmp_path / "r" / "index.html").read_text(encoding="utf-8")
+    banner = html.split('id="leakage-verdict"')[1].split("</div>")[0]
+    assert "1 train–validation leakage pair</b>" in banner
+    assert "To fix: rebuild with --leakage move_to_train: it moves the validation member" in banner
+    assert inspect_cli.main([str(dataset), "--out", str(tmp_path / "r1")]) == 0
+    assert "\nleakage: rebuild with --leakage move_to_train" in capsys.readouterr().out
     moved = sample_datasets.moved.path
     assert inspect_cli.main([str(moved), "--out", str(tmp_path / "r2"), "--fail_on_leakage"]) == 0
+    assert "move_to_train" not in capsys.readouterr().out
+    html = (tmp_path / "r2" / "index.html").read_text(encoding="utf-8")
+    assert 'id="leakage-remedy"' not in html and "rebuild with" not in html
+
+
+def test_without_out_the_report_goes_beside_the_dataset(pipeline_dataset, tmp_path, capsys):
+    dataset = tmp_path / "out" / "photos"
+    shutil.copytree(pipeline_dataset, dataset)  # the shared dataset is read-only
+    before = sorted(p.name for p in dataset.iterdir())
+    assert inspect_cli.main([str(dataset), "--per_class", "1"]) == 0
+    report = tmp_path / "out" / "photos-report"
+    assert (report / "index.html").is_file() and (report / "stats.json").is_file()
+    assert sorted(p.name for p in dataset.iterdir()) == before  # nothing added inside
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == f"report: {report / 'index.html'}"
+
+
+def test_default_out_is_a_sibling_and_a_bucket_needs_out(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for given in ("out/photos", "out/photos/", "out/photos/dataset.json", "file://out/photos"):
+        assert inspect_cli.default_out(given) == str(tmp_path / "out" / "photos-report"), given
+    for uri in ("s3://bucket/photos", "gs://bucket/photos"):
+        with pytest.raises(SystemExit) as exit_info:
+            inspect_cli.main([uri])
+        assert exit_info.value.code == 2
+        assert f"--out is required for a dataset at {uri}: the report is written to a local " \
+            "directory" in capsys.readouterr().err  # fmt: skip
 
 
 @pytest.mark.slow
@@ -129,6 +170,9 @@ def test_report_on_a_bucket_equals_the_local_one(built, tmp_path, request, env_n
     upload_tree(dataset, bucket.uri("ds"))
     local = gather(str(dataset), per_class=2, seed=3).stats
     remote = gather(bucket.uri("ds"), per_class=2, seed=3).stats
+    # The fix for leakage names the dataset where it is: --base on the bucket.
+    assert f"--base {bucket.uri('ds')} " in remote["near_duplicates"].pop("remedy")
+    assert local["near_duplicates"].pop("remedy")
     for name in ("counts", "splits", "samples", "near_duplicates", "rejected", "distributions"):
         assert remote[name] == local[name], name
 

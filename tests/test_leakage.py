@@ -42,7 +42,12 @@ def test_report_lists_the_planted_leakage_first_then_the_cross_class_pair(sample
     assert "near_copy_of_" in cross["a"]["uri"] + cross["b"]["uri"]
     # The re-encoded copy has its original's size; the cross-class copy is half size.
     assert (leak["probably"], cross["probably"]) == ("re-encode or edit", "scale")
-    assert "1 train-validation leakage" in built.described
+    assert "2 pairs (1 train-validation leakage, 1 cross-class)" in built.described
+    # The summary names the fix: what move_to_train does, and --base on this build.
+    assert (
+        "  leakage: rebuild with --leakage move_to_train: it moves the validation member of "
+        f"each leaking pair into train, before the shards are written; with --base {built.path} "
+    ) in built.described
     manifest = json.loads((built.path / "dataset.json").read_text(encoding="utf-8"))
     assert manifest["options"]["leakage"] == "report"
     # Every example's hash is in the catalog (hashed per staging file), as prepare_image's.
@@ -65,6 +70,41 @@ def test_move_to_train_leaves_no_leakage_in_the_published_splits(sample_datasets
     manifest = json.loads((built.path / "dataset.json").read_text(encoding="utf-8"))
     assert manifest["options"]["leakage"] == "move_to_train"
     assert "1 validation example moved to train" in built.described
+    assert "rebuild with --leakage" not in built.described  # nothing left to fix
+
+
+@pytest.mark.slow
+def test_move_to_train_on_a_base_built_with_report_reuses_every_example(sample_datasets, tmp_path):
+    """The leakage action is not an image option: ``--base`` on the ``report`` build with
+    ``--leakage move_to_train`` reuses every example and writes what a clean
+    ``move_to_train`` build writes, the leaking validation example in train."""
+    from beam_pipelines import images_to_tfrecord
+
+    base, clean = sample_datasets.report.path, sample_datasets.moved.path
+    out = tmp_path / "moved_on_base"
+    summary = images_to_tfrecord.run(
+        [
+            "--input", str(sample_datasets.images), "--output", str(out),
+            "--validation_fraction", "0.2", "--max_bad_fraction", "0.2",
+            "--leakage", "move_to_train", "--base", str(base),
+        ]
+    )  # fmt: skip
+    assert summary.published, summary.describe()
+    counts = summary.manifest.counts
+    examples = counts.written + counts.duplicates
+    assert summary.manifest.lineage["reused"] == examples and examples > 30
+    assert summary.manifest.lineage["prepared"] == 0
+    assert summary.metrics.get("images_reused", 0) == examples
+    assert f"--base: reused {examples} examples from the base" in summary.describe()
+    assert summary.near_duplicates["moved_to_train"] == 1
+    assert summary.near_duplicates["leakage"] == 0
+    names = sorted(p.name for p in clean.iterdir() if p.is_file())
+    assert names == sorted(p.name for p in out.iterdir() if p.is_file())
+    for name in names:
+        if name != "dataset.json":
+            assert (out / name).read_bytes() == (clean / name).read_bytes(), name
+    (moved,) = [m for p in _report(out) for m in (p["a"], p["b"]) if m["moved"]]
+    assert moved["uri"] in _uris(out, "train") and moved["uri"] in _uris(base, "validation")
 
 
 def _columns(rows):

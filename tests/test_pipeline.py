@@ -343,9 +343,10 @@ def test_label_conflicts_fail_refuses_to_publish_and_drop_both_drops_every_copy(
     assert summary.published
     counts = summary.manifest.counts
     assert (counts.input, counts.written, counts.duplicates) == (9, 7, 2)
-    # a keeps 3 examples, b 4; each by its own split value (stable, so about half: not exactly).
-    assert summary.manifest.split("validation").class_counts == {"a": 1, "b": 2}
-    assert summary.manifest.split("train").class_counts == {"a": 2, "b": 2}
+    # a keeps 3 examples, b 4 (the dropped conflict counts in neither): quotas
+    # min(floor(0.5 * n + 1/2), n - 1) = 2 and 2.
+    assert summary.manifest.split("validation").class_counts == {"a": 2, "b": 2}
+    assert summary.manifest.split("train").class_counts == {"a": 1, "b": 2}
     lines = [json.loads(x) for x in (output / "duplicates.jsonl").read_text().splitlines()]
     assert [(Path(d["uri"]).name, d["kept_uri"], d["label_conflict"]) for d in lines] == [
         (written["a"][0].name, None, True),

@@ -74,7 +74,8 @@ def test_quickstart_flow_on_a_small_sample_set(tmp_path, capsys):
     argv = ["--input", str(images), "--output", str(output), "--validation_fraction", "0.2"]
     assert images_to_tfrecord.main([*argv, "--overwrite", "--max_bad_fraction", "0.15"]) == 0
     out = capsys.readouterr().out
-    assert "30 inputs in " in out and ": 26 written, 3 rejected, 1 duplicate" in out
+    # images/s is over the 28 images: the empty file and the text file are not images.
+    assert "30 inputs (28 images) in " in out and ": 26 written, 3 rejected, 1 duplicate" in out
     rows = [json.loads(x) for x in (output / "rejected.jsonl").read_text().splitlines()]
     assert sorted(r["reason"] for r in rows) == ["empty_file", "not_an_image", "truncated"]
     manifest = json.loads((output / "dataset.json").read_text(encoding="utf-8"))

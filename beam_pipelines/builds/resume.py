@@ -52,6 +52,7 @@ from beam_pipelines.output.publish import read_manifest
 from beam_pipelines.output.staging import list_sidecars, read_sidecar, staging_dir
 from beam_pipelines.summary import RunSummary
 from catalog.index_files import index_filename
+from cliflags import plural
 from schemas.manifest import REJECTED_NAME, Manifest
 
 __all__ = [
@@ -107,13 +108,9 @@ class ResumeState:
         # "1 train and 1 validation shard": the noun agrees with the count next to it.
         shard = "shard" if list(self.shard_counts.values())[-1] == 1 else "shards"
         return (
-            f"--resume: plan of {plan} {shard}; {_plural(len(self.done_records), 'shard')} to "
-            f"check, {_plural(len(self.sidecars), 'staged file')} to reuse"
+            f"--resume: plan of {plan} {shard}; {plural(len(self.done_records), 'shard')} to "
+            f"check, {plural(len(self.sidecars), 'staged file')} to reuse"
         )
-
-
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def load_resume_state(output_dir: str, options: Mapping[str, Any]) -> ResumeState:

@@ -52,7 +52,14 @@ from beam_pipelines.graph.near_duplicate_search import (
 from beam_pipelines.output.catalog_io import CatalogResult, read_catalog_batches
 from beam_pipelines.output.publish import write_text
 from beam_pipelines.output.shards import METRICS_NAMESPACE, TRAIN, VALIDATION
-from catalog.near_duplicates import DEFAULT_THRESHOLD, classify, find_pairs, leakage_moves
+from catalog.near_duplicates import (
+    DEFAULT_THRESHOLD,
+    classify,
+    find_pairs,
+    leakage_moves,
+    leakage_remedy,
+)
+from cliflags import plural
 
 __all__ = [
     "NEAR_DUPLICATES_NAME",
@@ -528,17 +535,21 @@ class MoveLeakageToTrain(beam.PTransform):
 
 
 def summary_lines(summary: dict[str, Any] | None, output_dir: str) -> Iterable[str]:
-    """The run summary's near-duplicate line(s)."""
+    """The run summary's near-duplicate line(s): the counts; with leakage left in the splits
+    (``--leakage report``), what ``--leakage move_to_train`` would do about it; and the report,
+    when it lists a pair."""
     if not summary:
         return
     text = (
-        f"near-duplicates (<= {summary['threshold']} bits): {summary['pairs']} pairs, "
-        f"{summary['leakage']} train-validation leakage, {summary['cross_class']} cross-class"
+        f"near-duplicates (<= {summary['threshold']} bits): {plural(summary['pairs'], 'pair')} "
+        f"({summary['leakage']} train-validation leakage, {summary['cross_class']} cross-class)"
     )
     if summary.get("moved_to_train"):
-        moved = summary["moved_to_train"]
-        text += f"; {moved} validation example{'' if moved == 1 else 's'} moved to train"
+        text += f"; {plural(summary['moved_to_train'], 'validation example')} moved to train"
     if not summary.get("complete", True):
         text += f" (stopped at {MAX_REPORTED_PAIRS:,} pairs)"
     yield text
-    yield f"near-duplicates report: {FileSystems.join(output_dir, summary['file'])}"
+    if summary["leakage"] and summary.get("action", "report") == "report":
+        yield f"  leakage: {leakage_remedy(output_dir)}"
+    if summary["pairs"]:
+        yield f"near-duplicates report: {FileSystems.join(output_dir, summary['file'])}"

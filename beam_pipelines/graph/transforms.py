@@ -20,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
+from beam_pipelines.builds.base_splits import BaseSplitsSpec, ReadBaseSplits
 from beam_pipelines.builds.incremental import BaseDamagedError, BaseDataset, BaseSpec, load_base
 from beam_pipelines.builds.resume import (
     REUSED_TAG,
@@ -345,6 +346,11 @@ class ImagesToShards(beam.PTransform):
     ``resume`` (``resume.ResumeState``) hands over what an interrupted build left: its shard
     counts, the shards it completed and the examples it staged. ``base``: an opened ``--base``
     whose image options match (``base.BaseDataset.spec``), to reuse examples from.
+    ``base_splits``: with ``--stratify_validation`` on a ``--base``, the base's catalogs
+    (``base_splits.base_splits_spec``), whose examples keep their split.
+
+    Raises:
+      ValueError: for ``--stratify_validation`` with ``config.base`` but no ``base_splits``.
     """
 
     def __init__(
@@ -354,12 +360,19 @@ class ImagesToShards(beam.PTransform):
         *,
         resume: ResumeState | None = None,
         base: BaseSpec | None = None,
+        base_splits: BaseSplitsSpec | None = None,
     ) -> None:
         super().__init__()
+        if config.stratify_validation and config.base and base_splits is None:
+            raise ValueError(
+                f"--stratify_validation with --base {config.base} keeps the base's splits: "
+                "pass its base_splits (base_splits.base_splits_spec)"
+            )
         self._config = config
         self._progress = progress
         self._resume = resume or ResumeState()
         self._base = base
+        self._base_splits = base_splits
 
     def _progress_total(self, counted):
         """How many inputs the image step receives (one element), for a progress bar; None
@@ -421,10 +434,15 @@ class ImagesToShards(beam.PTransform):
         done = None
         if resume.done_records:
             done = pbegin | "DoneShards" >> VerifyDoneShards(config.output, resume.done_records)
+        base_splits = None
+        if self._base_splits is not None and config.stratify_validation:
+            base_splits = pbegin | "BaseSplits" >> ReadBaseSplits(self._base_splits)
+            # (key, split) of every example of the base
         by_split = records | "AssignSplit" >> AssignSplits(
             fraction,
             stratify=config.stratify_validation,
             label_conflicts=config.label_conflicts,
+            base_splits=base_splits,
         )
         # (split, StagedRecord)
         near_threshold, leakage = config.near_duplicate_threshold, config.leakage

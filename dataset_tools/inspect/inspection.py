@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from PIL import Image, ImageDraw, ImageFile
 
-from catalog.near_duplicates import DEFAULT_THRESHOLD, classify, find_pairs
+from catalog.near_duplicates import DEFAULT_THRESHOLD, classify, find_pairs, leakage_remedy
+from dataset_tools.foreign import ADOPTED_OPTION
 from schemas import Manifest, example_proto
 from schemas.framing import parse_frame
 from schemas.image_example import KEY_ENCODED, KEY_FORMAT, KEY_HEIGHT, KEY_WIDTH
@@ -497,7 +498,9 @@ def gather(dataset: str, *, per_class: int = 16, seed: int = 0) -> Report:
         "distributions": _distributions(table, files),
         "rejected": {"count": manifest.counts.rejected, "by_reason": rejected_counts},
         "duplicates": duplicate_counts,
-        "near_duplicates": _near_duplicate_stats(pair_rows, pair_source, threshold),
+        "near_duplicates": _near_duplicate_stats(
+            pair_rows, pair_source, threshold, remedy=_leakage_remedy(manifest, files.root)
+        ),
         "samples": {
             name: [
                 {
@@ -556,14 +559,19 @@ def _split_stats(manifest: Manifest, table: pa.Table) -> dict[str, dict[str, Any
 
 
 def _near_duplicate_stats(
-    pair_rows: list[dict[str, Any]], source: str, threshold: int
+    pair_rows: list[dict[str, Any]], source: str, threshold: int, *, remedy: str | None
 ) -> dict[str, Any]:
-    """The near-duplicate pairs' numbers, and the leakage pairs (up to ``MAX_PAIRS_SHOWN``)."""
+    """The near-duplicate pairs' numbers, and the leakage pairs (up to ``MAX_PAIRS_SHOWN``).
+
+    ``remedy`` (``catalog.near_duplicates.leakage_remedy``) is kept only when there is leakage.
+    """
+    leakage = sum(bool(p["leakage"]) for p in pair_rows)
     return {
         "source": source,
         "threshold": threshold,
         "pairs": len(pair_rows),
-        "leakage": sum(bool(p["leakage"]) for p in pair_rows),
+        "leakage": leakage,
+        "remedy": remedy if leakage else None,
         "cross_class": sum(bool(p["cross_class"]) for p in pair_rows),
         "shown": min(len(pair_rows), MAX_PAIRS_SHOWN),
         "leakage_pairs": [
@@ -572,6 +580,14 @@ def _near_duplicate_stats(
             if p["leakage"]
         ][:MAX_PAIRS_SHOWN],
     }
+
+
+def _leakage_remedy(manifest: Manifest, root: str) -> str | None:
+    """How to move a dataset's leakage to train (a rebuild with ``--base`` on it), or None for
+    adopted shards, which the pipeline did not build (``--base`` needs a pipeline build)."""
+    if manifest.options.get(ADOPTED_OPTION) is not None:
+        return None
+    return leakage_remedy(root)
 
 
 def _pair_view(pair: dict[str, Any], read: dict[str, Sample]) -> PairView:

@@ -19,6 +19,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
+from cliflags import plural
 from dataset_tools.inspect.inspection import THUMBNAIL, PairView, Report, Sample, Thumbnail
 
 __all__ = ["render_html", "contact_sheet_png", "write_report"]
@@ -128,11 +129,14 @@ def _header(stats: dict[str, Any]) -> str:
         else '<p class="muted">Lineage: a clean build (no base dataset).</p>'
     )
     near = stats["near_duplicates"]
+    remedy = near.get("remedy")
     verdict = (
-        f'<div class="alert" id="leakage-verdict"><b>{near["leakage"]} train–validation '
-        f"leakage pair{'s' if near['leakage'] != 1 else ''}</b>: validation images with a "
-        "near-duplicate in train inflate validation scores. "
-        '<a href="#near-duplicates">See them</a>.</div>'
+        f'<div class="alert" id="leakage-verdict"><b>'
+        f"{plural(near['leakage'], 'train–validation leakage pair')}</b>: validation images "
+        "with a near-duplicate in train inflate validation scores. "
+        '<a href="#near-duplicates">See them</a>.'
+        + (f'<p id="leakage-remedy">To fix: {_e(remedy)}.</p>' if remedy else "")
+        + "</div>"
         if near["leakage"]
         else '<div class="ok" id="leakage-verdict">No train–validation near-duplicates within '
         f"{near['threshold']} bits.</div>"
@@ -153,7 +157,7 @@ def _header(stats: dict[str, Any]) -> str:
         '<a href="#distributions">Distributions</a><a href="#rejected">Rejected</a>'
         '<a href="#duplicates">Duplicates</a><a href="#near-duplicates">Near-duplicates</a>'
         f'</nav><p class="muted">Seed {stats["seed"]}, {stats["per_class"]} per class; '
-        f"{stats['records_read']} records read by byte range "
+        f"{plural(stats['records_read'], 'record')} read by byte range "
         f"({_size(stats['bytes_read'])}).</p></header>"
     )
 
@@ -389,7 +393,8 @@ def _pair(pair: PairView) -> str:
 def _near_duplicates(report: Report) -> str:
     near = report.stats["near_duplicates"]
     head = (
-        f'<section id="near-duplicates"><h2>Near-duplicates ({near["pairs"]:,} pairs; '
+        f'<section id="near-duplicates"><h2>Near-duplicates '
+        f"({plural(near['pairs'], 'pair', grouped=True)}; "
         f"{near['leakage']:,} train–validation, {near['cross_class']:,} cross-class)</h2>"
         f'<p class="muted">Perceptual hashes within {near["threshold"]} of 64 bits (mirror images '
         f"included); source: {_e(near['source'])}. Leakage first.</p>"

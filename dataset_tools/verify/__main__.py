@@ -17,6 +17,7 @@ import posixpath
 import sys
 from collections.abc import Sequence
 
+from cliflags import plural
 from dataset_tools.command import parse_tool_args, run_tool, tool_parser
 from dataset_tools.verify.report import VerifyReport
 from dataset_tools.verify.verification import verify_dataset, verify_keys
@@ -58,7 +59,7 @@ def _print_human(report: VerifyReport) -> None:
     verdict = "OK" if report.ok else "FAILED"
     print(
         f"{verdict}: {len(report.shards) - failed}/{len(report.shards)} shards sound, "
-        f"{report.num_records} records checked"
+        f"{plural(report.num_records, 'record')} checked"
         f"{' and decoded' if report.deep else ''}"
     )
 
@@ -79,7 +80,7 @@ def _verify_keys(dataset: str, keys: list[str], *, as_json: bool) -> int:
             print(f"{'FAIL' if mine else 'OK  '} key {key}")
             for problem in mine:
                 print(f"     {problem}")
-        print(f"{'FAILED' if problems else 'OK'}: {len(keys)} keys checked by byte range")
+        print(f"{'FAILED' if problems else 'OK'}: {plural(len(keys), 'key')} checked by byte range")
     return 1 if problems else 0
 
 
