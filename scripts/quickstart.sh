@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on a bundled default: sample images (a few bad ones included) -> Beam pipeline
 # -> verified TFRecord shards -> an HTML report on them -> a short training run -> diagnosis of its
-# logs.
+# logs -> the model exported as a SavedModel -> three photos classified with it.
 # Everything lands in ./quickstart_out (override with OUT=...). Rerunning starts afresh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,11 @@ python -m trainer.train --data "$OUT/dataset" --model_dir "$OUT/model" --model s
   --image_size 64 --global_batch_size 32 --steps 300 --base_lr 0.2 --warmup_steps 20 \
   --eval_every 50
 python -m trainer.diagnose "$OUT/model"
+# The trained model as a SavedModel that takes image files' bytes, then three photos classified
+# by it: the EXIF-rotated one, the PNG named .JPEG, and a plain JPEG.
+python -m trainer.export "$OUT/model" "$OUT/exported/1" --overwrite
+python -m trainer.predict "$OUT/exported/1" "$OUT/images/desert/desert_0000.JPEG" \
+  "$OUT/images/desert/desert_0001.JPEG" "$OUT/images/ocean/ocean_0002.JPEG" --top_k 2
 { set +x; } 2>/dev/null
 echo "Dataset report: $(cd "$OUT/report" && pwd)/index.html"
 cat <<EOF
@@ -33,7 +38,10 @@ What to try next:
   tensorboard --logdir $OUT/model              # the run's curves: loss, accuracy, input wait
   ls $OUT/dataset                              # shards, dataset.json, rejected.jsonl, duplicates.jsonl
   tfrecord-verify $OUT/dataset --deep          # decode every image as well
+  tfrecord-predict $OUT/exported/1 "$OUT/images/red fox"   # a line per image; the bad files get an error line each
   tfrecord-pipeline --input ~/photos --output out/photos --validation_fraction 0.1 --stratify_validation
+  tfrecord-inspect out/photos                  # the report, beside the dataset: out/photos-report/
   tfrecord-train --data out/photos --model_dir runs/photos --steps 1000 --global_batch_size 32
+  tfrecord-export runs/photos models/photos/1  # then: tfrecord-predict models/photos/1 IMAGE_OR_DIR...
   tfrecord-pipeline --help                     # every flag, grouped; each command has --help
 EOF

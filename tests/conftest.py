@@ -44,6 +44,7 @@ LONG_MODULES = {
     "tests/test_interrupts.py": 69,
     "tests/test_object_store_e2e.py": 63,
     "tests/test_first_day.py": 48,
+    "tests/test_export_predict.py": 45,
     "tests/test_fuzz.py": 21,
     "tests/test_readme_snippets.py": 18,
 }

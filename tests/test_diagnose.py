@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +13,20 @@ import pytest
 
 from trainer.diagnose import main
 from trainer.diagnosis import NA, OK, WARN, Thresholds, diagnose_run, read_scalars
+from trainer.validation_trust import examples_for_margin, read_leakage, wilson_interval
 
 POINTS = 40
-CHECKS = ("step time", "input pipeline", "accelerator", "gradient norm", "loss curve", "validation")
+CHECKS = (
+    "step time",
+    "input pipeline",
+    "accelerator",
+    "gradient norm",
+    "loss curve",
+    "validation",
+    "validation size",
+    "leakage",
+    "validation noise",
+)
 
 
 def _healthy(seed: int = 0) -> dict[str, list[float]]:
@@ -81,6 +93,9 @@ def test_healthy_run_gives_no_warning(tmp_path):
         "gradient norm": OK,
         "loss curve": OK,
         "validation": OK,
+        "validation size": NA,  # no example count logged
+        "leakage": NA,  # no run.json naming a dataset
+        "validation noise": OK,
     }
 
 
@@ -230,7 +245,7 @@ def test_cli_prints_the_table_and_exits_zero_with_warnings(tmp_path, capsys):
     model_dir = _run(tmp_path, series)
     assert main([str(model_dir)]) == 0
     out = capsys.readouterr().out
-    assert "input pipeline  WARN" in out and "1 warning(s)" in out
+    assert re.search(r"^input pipeline +WARN", out, re.M) and "1 warning(s)" in out, out
     assert main([str(model_dir), "--json"]) == 0
     verdicts = json.loads(capsys.readouterr().out)
     assert {v["check"]: v["status"] for v in verdicts}["input pipeline"] == WARN
@@ -252,3 +267,72 @@ def test_cli_rejects_an_unknown_threshold(tmp_path, capsys):
         main([str(tmp_path), "--threshold", "speed=3"])
     assert info.value.code == 2
     assert "expected NAME=VALUE" in capsys.readouterr().err
+
+
+def _leaky_dataset(tmp_path: Path, *, moved: bool) -> Path:
+    """A dataset directory whose near-duplicate report lists one train-validation pair (or,
+    ``moved``, the same pair after ``--leakage move_to_train`` put both in train)."""
+    dataset = tmp_path / "dataset"
+    dataset.mkdir()
+    member = {"label": 0, "moved": False, "text": "cat"}
+    pair = {
+        "a": {**member, "key": "k1", "split": "train", "uri": "cats/1.jpg"},
+        "b": {**member, "key": "k2", "split": "train" if moved else "validation", "moved": moved},
+        "leakage": not moved,
+        "cross_class": False,
+        "distance": 4,
+    }
+    other = {**pair, "leakage": False, "b": {**member, "key": "k3", "split": "train"}}
+    lines = [json.dumps(pair), json.dumps(other)]
+    (dataset / "near_duplicates.jsonl").write_text("\n".join(lines) + "\n")
+    return dataset
+
+
+def test_a_tiny_leaky_noisy_validation_split_gets_three_warnings(tmp_path, capsys):
+    # What a newcomer's 300-step run on 96 photos showed: 10 validation examples, 6 leaked
+    # pairs, and a validation loss going 1.0 -> 1.7 -> 0.08. The loss row alone said OK.
+    model_dir = _run(tmp_path / "run", _healthy(), validation=None)
+    _write(
+        model_dir / "validation",
+        {"loss": [1.0, 1.7, 0.08], "accuracy": [0.5, 0.4, 0.9], "examples": [10, 10, 10]},
+        first_step=100,
+    )
+    dataset = _leaky_dataset(tmp_path, moved=False)
+    (model_dir / "run.json").write_text(json.dumps({"source": str(dataset)}))
+    assert main([str(model_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "validation size   WARN    too small to trust" in out, out
+    assert "10 examples: accuracy 0.9 lies anywhere in 0.60-0.98" in out, out
+    assert "about 97 examples give ±0.10" in out, out
+    assert "leakage           WARN" in out and "1 validation example with a near-duplicate" in out
+    assert "rebuild with --leakage move_to_train" in out
+    assert "validation noise  WARN    noisier than its fall" in out, out
+
+
+def test_a_large_clean_smooth_validation_split_is_trusted(tmp_path):
+    model_dir = _run(tmp_path / "run", _healthy(), validation=None)
+    _write(
+        model_dir / "validation",
+        {"loss": [1.5, 1.0, 0.8, 0.7], "accuracy": [0.5, 0.7, 0.8, 0.85], "examples": [500] * 4},
+        first_step=100,
+    )
+    dataset = _leaky_dataset(tmp_path, moved=True)
+    (model_dir / "run.json").write_text(json.dumps({"source": str(dataset)}))
+    verdicts = diagnose_run(read_scalars(str(model_dir)), leakage=read_leakage(str(model_dir)))
+    rows = {v.check: (v.status, v.evidence) for v in verdicts}
+    assert rows["validation size"][0] == OK, rows
+    assert "500 examples: accuracy 0.85 lies anywhere in 0.82-0.88" in rows["validation size"][1]
+    assert rows["leakage"][0] == OK, rows
+    assert rows["validation noise"][0] == OK, rows
+
+
+@pytest.mark.parametrize(("successes", "n"), [(0, 1), (7, 10), (50, 100), (999, 1000)])
+def test_wilson_interval_holds_the_proportion_and_narrows_with_n(successes, n):
+    low, high = wilson_interval(successes, n)
+    assert 0 <= low <= successes / n <= high <= 1
+    wider = wilson_interval(successes / 4, max(1, n // 4)) if n >= 4 else (0.0, 1.0)
+    assert high - low <= wider[1] - wider[0] + 1e-12
+    # The interval's half-width at p = 0.5 reaches 0.1 at the count examples_for_margin gives.
+    needed = examples_for_margin(0.1)
+    half = (lambda lo, hi: (hi - lo) / 2)(*wilson_interval(needed / 2, needed))
+    assert half <= 0.1 < (lambda lo, hi: (hi - lo) / 2)(*wilson_interval(45, 90))

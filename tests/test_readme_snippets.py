@@ -66,6 +66,7 @@ def own_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Runs "Your own images" as written in a fresh home; returns the home."""
     home = tmp_path_factory.mktemp("home")
     make_image_tree(home / "photos", {"cat": 20, "dog": 20}, size=(72, 56))
+    make_image_tree(home / "new_photos", {"unsorted": 3}, size=(64, 48))
     script = _block(OWN_IMAGES)
     assert "--steps 1000" in script
     script = script.replace(ACTIVATE, f"source {Path(sys.executable).parent}/activate")
@@ -79,6 +80,9 @@ def own_images(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "published:" in done.stdout and "OK:" in done.stdout, done.stdout[-3000:]
+    predicted = [line for line in done.stdout.splitlines() if "/new_photos/" in line]
+    assert len(predicted) == 3, done.stdout[-3000:]
+    assert all(line.split("\t")[1] in ("cat", "dog") for line in predicted), predicted
     return home
 
 

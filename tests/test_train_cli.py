@@ -235,9 +235,21 @@ def test_a_small_dataset_gets_five_evaluations_one_resize_note_and_whole_epochs(
         assert main(argv) == 0
     messages = [r.getMessage() for r in caplog.records]
     assert any("15 steps (an epoch is 1.5 steps), evaluating every 3" in m for m in messages)
-    assert "epoch 9 complete at step 15: every example exactly once" in messages
+    # Epochs end every step or two: one line at each evaluation and checkpoint says which.
+    assert "epochs 8-9 complete at steps 14-15: every example exactly once in each" in messages
+    epoch_lines = [m for m in messages if re.match(r"epochs? \d+(-\d+)? complete", m)]
+    assert len(epoch_lines) == 5, epoch_lines
     evaluations = [m.split(" validation")[0] for m in messages if re.match(r"step \d+ valid", m)]
     assert evaluations == [f"step {s}" for s in (3, 6, 9, 12, 15)]
+    # After the last evaluation, nothing is silent for more than 2 s: freeing the input
+    # pipeline, which may wait for tf.data's threads, says so when it takes longer.
+    records = caplog.records
+    last_eval = max(i for i, r in enumerate(records) if r.getMessage().startswith("step 15 val"))
+    tail = records[last_eval:]
+    assert tail[-1].getMessage().startswith("done at step 15"), [r.getMessage() for r in tail]
+    for before, after in zip(tail, tail[1:], strict=False):
+        explained = before.getMessage().startswith("stopping the input pipeline")
+        assert after.created - before.created < 2.0 or explained, (before.msg, after.msg)
     # The stored side is 40: the reader says once that every image is resized, though it built
     # a training and an eval dataset and evaluated five times.
     resized = [m for m in messages if "differs" in m]

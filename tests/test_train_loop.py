@@ -8,6 +8,9 @@ run as real processes in ``test_train_cli.py``.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -291,3 +294,19 @@ def test_float16_loss_scaling_reports_the_unscaled_gradient_norm(one_device):
         keras.mixed_precision.set_dtype_policy("float32")
     # The loss is scaled by 2**15 before differentiating; the logged norm must not be.
     assert norms["mixed_float16"] == pytest.approx(norms["float32"], rel=0.05)
+
+
+def test_a_slow_end_of_run_says_what_it_waits_for(caplog):
+    from trainer.loop import _Stopping
+
+    with caplog.at_level(logging.INFO, logger="trainer.loop"):
+        quick = _Stopping(after=0.5)
+        quick.done()
+        assert not caplog.records
+        slow = _Stopping(after=0.05)
+        time.sleep(0.3)
+        slow.done()
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages[0] == "stopping the input pipeline: waiting for tf.data's background threads"
+    took = re.fullmatch(r"input pipeline stopped in (\d+\.\d)s", messages[1])
+    assert took and float(took.group(1)) >= 0.3, messages

@@ -38,6 +38,8 @@ SMALL = {
     '"width": 32': '"width": 4',
     "save_freq=50": "save_freq=2",
     "epochs=10": "epochs=1",
+    # The images to classify: those the session's dataset was built from.
+    "exported/a/1 photos/": "exported/a/1 out/dataset/../images/",
 }
 
 
@@ -138,6 +140,7 @@ def test_the_examples_run_as_written(pipeline_dataset, tmp_path, monkeypatch, ca
     assert len(ran) >= 4, ran
     for run in ("runs/a", "runs/mine", "runs/api"):
         assert list((tmp_path / run / "checkpoints").glob("ckpt-*.index")), run
+    assert (tmp_path / "exported" / "a" / "1" / "saved_model.pb").is_file()  # export ran
     # BackupAndRestore deletes its backup at the end of fit; the delivered sets stay.
     assert list((tmp_path / "runs" / "fit" / "delivered").glob("delivered-*.bin"))
     out = capsys.readouterr().out

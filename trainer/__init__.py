@@ -1,12 +1,14 @@
 """trainer: distributed training fed by ``tfrecord_io``, with exact resume and diagnosis.
 
-Command lines: ``python -m trainer.train`` and ``python -m trainer.diagnose MODEL_DIR``. From
-Python, ``trainer.fit(model_fn, TrainConfig(...), loss=..., metrics=...)`` runs the same loop
-with a model of your own.
+Command lines: ``python -m trainer.train``, ``python -m trainer.diagnose MODEL_DIR``, and for
+the trained model ``python -m trainer.export RUN_DIR OUT_DIR`` and ``python -m trainer.predict
+MODEL_DIR IMAGE_OR_DIR...``. From Python, ``trainer.fit(model_fn, TrainConfig(...), loss=...,
+metrics=...)`` runs the same loop with a model of your own.
 
 The public names are loaded on first use, so that ``import trainer`` (and ``trainer.diagnose``)
 does not pay for importing TensorFlow and Keras. The command modules (``trainer.train``,
-``trainer.diagnose``) are imported by nothing here, so ``python -m`` runs them once.
+``trainer.diagnose``, ``trainer.export``, ``trainer.predict``) are imported by nothing here,
+so ``python -m`` runs them once.
 Importing the package keeps TensorFlow's start-up lines quiet (``cliflags.quiet_tensorflow``)
 unless ``TF_CPP_MIN_LOG_LEVEL`` is set.
 """
@@ -60,6 +62,17 @@ __all__ = [
     "TrainResult",
     "plan_steps",
     "run_training",
+    # using a trained model
+    "RunRecord",
+    "read_run_record",
+    "ServingPreprocessing",
+    "StoredImages",
+    "ExportResult",
+    "export_saved_model",
+    "restore_model",
+    "Prediction",
+    "load_classifier",
+    "predict_files",
     # observability
     "TAGS",
     "SummaryWriters",
@@ -100,6 +113,16 @@ _HOME = {
     "TrainResult": "trainer.loop",
     "plan_steps": "trainer.setup",
     "run_training": "trainer.loop",
+    "RunRecord": "trainer.run_record",
+    "read_run_record": "trainer.run_record",
+    "ServingPreprocessing": "trainer.serving",
+    "StoredImages": "trainer.serving",
+    "ExportResult": "trainer.saved_model",
+    "export_saved_model": "trainer.saved_model",
+    "restore_model": "trainer.saved_model",
+    "Prediction": "trainer.prediction",
+    "load_classifier": "trainer.prediction",
+    "predict_files": "trainer.prediction",
     "TAGS": "trainer.metrics",
     "SummaryWriters": "trainer.metrics",
     "Thresholds": "trainer.diagnosis",

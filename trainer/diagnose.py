@@ -1,7 +1,8 @@
 """``python -m trainer.diagnose MODEL_DIR`` (``tfrecord-diagnose``): training-health checks.
 
 Prints one verdict per training-health check (step-time jitter, input wait, accelerator use,
-gradient norm, loss curve, validation; see ``trainer.diagnosis``) for a training run's
+gradient norm, loss curve, validation, and whether the validation split can be trusted: its
+size, leakage from train, noise; see ``trainer.diagnosis``) for a training run's
 TensorBoard logs, with the numbers behind it. The exit status is 0 whatever the verdicts, and
 non-zero only when the logs cannot be read (2) or Ctrl-C or SIGTERM stopped it (130, 143).
 """
@@ -24,6 +25,7 @@ from trainer.diagnosis import (
     format_table,
     read_scalars,
 )
+from trainer.validation_trust import read_leakage
 
 __all__ = ["main"]
 
@@ -83,7 +85,7 @@ def _report(model_dir: str, thresholds: Thresholds, *, as_json: bool) -> int:
     except LogsUnreadable as e:
         print(f"diagnose: {e}", file=sys.stderr)
         return 2
-    verdicts = diagnose_run(runs, thresholds)
+    verdicts = diagnose_run(runs, thresholds, leakage=read_leakage(model_dir))
     if as_json:
         print(json.dumps([dataclasses.asdict(v) for v in verdicts], indent=2))
         return 0

@@ -19,6 +19,7 @@ of the table, with the numbers behind it (the command is ``trainer.diagnose``):
 | | robust point-to-point noise > 15% of the total decrease, or a spike above half of it | not smooth: tune hyper-parameters |
 | validation | last validation loss > 1.1x its minimum, up by > 0.05 nats and > 5% of the first, while the training loss falls | overfitting |
 | | (OK, a note) last validation loss > 0.5 nats and > 3x above the last-quarter training loss | generalisation gap |
+| validation size, leakage, validation noise | see ``trainer.validation_trust``: the split too small, leaking train, or noisier than its trend | validation not to be trusted |
 
 The first 10% of timing points are left out (warm-up). A check with too few points, or whose
 scalar was not logged, says ``n/a``.
@@ -45,6 +46,8 @@ from trainer.metrics import (
     VALIDATION_RUN,
     WORKERS_DIR,
 )
+from trainer.validation_trust import leakage_verdict, noise_verdict, size_verdict
+from trainer.verdicts import NA, OK, WARN, Series, Verdict
 
 __all__ = [
     "OK",
@@ -58,10 +61,6 @@ __all__ = [
     "diagnose_run",
     "format_table",
 ]
-
-OK, WARN, NA = "OK", "WARN", "n/a"
-
-Series = list[tuple[int, float]]
 
 
 class LogsUnreadable(Exception):
@@ -86,6 +85,8 @@ class Thresholds:
     generalisation_ratio: float = 3.0
     warmup_fraction: float = 0.1
     min_points: int = 5
+    validation_margin: float = 0.1
+    validation_noise: float = 1.0
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -96,23 +97,6 @@ class Thresholds:
             raise ValueError(f"warmup_fraction must be in [0, 1), got {self.warmup_fraction}")
         if self.min_points < 3:
             raise ValueError(f"min_points must be >= 3, got {self.min_points}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """One row of the table.
-
-    Attributes:
-      check: which row of the monitoring table.
-      status: ``OK``, ``WARN`` or ``n/a``.
-      finding: what it means.
-      evidence: the numbers.
-    """
-
-    check: str
-    status: str
-    finding: str
-    evidence: str
 
 
 def _event_dirs(model_dir: str) -> dict[str, str]:
@@ -439,9 +423,18 @@ def _validation(runs: dict[str, dict[str, Series]], t: Thresholds) -> Verdict:
 
 
 def diagnose_run(
-    runs: dict[str, dict[str, Series]], thresholds: Thresholds | None = None
+    runs: dict[str, dict[str, Series]],
+    thresholds: Thresholds | None = None,
+    *,
+    leakage: tuple[int, str] | None = None,
 ) -> list[Verdict]:
     """Applies the monitoring table to a run's scalars (as ``read_scalars`` returns them).
+
+    Args:
+      runs: the scalars.
+      thresholds: where verdicts turn to WARN; None takes the defaults.
+      leakage: ``trainer.validation_trust.read_leakage``'s answer for the run, or None
+        (the leakage row says n/a).
 
     Returns:
       One verdict per check, in the table's order.
@@ -455,6 +448,9 @@ def diagnose_run(
         _grad_norm(train, t),
         _loss(train, t),
         _validation(runs, t),
+        size_verdict(runs, margin=t.validation_margin),
+        leakage_verdict(leakage),
+        noise_verdict(runs, ratio=t.validation_noise),
     ]
 
 

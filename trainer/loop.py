@@ -106,9 +106,41 @@ def run_training(
     reader_log = logging.getLogger("tfrecord_io.reader")
     reader_log.addFilter(notes)
     try:
-        return _train(config, dist, inputs, model_fn=model_fn, objective=objective)
+        # The run's objects are freed as _train returns: among them the training iterator,
+        # whose threads tf.data joins (see _Stopping).
+        result, stopping = _train(config, dist, inputs, model_fn=model_fn, objective=objective)
     finally:
         reader_log.removeFilter(notes)
+    stopping.done()
+    return result
+
+
+class _Stopping:
+    """Says so when freeing the training input pipeline takes more than ``after`` seconds.
+
+    Freeing a ``tf.data`` iterator joins its background threads. Its autotuning thread sleeps
+    between optimisations for a period that doubles up to a minute as a run goes on, and the
+    join could wait out that sleep: up to a minute at the end of a run, silently. A timer logs
+    one line if the wait is long, and how long it took.
+    """
+
+    def __init__(self, after: float = 2.0) -> None:
+        import threading
+
+        self._started = time.perf_counter()
+        self._fired = False
+        self._timer = threading.Timer(after, self._say)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _say(self) -> None:
+        self._fired = True
+        _log.info("stopping the input pipeline: waiting for tf.data's background threads")
+
+    def done(self) -> None:
+        self._timer.cancel()
+        if self._fired:
+            _log.info("input pipeline stopped in %.1fs", time.perf_counter() - self._started)
 
 
 class _OncePerRun(logging.Filter):
@@ -135,8 +167,9 @@ def _train(
     *,
     model_fn: Callable[..., Any] | None,
     objective: Objective | None,
-) -> TrainResult:
-    """``run_training``'s work, while the reader's repeated notes are held back."""
+) -> tuple[TrainResult, _Stopping]:
+    """``run_training``'s work, while the reader's repeated notes are held back; the result,
+    and the timer that watches the freeing of the run's objects as this returns."""
     run = prepare_run(config, dist, inputs, model_fn=model_fn, objective=objective)
     writers = SummaryWriters(
         config.model_dir, is_chief=dist.is_chief, worker_index=dist.worker_index
@@ -150,7 +183,7 @@ def _train(
         writers.close()
         if run.audit is not None:
             run.audit.close()
-    return TrainResult(
+    result = TrainResult(
         start_step=run.restored.step,
         step=loop.step,
         exit_code=exit_code,
@@ -160,6 +193,7 @@ def _train(
         checkpoint=loop.last_checkpoint,
         resume_kind=run.restored.kind,
     )
+    return result, _Stopping()
 
 
 class _StepLoop:
@@ -199,6 +233,8 @@ class _StepLoop:
         self._last_evaluated = self.step
         # Built once: every evaluation is a fresh pass over the same dataset.
         self._eval_data: Any = None
+        # Epochs completed exactly once since the last line saying so: (epoch, step).
+        self._epochs_done: list[tuple[int, int]] = []
 
     def run(self) -> int:
         """Steps to the target; returns the exit code (128 + the signal's number if stopped).
@@ -214,6 +250,7 @@ class _StepLoop:
                 if stop_votes > 0:
                     # Quietly: the caller says in one line what was kept (trainer.train).
                     self._save(quiet=True)
+                    self._log_epochs()
                     return stop.exit_code if stop.requested else 128 + signal.SIGTERM
                 if self.step % config.checkpoint_every == 0 or self.step == run.total_steps:
                     self._save()
@@ -223,6 +260,7 @@ class _StepLoop:
                 self._evaluate()
             if self._last_saved != self.step:
                 self._save()
+            self._log_epochs()
         return 0
 
     def _train_step(self, stop: StopSignal) -> float:
@@ -261,7 +299,8 @@ class _StepLoop:
         if run.audit is not None:
             run.audit.write(element[2].numpy().tolist())
         if run.tracker is not None:
-            _record_delivery(run.tracker, gathered.numpy(), self.step)
+            done = _record_delivery(run.tracker, gathered.numpy(), self.step)
+            self._epochs_done += [(epoch, self.step) for epoch in done]
         self._window.add(
             loss=loss,
             correct=correct,
@@ -305,6 +344,24 @@ class _StepLoop:
             self.last_checkpoint = path
             if not quiet:
                 _log.info("saved %s", path)
+                self._log_epochs()
+
+    def _log_epochs(self) -> None:
+        """Says which epochs completed exactly once since it last did: one line at each
+        checkpoint, evaluation and the end, so that short epochs (a small dataset completes one
+        every step or two) do not outnumber the step lines."""
+        done, self._epochs_done = self._epochs_done, []
+        if len(done) == 1:
+            _log.info("epoch %d complete at step %d: every example exactly once", *done[0])
+        elif done:
+            (first, first_step), (last, last_step) = done[0], done[-1]
+            _log.info(
+                "epochs %d-%d complete at steps %d-%d: every example exactly once in each",
+                first,
+                last,
+                first_step,
+                last_step,
+            )
 
     def _evaluate(self) -> None:
         """Evaluates on the whole eval split and writes the results."""
@@ -314,8 +371,9 @@ class _StepLoop:
         result = evaluate(self._run.steps, self._eval_data)
         self._last_evaluated = self.step
         self.last_eval = result
+        # The example count goes to TensorBoard too: diagnose judges the split's size by it.
+        self._writers.write_eval(self.step, dict(result))
         scalars = {name: value for name, value in result.items() if name != "examples"}
-        self._writers.write_eval(self.step, scalars)
         _log.info(
             "step %d validation: %s over %d examples (%.1fs)",
             self.step,
@@ -323,6 +381,7 @@ class _StepLoop:
             int(result["examples"]),
             time.perf_counter() - started,
         )
+        self._log_epochs()
 
 
 def _format(scalars: dict[str, float]) -> str:
@@ -340,8 +399,13 @@ def _format(scalars: dict[str, float]) -> str:
     return " ".join(parts)
 
 
-def _record_delivery(tracker: DeliveryTracker, positions: Any, step: int) -> None:
-    """Adds a global batch's positions to the delivered set; reports what should not happen."""
+def _record_delivery(tracker: DeliveryTracker, positions: Any, step: int) -> list[int]:
+    """Adds a global batch's positions to the delivered set; reports what should not happen.
+
+    Returns:
+      The epochs this batch completed with every example exactly once (``_log_epochs`` says
+      so later; an epoch closed with examples missing is reported by the tracker at once).
+    """
     result = tracker.add(positions)
     if result.duplicates or result.stale:
         _log.error(
@@ -351,6 +415,4 @@ def _record_delivery(tracker: DeliveryTracker, positions: Any, step: int) -> Non
             result.duplicates,
             result.stale,
         )
-    for epoch, missing in result.completed:
-        if not missing:
-            _log.info("epoch %d complete at step %d: every example exactly once", epoch, step)
+    return [epoch for epoch, missing in result.completed if not missing]

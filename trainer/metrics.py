@@ -11,6 +11,7 @@ Written under ``MODEL_DIR/train`` (every ``log_every`` steps) and ``MODEL_DIR/va
 | ``examples_per_sec`` | global examples per second |
 | ``input_wait`` | fraction of step time spent blocked on the next batch |
 | ``gpu_utilization`` | mean NVML utilisation (%) of this host's GPUs, only when there are GPUs |
+| ``examples`` | validation only: how many examples the evaluation saw (how far to trust it) |
 
 Timings leave out steps that traced a ``tf.function``, which are compile time, not step time.
 Non-chief workers write the same scalars under ``MODEL_DIR/workers/worker-<k>/train``, so a
@@ -28,6 +29,7 @@ from typing import Any
 __all__ = [
     "ACCURACY",
     "EVENT_FILE_PATTERN",
+    "EXAMPLES",
     "EXAMPLES_PER_SEC",
     "GPU_UTILIZATION",
     "GRAD_NORM",
@@ -56,6 +58,7 @@ STEP_TIME = "step_time"
 EXAMPLES_PER_SEC = "examples_per_sec"
 INPUT_WAIT = "input_wait"
 GPU_UTILIZATION = "gpu_utilization"
+EXAMPLES = "examples"
 TAGS = (
     LOSS,
     ACCURACY,

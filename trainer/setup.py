@@ -25,6 +25,7 @@ from trainer.inputs import Inputs, keep_recorded_kind
 from trainer.models import build_model
 from trainer.optim import build_optimizer
 from trainer.resume import ResumePlan, agree_on_nonce, plan_resume
+from trainer.run_record import record_run, write_run_record
 from trainer.steps import TrainSteps
 from trainer.strategy import Distribution, precision_policy
 from trainer.user_model import (
@@ -147,6 +148,8 @@ def prepare_run(
     loss_scaling = policy == "mixed_float16"
     request = _ModelRequest(model_fn, inputs.num_classes, image_spec.dtype.name)
     model, optimizer = _build_model(config, dist, request, total_steps, loss_scaling)
+    if dist.is_chief:  # what tfrecord-export needs besides a checkpoint (trainer.run_record)
+        _record_run(config, request)
     iterator = iter(dataset)
     checkpointer = Checkpointer(
         config.model_dir,
@@ -291,6 +294,16 @@ def _build_model(
         )
         optimizer.build(model.trainable_variables)
     return model, optimizer
+
+
+def _record_run(config: TrainConfig, request: _ModelRequest) -> None:
+    """Writes ``MODEL_DIR/run.json``: the model, its input and classes, and the preprocessing
+    an exported model repeats."""
+    model = config.model if request.model_fn is None else describe(request.model_fn)
+    record = record_run(
+        config, model=model, num_classes=request.num_classes, input_dtype=request.input_dtype
+    )
+    write_run_record(config.model_dir, record)
 
 
 def _plan_exact_resume(

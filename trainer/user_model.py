@@ -226,14 +226,14 @@ class Objective:
     metrics: Mapping[str, Callable[..., Any]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from trainer.metrics import TAGS
+        from trainer.metrics import EXAMPLES, TAGS
 
         if self.loss is not None and not callable(self.loss):
             raise ValueError(f"loss must be callable, got {type(self.loss).__name__}")
         for metric_name, fn in self.metrics.items():
             if not isinstance(metric_name, str) or not re.match(r"^\w+$", metric_name):
                 raise ValueError(f"metric names must be words, got {metric_name!r}")
-            if metric_name in TAGS:
+            if metric_name in (*TAGS, EXAMPLES):
                 raise ValueError(f"metric {metric_name!r} is a scalar the trainer writes itself")
             if not callable(fn):
                 raise ValueError(f"metric {metric_name!r} must be callable, got {fn!r}")
