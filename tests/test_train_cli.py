@@ -248,8 +248,9 @@ def test_a_small_dataset_gets_five_evaluations_one_resize_note_and_whole_epochs(
     tail = records[last_eval:]
     assert tail[-1].getMessage().startswith("done at step 15"), [r.getMessage() for r in tail]
     for before, after in zip(tail, tail[1:], strict=False):
-        explained = before.getMessage().startswith("stopping the input pipeline")
-        assert after.created - before.created < 2.0 or explained, (before.msg, after.msg)
+        # The timer says so at 2 s; a loaded machine may run its thread a little late.
+        explained = before.getMessage().startswith("finishing the run")
+        assert after.created - before.created < 3.0 or explained, (before.msg, after.msg)
     # The stored side is 40: the reader says once that every image is resized, though it built
     # a training and an eval dataset and evaluated five times.
     resized = [m for m in messages if "differs" in m]

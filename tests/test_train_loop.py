@@ -307,6 +307,6 @@ def test_a_slow_end_of_run_says_what_it_waits_for(caplog):
         time.sleep(0.3)
         slow.done()
     messages = [r.getMessage() for r in caplog.records]
-    assert messages[0] == "stopping the input pipeline: waiting for tf.data's background threads"
-    took = re.fullmatch(r"input pipeline stopped in (\d+\.\d)s", messages[1])
+    assert messages[0].startswith("finishing the run: closing the event files and stopping the")
+    took = re.fullmatch(r"run finished in (\d+\.\d)s", messages[1])
     assert took and float(took.group(1)) >= 0.3, messages

@@ -116,7 +116,8 @@ def run_training(
 
 
 class _Stopping:
-    """Says so when freeing the training input pipeline takes more than ``after`` seconds.
+    """Says so when the end of a run (closing the event files, freeing the training input
+    pipeline) takes more than ``after`` seconds.
 
     Freeing a ``tf.data`` iterator joins its background threads. Its autotuning thread sleeps
     between optimisations for a period that doubles up to a minute as a run goes on, and the
@@ -135,12 +136,15 @@ class _Stopping:
 
     def _say(self) -> None:
         self._fired = True
-        _log.info("stopping the input pipeline: waiting for tf.data's background threads")
+        _log.info(
+            "finishing the run: closing the event files and stopping the input pipeline "
+            "(tf.data's background threads)"
+        )
 
     def done(self) -> None:
         self._timer.cancel()
         if self._fired:
-            _log.info("input pipeline stopped in %.1fs", time.perf_counter() - self._started)
+            _log.info("run finished in %.1fs", time.perf_counter() - self._started)
 
 
 class _OncePerRun(logging.Filter):
@@ -178,6 +182,7 @@ def _train(
     loop = _StepLoop(config, dist, inputs, run, writers, gpu)
     try:
         exit_code = loop.run()
+        stopping = _Stopping()  # from here to the return of run_training
     finally:
         gpu.close()
         writers.close()
@@ -193,7 +198,7 @@ def _train(
         checkpoint=loop.last_checkpoint,
         resume_kind=run.restored.kind,
     )
-    return result, _Stopping()
+    return result, stopping
 
 
 class _StepLoop:
