@@ -8,8 +8,7 @@ names below load on first use (PEP 562): importing the package, or running
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from cliflags import lazy_names
 
 # name -> the module that defines it
 _MODULE_OF = {
@@ -75,22 +74,10 @@ _MODULE_OF = {
     "assign_split": "beam_pipelines.output.shards",
     "dedupe_sorted": "beam_pipelines.output.shards",
     "fixed_shard_counts": "beam_pipelines.output.shards",
-    "plan_shard_counts": "beam_pipelines.output.shards",
     # beam_pipelines.output.staging
     "RecordStager": "beam_pipelines.output.staging",
     "StagedRecordReader": "beam_pipelines.output.staging",
 }
 __all__ = sorted(_MODULE_OF)
 
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'beam_pipelines' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names(__name__, globals(), _MODULE_OF)

@@ -12,11 +12,12 @@ Our flags are declared once, on ``PipelineConfig``'s fields (``cliflags.flag``):
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipelines.config import HELP_GROUPS, ImagesToTFRecordOptions, PipelineConfig
 from cliflags import StrictArgumentParser, add_dataclass_flags, command_name, flag_groups
@@ -55,18 +56,29 @@ _EPILOG = (
 
 
 def beam_option_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
-    """A parser of every Beam pipeline option (ours left out), as Beam builds it.
+    """The parser Beam builds of every pipeline option (``PipelineOptions.get_all_options``),
+    ours hidden from its help.
 
     Option classes register themselves when their module is imported; the Dask runner's are
     imported here when ``argv`` uses them.
     """
     if any(arg.startswith("--dask_") for arg in argv):
         import apache_beam.runners.dask.dask_runner  # noqa: F401  (registers DaskOptions)
-    parser = _BeamArgumentParser(prog="Beam pipeline options", allow_abbrev=False, add_help=False)
-    classes = {str(cls): cls for cls in PipelineOptions.__subclasses__()}
-    for cls in classes.values():
-        if cls is not ImagesToTFRecordOptions:
-            cls._add_argparse_args(parser)  # Beam's own registration hook
+    built: list[argparse.ArgumentParser] = []
+    # PipelineOptions() calls logging.basicConfig(): the command sets up logging itself, later,
+    # and a handler left here would give its log lines Python's default format instead.
+    handlers = list(logging.root.handlers)
+    try:
+        # Beam hands its parser, every options class registered, to this callback.
+        PipelineOptions(flags=[]).get_all_options(add_extra_args_fn=built.append)
+        ours = ImagesToTFRecordOptions(flags=[]).get_all_options(current_only=True)
+    finally:
+        logging.root.handlers[:] = handlers
+    parser = built[0]
+    parser.prog = "Beam pipeline options"
+    for flag, action in parser._option_string_actions.items():
+        if flag.lstrip("-") in ours or action.dest in ours:
+            action.help = argparse.SUPPRESS  # listed by --help, in their groups
     return parser
 
 

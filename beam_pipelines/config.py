@@ -17,6 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from beam_pipelines.graph.leakage import AUTO_BUCKETED_FROM, LEAKAGE_ACTIONS, SEARCH_METHODS
 from beam_pipelines.graph.near_duplicate_search import DEFAULT_MAX_BUCKET_ENTRIES
 from beam_pipelines.graph.splits import QUOTA_RULE, split_rule
+from beam_pipelines.image import phash
 from beam_pipelines.image.options import ImageOptions
 from beam_pipelines.output.shards import LABEL_CONFLICT_POLICIES
 from catalog.near_duplicates import DEFAULT_THRESHOLD, MAX_THRESHOLD
@@ -329,6 +330,9 @@ class PipelineConfig:
             "min_source_side": self.image.min_source_side,
             # Resampling and the encoders live in Pillow: another version may store other bytes.
             "image_library": f"Pillow {PIL.__version__}",
+            # How the catalog's perceptual hashes are taken: an image option for reuse, so a
+            # base whose hashes were taken otherwise is prepared again, not mixed in.
+            "near_duplicate_features": phash.FEATURES,
             "validation_fraction": self.validation_fraction,
             "num_shards": self.num_shards,
             "target_shard_mb": self.target_shard_mb,

@@ -62,7 +62,7 @@ from beam_pipelines.graph.transforms import ImagesToShards
 from beam_pipelines.image.colour import COLOUR_SPACE
 from beam_pipelines.inputs.listing_ranges import estimate_records
 from beam_pipelines.inputs.sources import is_listing
-from beam_pipelines.interrupts import interrupted_line, workers_shielded_from_ctrl_c
+from beam_pipelines.interrupts import interrupted_line
 from beam_pipelines.output.catalog_io import (
     remove_staged_fragments,
     remove_unlisted_catalog_files,
@@ -306,7 +306,7 @@ def _run_pipeline(
       JobFailedError: if the pipeline failed while running.
     """
     # Beam's launcher leaves directories in the temp dir on every run; they go with this one.
-    with private_temp_dir(), workers_shielded_from_ctrl_c():
+    with private_temp_dir():
         pipeline = beam.Pipeline(runner=in_process_runner(options), options=options)
         results = pipeline | "ImagesToShards" >> ImagesToShards(
             config,

@@ -12,7 +12,7 @@ datasets hold: an empty file, an HTML error page saved as ``.jpg``, a truncated 
 duplicate, a PNG named ``.JPEG`` and an EXIF-rotated JPEG. With the default 100 images per
 class the 3 bad files stay under the pipeline's default ``--max_bad_fraction`` of 1%.
 
-Two near-duplicates test the leakage report (``tfrecord_io.inspect``): a validation image
+Two near-duplicates test the leakage report (``dataset_tools.inspect``): a validation image
 re-encoded at another JPEG quality, whose bytes put it in train (at ``--validation_fraction
 0.2``, not stratified, as the quickstart runs), and a half-size copy of a train image filed
 under another class (a possible label error). Every image also gets its own soft patches of

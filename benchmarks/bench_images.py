@@ -6,7 +6,7 @@ Throughput rows (``--rows throughput``): ``prepare_image`` from two versions of
 seconds, so that load from other jobs on a shared machine falls on both alike. The baseline comes from a git revision
 (``--baseline_rev``), the candidate from another (``--candidate_rev``) or the working tree.
 Rows: photos without a profile (the 2% budget), the candidate without the perceptual hash's
-per-image step (``phash.source_sample``, or ``perceptual_hash`` in older revisions; each
+per-image step (``phash.output_sample``, ``source_sample`` or ``perceptual_hash`` in older revisions; each
 revision with its own ``beam_pipelines/image/phash.py``), and the candidate on the same photos
 tagged with a Display P3-like profile (the cost of converting).
 
@@ -91,8 +91,9 @@ def load_images_module(rev: str | None, name: str) -> ModuleType:
 
 def _unhashed(module: ModuleType) -> ModuleType:
     """``module`` with the perceptual hash's per-image step switched off: the sample of the
-    decoded source (``phash.source_sample``), or in older versions the hash itself."""
-    for step in ("source_sample", "perceptual_hash"):
+    resized output (``phash.output_sample``; the decoded source's ``source_sample`` in older
+    versions), or in older versions still the hash itself."""
+    for step in ("output_sample", "source_sample", "perceptual_hash"):
         if hasattr(module, step):
             setattr(module, step, lambda image: None)
             return module

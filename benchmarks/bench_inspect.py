@@ -91,7 +91,7 @@ def measure(dataset: Path, out: Path) -> tuple[float, float, dict]:
     cpu = _children_cpu()
     start = time.perf_counter()
     run_module(
-        "tfrecord_io.inspect",
+        "dataset_tools.inspect",
         [str(dataset), "--out", str(out), "--per_class", "16"],
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )

@@ -2,12 +2,13 @@
 
 Photos not made for this project: scikit-image's bundled sample photos (``skimage.data``), each
 whole and cut into a 3x3 grid of crops, which multiplies the set. Every original is
-transformed (resize 50-90 %, JPEG quality 30-70, crop 5-10 %, mirror, brightness +-10 %, and
-pairs of these); originals and copies go through the pipeline's own ``prepare_image`` (256 px
-shorter side, JPEG q90), and each pair's Hamming distance is measured two ways:
+transformed (resize 50-90 %, JPEG quality 30-70, crop 5-15 %, mirror, brightness +-10 %, and
+combinations of these); originals and copies go through the pipeline's own ``prepare_image``
+(256 px shorter side, JPEG q90), and each pair's distance is measured two ways:
 
-* ``source``: the pipeline's hash, taken from the decoded source (``phash.source_sample``);
-* ``stored``: the hash of the stored 256 px image (what the pipeline hashed before).
+* ``windows``: the pipeline's features (``phash.window_hashes`` of ``phash.output_sample``)
+  under the crop rule (``catalog.window_hashes.window_distance``);
+* ``whole frame``: the whole frame's hash alone (the catalog's ``phash``).
 
 A mirrored copy is matched as ``near_duplicates`` matches it: ``min(d(a, b), d(a, flip(b)))``.
 Recall at threshold ``t`` is the share of (original, copy) pairs within ``t`` bits; false pairs
@@ -33,9 +34,10 @@ import numpy as np
 from PIL import Image, ImageEnhance, ImageOps
 
 from beam_pipelines.image.options import ImageOptions
-from beam_pipelines.image.phash import SAMPLE, perceptual_hash, source_sample
+from beam_pipelines.image.phash import SAMPLE, output_sample, window_hashes
 from beam_pipelines.image.prepare import prepare_image
 from catalog.phash import flip_hash, hamming
+from catalog.window_hashes import window_distance
 
 __all__ = ["PHOTOS", "TRANSFORMS", "originals", "main"]
 
@@ -94,43 +96,51 @@ TRANSFORMS = {
     "jpeg q50": lambda im: _jpeg(im, 50),
     "jpeg q70": lambda im: _jpeg(im, 70),
     "crop 5%": lambda im: _crop(im, 0.05),
+    "crop 8%": lambda im: _crop(im, 0.08),
     "crop 10%": lambda im: _crop(im, 0.10),
+    "crop 15%": lambda im: _crop(im, 0.15),
     "mirror": ImageOps.mirror,
     "brightness +10%": lambda im: ImageEnhance.Brightness(im).enhance(1.1),
     "brightness -10%": lambda im: ImageEnhance.Brightness(im).enhance(0.9),
     "resize 70% + jpeg q50": lambda im: _jpeg(_scale(im, 0.7), 50),
     "crop 5% + mirror": lambda im: ImageOps.mirror(_crop(im, 0.05)),
     "resize 50% + jpeg q30": lambda im: _jpeg(_scale(im, 0.5), 30),
+    "crop 10% + mirror": lambda im: ImageOps.mirror(_crop(im, 0.10)),
+    "crop 10% + resize 50% + jpeg q50": lambda im: _jpeg(_scale(_crop(im, 0.10), 0.5), 50),
 }
 
 
-def _hashes(image: Image.Image, options: ImageOptions) -> tuple[int, int]:
-    """(source hash, stored hash) of an image as the pipeline prepares it from a PNG file."""
+def _hashes(image: Image.Image, options: ImageOptions) -> np.ndarray:
+    """The window hashes of an image as the pipeline prepares it from a PNG file."""
     out = io.BytesIO()
     image.save(out, format="PNG")
-    prepared = prepare_image(out.getvalue(), options)
-    stored = perceptual_hash(Image.open(io.BytesIO(prepared.encoded)).convert("RGB"))
-    return prepared.phash, stored
+    sample = prepare_image(out.getvalue(), options).luma_sample
+    assert sample is not None  # prepare_image always takes one
+    return window_hashes([sample])[0]
 
 
-def _distance(a: int, b: int) -> int:
+def _plain(a: int, b: int) -> int:
     return min(hamming(a, b), hamming(a, flip_hash(b)))
+
+
+def _distance(a: np.ndarray, b: np.ndarray, way: str) -> int:
+    return window_distance(a, b) if way == "windows" else _plain(int(a[0]), int(b[0]))
 
 
 def _blankness(image: Image.Image) -> tuple[float, float]:
     """(share of dark pixels, luma < 24; share within 8 of the median) of the hash's sample."""
-    sample = np.frombuffer(source_sample(image.convert("RGB")), np.uint8).astype(np.float64)
+    sample = np.frombuffer(output_sample(image.convert("RGB")), np.uint8).astype(np.float64)
     sample = sample.reshape(SAMPLE, SAMPLE)
     return float(np.mean(sample < 24)), float(np.mean(np.abs(sample - np.median(sample)) < 8))
 
 
 def _print_false_pairs(
-    base: dict[str, Image.Image], hashes: dict[str, tuple[int, int]], threshold: int
+    base: dict[str, Image.Image], hashes: dict[str, np.ndarray], threshold: int
 ) -> None:
     blank = {name: _blankness(image) for name, image in base.items()}
-    print(f"\nfalse pairs within {threshold} bits (source hash): dark share, flat share")
+    print(f"\nfalse pairs within {threshold} bits (window rule): dark share, flat share")
     for a, b in itertools.combinations(sorted(base), 2):
-        d = _distance(hashes[a][0], hashes[b][0])
+        d = _distance(hashes[a], hashes[b], "windows")
         if d > threshold:
             continue
         print(
@@ -159,20 +169,21 @@ def main(argv: list[str] | None = None) -> None:
     if args.false_pairs:
         _print_false_pairs(base, hashes, max(thresholds))
         return
-    for way, k in (("source", 0), ("stored", 1)):
-        values = [h[k] for h in hashes.values()]
-        pair_d = [_distance(a, b) for a, b in itertools.combinations(values, 2)]
-        print(f"\n{way} hash: recall per transformation at threshold t (Hamming bits)")
-        print(f"{'transformation':24s}" + "".join(f"  t={t:<3d}" for t in thresholds))
-        for label, transform in TRANSFORMS.items():
-            ds = [
-                _distance(hashes[n][k], _hashes(transform(im), options)[k])
-                for n, im in base.items()
-            ]
-            cells = "".join(f"  {np.mean(np.array(ds) <= t):6.1%}" for t in thresholds)
-            print(f"{label:24s}{cells}")
+    copies = {
+        label: [_hashes(transform(im), options) for im in base.values()]
+        for label, transform in TRANSFORMS.items()
+    }
+    for way in ("windows", "whole frame"):
+        values = list(hashes.values())
+        pair_d = [_distance(a, b, way) for a, b in itertools.combinations(values, 2)]
+        print(f"\n{way}: recall per transformation at threshold t (Hamming bits)")
+        print(f"{'transformation':34s}" + "".join(f"  t={t:<3d}" for t in thresholds))
+        for label, found in copies.items():
+            ds = np.array([_distance(a, b, way) for a, b in zip(values, found, strict=True)])
+            cells = "".join(f"  {np.mean(ds <= t):6.1%}" for t in thresholds)
+            print(f"{label:34s}{cells}")
         falses = "".join(f"  {sum(d <= t for d in pair_d):6d}" for t in thresholds)
-        print(f"{'false pairs':24s}{falses}   (of {len(pair_d)} pairs of distinct originals)")
+        print(f"{'false pairs':34s}{falses}   (of {len(pair_d)} pairs of distinct originals)")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ of a variant: of the pairs that hold one of its copies, the share joining two im
 scene. ``distinct pairs`` counts pairs between different scenes' originals.
 
 Cost rows:
-* hash cost: the 96x96 luma sample, timed inside ``prepare_image`` where the pipeline takes
-  it, plus the hash of all the samples at once (``image_hash.perceptual_hashes``, as the
+* hash cost: the 64x64 luma sample, timed inside ``prepare_image`` where the pipeline takes
+  it, plus the window hashes of all the samples at once (``image_hash.window_hashes``, as the
   pipeline runs it per staging file), against the whole ``prepare_image`` (the pipeline's CPU
   per image is larger still, with Beam's own overhead: ``bench_pipeline``);
 * search: ``find_pairs`` over N uniform random hashes, CPU seconds (uniform hashes are the
@@ -163,12 +163,12 @@ def hash_cost(n: int, rounds: int = 5) -> tuple[float, float, float]:
     """CPU microseconds per image: ``prepare_image``, the luma sample taken inside it, and the
     hash of the samples computed all at once (as the pipeline does per staging file).
 
-    The sample is timed where the pipeline takes it (inside ``prepare_image``, from the decoded
-    source: ``phash.source_sample``) by wrapping the call; medians over the rounds.
+    The sample is timed where the pipeline takes it (inside ``prepare_image``, from the resized
+    output: ``phash.output_sample``) by wrapping the call; medians over the rounds.
     """
     sources = [_jpeg(scene_rgb((500, 375), seed=s)) for s in range(n)]
     options = ImageOptions()
-    real = images.source_sample
+    real = images.output_sample
     spent = [0.0]
 
     def timed(image):
@@ -187,15 +187,15 @@ def hash_cost(n: int, rounds: int = 5) -> tuple[float, float, float]:
 
     prepare_all()  # warm caches and imports
     whole, sampled, hashed = [], [], []
-    images.source_sample = timed
+    images.output_sample = timed
     try:
         for _ in range(rounds):
             spent[0] = 0.0
             whole.append(_cpu(prepare_all))
             sampled.append(spent[0])
-            hashed.append(_cpu(lambda: image_hash.perceptual_hashes(prepared)))
+            hashed.append(_cpu(lambda: image_hash.window_hashes(prepared)))
     finally:
-        images.source_sample = real
+        images.output_sample = real
     per_image = [float(np.median(v)) / n * 1e6 for v in (whole, sampled, hashed)]
     return per_image[0], per_image[1], per_image[2]
 

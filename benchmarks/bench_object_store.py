@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+from tests.fixtures.processes import free_ports
+
 __all__ = ["main", "measure_epoch"]
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
@@ -48,14 +49,8 @@ SHUFFLE_BUFFER = 256
 BUCKET = "bench-object-store"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_moto(log_path: Path) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
+    (port,) = free_ports(1)
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     with open(log_path, "wb") as log:

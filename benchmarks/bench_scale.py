@@ -42,7 +42,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
 import io
 import os
@@ -54,13 +53,14 @@ import sys
 import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 import psutil
 from PIL import Image
+
+from beam_pipelines.engines import beam_internals
 
 __all__ = ["write_noise_pngs", "measured_run", "runner_buffers", "main"]
 
@@ -143,72 +143,8 @@ class _PeakRss:
         self._thread.join()
 
 
-def _buffer_bytes(buffer) -> int:
-    from apache_beam.runners.portability.fn_api_runner import execution
-
-    if isinstance(buffer, execution.ListBuffer):
-        return sum(len(chunk) for chunk in buffer._inputs)
-    return getattr(buffer, "_bench_bytes", 0)  # a GroupingBuffer: what it was given
-
-
-@contextlib.contextmanager
-def runner_buffers() -> Iterator[dict[str, int]]:
-    """Records what Beam's in-process runner (FnApiRunner) holds between stages.
-
-    Yields a dict that fills in as pipelines run in this process: for every PCollection
-    buffered between fused stages (its unique name), grouping buffer (``GBK <step>``) and
-    ``<side inputs>`` (the state the runner keeps them in), the largest encoded size in bytes
-    seen at the end of a bundle, and ``<total>``, the largest sum of all of them at once.
-    Instruments Beam's private classes (Beam is pinned); restores them on exit.
-    """
-    from apache_beam.runners.portability.fn_api_runner import execution, fn_runner
-    from apache_beam.runners.portability.fn_api_runner.translations import split_buffer_id
-
-    peaks: dict[str, int] = {}
-    live: weakref.WeakSet = weakref.WeakSet()
-    get_buffer = execution.BundleContextManager.get_buffer
-    group_append = execution.GroupingBuffer.append
-    execute_bundle = fn_runner.FnApiRunner._execute_bundle
-
-    def named_buffer(self, buffer_id, transform_id):
-        buffer = get_buffer(self, buffer_id, transform_id)
-        kind, name = split_buffer_id(buffer_id)
-        components = self.execution_context.pipeline_components
-        if kind == "group":
-            buffer._bench_name = "GBK " + components.transforms[name].unique_name
-        elif name in components.pcollections:
-            buffer._bench_name = components.pcollections[name].unique_name
-        else:
-            buffer._bench_name = name
-        live.add(buffer)
-        return buffer
-
-    def counted_append(self, data):
-        self._bench_bytes = getattr(self, "_bench_bytes", 0) + len(data)
-        return group_append(self, data)
-
-    def measured_bundle(self, context, bundle_manager, bundle_input):
-        result = execute_bundle(self, context, bundle_manager, bundle_input)
-        total = 0
-        for buffer in list(live):
-            size = _buffer_bytes(buffer)
-            total += size
-            peaks[buffer._bench_name] = max(peaks.get(buffer._bench_name, 0), size)
-        state = context.worker_handler_manager.state_servicer._state
-        side_inputs = sum(len(chunk) for chunks in state.values() for chunk in chunks)
-        peaks["<side inputs>"] = max(peaks.get("<side inputs>", 0), side_inputs)
-        peaks["<total>"] = max(peaks.get("<total>", 0), total + side_inputs)
-        return result
-
-    execution.BundleContextManager.get_buffer = named_buffer
-    execution.GroupingBuffer.append = counted_append
-    fn_runner.FnApiRunner._execute_bundle = measured_bundle
-    try:
-        yield peaks
-    finally:
-        execution.BundleContextManager.get_buffer = get_buffer
-        execution.GroupingBuffer.append = group_append
-        fn_runner.FnApiRunner._execute_bundle = execute_bundle
+# Beam's in-process runner, instrumented: the one module that uses Beam's private names has it.
+runner_buffers = beam_internals.runner_buffer_peaks
 
 
 def _env(pythonpath: str | None) -> dict[str, str]:

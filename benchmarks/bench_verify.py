@@ -103,7 +103,7 @@ def _verify(root: Path) -> tuple[float, float, dict]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     out = run_module(
-        "tfrecord_io.verify",
+        "dataset_tools.verify",
         [str(root), "--json", "--no-progress"],
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
     )

@@ -22,7 +22,9 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = [
+    "DCT_LOW",
     "GRID",
+    "HASH_POSITIONS",
     "HASH_BITS",
     "FLIP_MASK",
     "phash",
@@ -51,8 +53,10 @@ def _dct_matrix(n: int) -> np.ndarray:
 
 
 # Only the first 9 DCT rows are ever needed: coefficients u, v <= 8.
-_DCT = _dct_matrix(GRID)[: _LOW + 1].astype(np.float64)
-_DCT_T = np.ascontiguousarray(_DCT.T)
+# The DCT rows of the hash's low frequencies (9 x GRID), and where the hash's bits sit in the
+# raveled 9 x 9 coefficients: shared with catalog.window_hashes, which hashes windows alike.
+DCT_LOW = _dct_matrix(GRID)[: _LOW + 1].astype(np.float64)
+_DCT_T = np.ascontiguousarray(DCT_LOW.T)
 
 
 def _bit_positions() -> tuple[np.ndarray, np.ndarray]:
@@ -67,7 +71,7 @@ def _bit_positions() -> tuple[np.ndarray, np.ndarray]:
 
 
 _ROWS, _COLS = _bit_positions()
-_FLAT = _ROWS * (_LOW + 1) + _COLS  # positions in the raveled (9, 9) coefficients
+HASH_POSITIONS = _ROWS * (_LOW + 1) + _COLS  # positions in the raveled (9, 9) coefficients
 _WEIGHTS = np.left_shift(np.uint64(1), np.arange(HASH_BITS, dtype=np.uint64))
 FLIP_MASK = int(np.bitwise_or.reduce(_WEIGHTS[(_COLS % 2) == 1]))
 
@@ -108,7 +112,7 @@ def _projections(width: int, height: int, fx: int, fy: int) -> tuple[np.ndarray,
     key = (width, height, fx, fy)
     pair = _PROJECTION_CACHE.get(key)
     if pair is None:
-        pair = (_DCT @ _area(height, fy), np.ascontiguousarray((_DCT @ _area(width, fx)).T))
+        pair = (DCT_LOW @ _area(height, fy), np.ascontiguousarray((DCT_LOW @ _area(width, fx)).T))
         if len(_PROJECTION_CACHE) < 1024:
             _PROJECTION_CACHE[key] = pair
     return pair
@@ -135,13 +139,13 @@ def phashes_of_samples(samples: np.ndarray) -> list[int]:
         return []
     rows, columns = _projections(array.shape[2], array.shape[1], 1, 1)
     coefficients = rows @ array.astype(np.float64) @ columns  # (K, 9, 9)
-    bits = coefficients.reshape(array.shape[0], -1)[:, _FLAT] > 0
+    bits = coefficients.reshape(array.shape[0], -1)[:, HASH_POSITIONS] > 0
     packed = np.packbits(bits, axis=1, bitorder="little")  # (K, 8): bit i of the hash is bit i
     return np.ascontiguousarray(packed).view("<u8").ravel().tolist()
 
 
 def _to_int(coefficients: np.ndarray) -> int:
-    bits = coefficients.ravel().take(_FLAT) > 0
+    bits = coefficients.ravel().take(HASH_POSITIONS) > 0
     return int.from_bytes(np.packbits(bits, bitorder="little").tobytes(), "little")
 
 
@@ -186,7 +190,7 @@ def phash_of_grid(grid: np.ndarray) -> int:
     grid = np.asarray(grid, dtype=np.float64)
     if grid.shape != (GRID, GRID):
         raise ValueError(f"grid must be ({GRID}, {GRID}), got shape {grid.shape}")
-    return _to_int(_DCT @ grid @ _DCT_T)  # (9, 9): u, v in 0..8
+    return _to_int(DCT_LOW @ grid @ _DCT_T)  # (9, 9): u, v in 0..8
 
 
 def phash(pixels: np.ndarray) -> int:

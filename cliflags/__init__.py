@@ -3,6 +3,9 @@
 Unknown or misspelled flags fail at once (``StrictArgumentParser``); each flag is written once,
 on its config dataclass's field, from which ``add_dataclass_flags`` generates it
 (``dataclass_flags``). Counts in the commands' output agree with their nouns (``plural``).
+Ctrl-C, SIGTERM and a closed pipe end every command the same way (``interrupts``). Packages
+load their public names on first use through one table (``lazy``), so a command starts before
+Beam or TensorFlow is imported.
 Imports nothing of the project (a bottom-floor package, like
 ``schemas``), so the pipeline, the reader's tools, the tf.data service and the trainer share it.
 """
@@ -18,6 +21,7 @@ from cliflags.dataclass_flags import (
     flag_groups,
     flag_values,
 )
+from cliflags.lazy import lazy_names
 from cliflags.strict import (
     StrictArgumentParser,
     add_verbose_flag,
@@ -41,6 +45,7 @@ __all__ = [
     "flag",
     "flag_groups",
     "flag_values",
+    "lazy_names",
     "plural",
     "quiet_tensorflow",
     "suggest_flag",

@@ -28,7 +28,6 @@ import os
 import posixpath
 import re
 import sys
-import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +36,7 @@ from catalog.table import build_table, catalog_filename, table_bytes
 from cliflags import plural
 from dataset_tools.command import parse_tool_args, run_tool, tool_parser
 from dataset_tools.foreign import ADOPTED_OPTION, ForeignRecord, parse_foreign
+from objstore import storage_for
 from schemas import (
     KEY_LABEL,
     MANIFEST_NAME,
@@ -86,25 +86,7 @@ def _label_names(records: dict[int, tuple[str | None, str | None]], num_labels: 
 
 def _write(path: str, data: bytes) -> None:
     """Writes a file under a temporary name, then renames it (a single PUT on object stores)."""
-    store = _source.object_store_for(path)
-    if store is not None:
-        store.write_bytes(path, data)
-        return
-    if _source.is_remote(path):
-        import tensorflow as tf
-
-        tf.io.gfile.makedirs(posixpath.dirname(path))
-        temporary = f"{path}.tmp-adopt"
-        with tf.io.gfile.GFile(temporary, "wb") as handle:
-            handle.write(data)
-        tf.io.gfile.rename(temporary, path, overwrite=True)
-        return
-    local = _source.local_path(path)
-    os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
-    fd, temporary = tempfile.mkstemp(dir=os.path.dirname(local) or ".", prefix=".adopt-")
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(data)
-    os.replace(temporary, local)
+    storage_for(path).write_bytes(path, data)
 
 
 def _parent(path: str) -> str:

@@ -4,6 +4,8 @@ It imports nothing else of the project and never TensorFlow, so the Beam pipelin
 workers install the package without TensorFlow) and the tf.data reader share one implementation:
 
 * ``stores``: ``s3://`` and ``gs://`` clients behind one ``ObjectStore`` interface;
+* ``local``: local paths behind the same operations, and ``storage_for``, the one store for any
+  path (local, ``file://``, ``s3://``, ``gs://``), so callers never branch on the scheme;
 * ``errors``: which failures are transient, and the errors that name the URI;
 * ``retry``: the one ``RetryPolicy`` and the one retry loop, ``retry_call``;
 * ``redaction``: credentials never reach a message or a log record;
@@ -19,8 +21,8 @@ from objstore.errors import (
     ShortReadError,
     classify,
     describe,
-    is_transient,
 )
+from objstore.local import LocalStore, Storage, local_path, storage_for
 from objstore.redaction import install_log_redaction, redact, register_secret
 from objstore.retry import Failure, RetryPolicy, retry_call
 from objstore.stores import GCSStore, ObjectInfo, ObjectStore, S3Store, get_store
@@ -31,6 +33,7 @@ __all__ = [
     "SCHEMES",
     "Failure",
     "GCSStore",
+    "LocalStore",
     "ObjectAccessError",
     "ObjectInfo",
     "ObjectNotFoundError",
@@ -38,6 +41,7 @@ __all__ = [
     "ObjectStoreError",
     "RetryPolicy",
     "S3Store",
+    "Storage",
     "ShortReadError",
     "classify",
     "describe",
@@ -45,12 +49,13 @@ __all__ = [
     "has_glob",
     "install_log_redaction",
     "is_object_store_uri",
-    "is_transient",
     "join_uri",
+    "local_path",
     "parse_uri",
     "redact",
     "register_secret",
     "retry_call",
+    "storage_for",
     "temporary_path",
     "write_atomic",
 ]

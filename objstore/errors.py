@@ -22,7 +22,6 @@ __all__ = [
     "classify",
     "describe",
     "error_code",
-    "is_transient",
 ]
 
 
@@ -151,15 +150,6 @@ def classify(exc: BaseException) -> tuple[int | None, bool]:
         if module.startswith("fsspec") and "Timeout" in type(e).__name__:
             return None, True
     return None, False
-
-
-def is_transient(exc: BaseException) -> bool:
-    """True if retrying may help: HTTP 408/429/5xx, connection resets, timeouts, short bodies.
-
-    Works on the exceptions of s3fs/botocore, google-cloud-storage, requests/urllib3, aiohttp
-    and Beam's S3 client, following ``__cause__`` / ``__context__`` chains.
-    """
-    return classify(exc)[1]
 
 
 def describe(exc: BaseException) -> str:

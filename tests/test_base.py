@@ -13,6 +13,7 @@ import pytest
 
 from beam_pipelines import images_to_tfrecord
 from beam_pipelines.builds.incremental import BaseDamagedError, BaseRefusedError, open_base
+from beam_pipelines.image.phash import FEATURES
 from catalog.index_files import parse_index
 from schemas import MANIFEST_NAME, TOOL_VERSION, Manifest, record_from_example, serialize_record
 from schemas.lineage import LATEST_NAME, format_latest_pointer
@@ -360,3 +361,18 @@ def test_a_base_that_resolves_to_the_output_is_refused_before_anything_changes(
     assert status == 2
     assert "the base is never modified" in capsys.readouterr().err
     assert (root / "v0001" / MANIFEST_NAME).read_bytes() == before
+
+
+def test_a_base_whose_hashes_were_taken_otherwise_is_not_reused(built: Path) -> None:
+    # A base built before the near-duplicate features came from the stored pixels has no
+    # near_duplicate_features option: its catalog's hashes are of another kind, so mixing its
+    # examples into a new catalog would hide pairs between old and new examples.
+    current = _options(built)
+    assert current["near_duplicate_features"] == FEATURES
+    older = {k: v for k, v in current.items() if k != "near_duplicate_features"}
+    manifest = json.loads((built / MANIFEST_NAME).read_text())
+    assert manifest["options"]["near_duplicate_features"] == FEATURES
+    base = open_base(str(built), options={**older, "near_duplicate_features": "source-96"},
+                     tool_version=TOOL_VERSION)  # fmt: skip
+    assert not base.reusable
+    assert f"near_duplicate_features {FEATURES} -> source-96" in base.reason

@@ -318,3 +318,19 @@ def test_the_pipeline_shows_a_progress_bar_and_a_summary_on_a_terminal(tmp_path)
     assert "top rejection reasons:" in text
     assert f"published: {output / 'dataset.json'}" in text
     assert list(temp.iterdir()) == []  # no beam-temp*, tmp* or caches left behind
+
+
+def test_reading_beams_options_leaves_logging_to_the_command():
+    # Beam's PipelineOptions() calls logging.basicConfig(); a handler left behind would give
+    # the command's log lines Python's default format (in a fresh process: pytest's own
+    # handlers would make basicConfig a no-op here).
+    code = (
+        "import logging\n"
+        "from beam_pipelines.command_line import parse_command_line\n"
+        "parse_command_line(['--input', 'I', '--output', 'O', '--runner', 'FlinkRunner'])\n"
+        "print(logging.getLogger().handlers)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
+    assert out.strip() == "[]", out

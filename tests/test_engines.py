@@ -9,7 +9,6 @@ Reshuffle, lost ``finish_bundle`` output, missing metrics).
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import apache_beam as beam
@@ -33,6 +32,7 @@ from beam_pipelines.images_to_tfrecord import JobFailedError, run
 from schemas.manifest import MANIFEST_NAME
 from schemas.shard_table import decode_manifest
 from tests.fixtures.images import make_bad_files, make_image_tree, png_bytes
+from tests.fixtures.processes import free_ports
 
 # Fewer shards than splits x workers would hide ordering bugs; more would only cost time.
 _PIPELINE_FLAGS = [
@@ -484,7 +484,7 @@ def test_dask_readers_outrank_what_they_read_and_side_inputs_outrank_all():
     )
     total = made | "Count" >> beam.combiners.Count.Globally()
     pipeline.replace_all(
-        [dask_runner._LiftCombinePerKey(), *dask_runner.beam_overrides.dask_overrides()]
+        [dask_runner._LiftCombinePerKey(), *dask_runner.primitives.primitive_overrides()]
     )
     counter = dask_runner._ConsumerCounter()
     pipeline.visit(counter)
@@ -585,15 +585,9 @@ def test_engine_writes_byte_identical_dataset(
     assert summary.metrics["images_written"] == 18
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_unreachable_dask_scheduler_fails_naming_it_and_publishes_nothing(engine_input, tmp_path):
-    address = f"tcp://127.0.0.1:{_closed_port()}"
+    address = f"tcp://127.0.0.1:{free_ports(1)[0]}"  # nothing listens there
     output = tmp_path / "never"
     with pytest.raises(JobFailedError, match=address):  # a job failure: exit 3
         run(

@@ -83,11 +83,7 @@ def test_every_command_the_readme_names_has_a_console_script() -> None:
     named = set(re.findall(r"python -m ([a-z_]+(?:\.[a-z_]+)+)", (REPO / "README.md").read_text()))
     assert {"beam_pipelines.images_to_tfrecord", "dataset_tools.diff", "trainer.train"} <= named
     scripted = set(COMMAND_MODULES)
-    missing = sorted(
-        module
-        for module in named
-        if not {module, f"{module}.__main__", ALIASES.get(module)} & scripted
-    )
+    missing = sorted(module for module in named if not {module, f"{module}.__main__"} & scripted)
     assert not missing, f"README commands without a console script: {missing}"
 
 
@@ -101,28 +97,9 @@ def test_each_command_module_has_main_taking_argv(module: str) -> None:
     assert 'if __name__ == "__main__":\n    sys.exit(main())' in source, module
 
 
-# The earlier ``python -m`` names of the dataset tools, kept working: each is a command module
-# that runs its tool's ``main``.
-ALIASES = {
-    "tfrecord_io.verify": "dataset_tools.verify.__main__",
-    "tfrecord_io.inspect": "dataset_tools.inspect.__main__",
-    "tfrecord_io.diff": "dataset_tools.diff",
-    "tfrecord_io.adopt": "dataset_tools.adopt",
-}
-
-
-@pytest.mark.parametrize("alias", sorted(ALIASES))
-def test_each_earlier_command_name_runs_its_tool(alias: str) -> None:
-    assert importlib.import_module(alias).main is importlib.import_module(ALIASES[alias]).main
-    source = (REPO / Path(*alias.split("."))).with_suffix(".py").read_text()
-    assert 'if __name__ == "__main__":\n    sys.exit(main())' in source, alias
-
-
 def test_no_module_of_the_project_imports_a_command_module() -> None:
     offenders = []
     for module, path in _package_modules().items():
-        if module in ALIASES:
-            continue
         imported = _imported_names(ast.parse(path.read_text()), module)
         for command in COMMAND_MODULES:
             if command != module and command in imported:

@@ -66,13 +66,13 @@ def test_check_contiguous():
 
 def test_same_bytes_as_dali_tfrecord2idx(tmp_path):
     """Our index for a TFRecord file equals what DALI's own tool writes for it."""
-    from apache_beam.io.tfrecordio import _TFRecordUtil
+    from schemas.framing import write_frame
 
     payloads = [os.urandom(n) for n in (1, 300, 0, 4096, 17)]
     shard = tmp_path / "s.tfrecord"
     with open(shard, "wb") as f:
         for p in payloads:
-            _TFRecordUtil.write_record(f, p)
+            write_frame(f, p)
     theirs = tmp_path / "s.dali.idx"
     tool = os.path.join(os.path.dirname(sys.executable), "tfrecord2idx")
     # No TensorFlow in the tool's process: it then reads with plain open() (no tensorflow_io).

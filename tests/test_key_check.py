@@ -55,17 +55,16 @@ def test_keys_that_are_not_digests_and_the_report_limit() -> None:
 def test_verify_reports_a_key_stored_twice_naming_both_places(jpeg_dataset, tmp_path) -> None:
     import json
 
-    from apache_beam.io.tfrecordio import _TFRecordUtil
-
     from dataset_tools.verify.verification import verify_dataset
     from schemas import MANIFEST_NAME, serialize_record
+    from schemas.framing import write_frame
     from tests.fixtures.shards import copy_dataset
 
     dataset = copy_dataset(jpeg_dataset, tmp_path / "ds")
     record = dataset.records["train"][0]
     shard = dataset.shard_paths("train")[1]
     with open(shard, "ab") as handle:
-        _TFRecordUtil.write_record(handle, serialize_record(record))
+        write_frame(handle, serialize_record(record))
     to_inline_layout(dataset.root)  # entries edited as JSON
     data = json.loads((dataset.root / MANIFEST_NAME).read_text())
     entry = data["splits"]["train"]["shards"][1]

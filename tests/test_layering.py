@@ -10,6 +10,8 @@
   included.
 * ``beam_pipelines`` imports neither ``tfrecord_io`` nor ``trainer``, at any depth (also inside
   functions), and so never TensorFlow: Beam workers install the package without it.
+* One storage path: only ``objstore`` uses the storage clients (s3fs, boto3,
+  google-cloud-storage) and nothing outside a named allowlist uses ``tf.io.gfile``.
 * The pipeline runs where TensorFlow cannot be imported (``sys.modules["tensorflow"] = None``,
   as on a pipeline-only install) against a bucket behind a fault-injecting proxy: transient
   errors are retried, a missing file is rejected with its real reason, and the run publishes.
@@ -49,9 +51,6 @@ LAYERS = {
     "dataset_tools": _FLOOR | {"tfrecord_io"},
     "trainer": _FLOOR | {"tfrecord_io"},
 }
-# The earlier command names ``python -m tfrecord_io.verify|inspect|diff|adopt``: each runs its
-# tool's main, so it imports the tool; nothing imports them.
-COMMAND_ALIASES = {f"tfrecord_io/{name}.py" for name in ("verify", "inspect", "diff", "adopt")}
 NEVER_FROM_BEAM = ("tfrecord_io", "trainer", "tensorflow", "tensorboard", "keras")
 _BLOCK_TENSORFLOW = 'import sys\nsys.modules["tensorflow"] = None  # as if not installed\n'
 
@@ -154,7 +153,6 @@ def test_each_package_imports_only_the_floors_below_it(package: str) -> None:
     offenders = {
         str(path.relative_to(REPO)): sorted((_imports(path) & set(PACKAGES)) - allowed)
         for path in _modules(package)
-        if str(path.relative_to(REPO)) not in COMMAND_ALIASES
     }
     assert not {k: v for k, v in offenders.items() if v}, offenders
     assert set(LAYERS) == set(PACKAGES)
@@ -261,6 +259,80 @@ def test_beam_pipelines_never_imports_the_reader_trainer_or_tensorflow() -> None
         for path in _modules("beam_pipelines")
     }
     assert not {k: v for k, v in offenders.items() if v}, offenders
+
+
+# The storage clients: only objstore (and Beam's own clients, in one named module) use them.
+STORAGE_CLIENTS = ("s3fs", "boto3", "botocore", "google.cloud.storage", "gcsfs")
+# Where a module may still use TensorFlow's file ops (or Beam's storage clients), and why. Every
+# open, list, stat and ranged read of the dataset goes through ``objstore.storage_for``.
+STORAGE_ALLOWLIST = {
+    # Beam's S3 and GCS clients, configured by the pipeline's --s3_* / GCS options, which
+    # objstore (configured from the environment) does not see; and empty S3 objects, which
+    # Beam's multipart writer cannot make.
+    "beam_pipelines/engines/filesystems.py": ("s3io", "gcsio"),
+    # The dispatcher's journal directory, which TensorFlow's tf.data service itself writes.
+    "tfrecord_io/service/server.py": ("tf.io.gfile",),
+}
+_TRAINER_GFILE = "trainer"  # model directories: checkpoints and SavedModels TensorFlow writes
+
+
+def _storage_uses(path: Path) -> set[str]:
+    """The storage clients and TensorFlow file ops ``path`` uses (imports or ``tf.io.gfile``)."""
+    text = path.read_text()
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Attribute) and ast.unparse(node) == "tf.io.gfile":
+            found.add("tf.io.gfile")
+        for name in names:
+            found.update(
+                client
+                for client in (
+                    *STORAGE_CLIENTS,
+                    "apache_beam.io.aws.s3io",
+                    "apache_beam.io.gcp.gcsio",
+                )
+                if name == client or name.startswith(client + ".")
+            )
+    return {name.rsplit(".", 1)[-1] if name.startswith("apache_beam") else name for name in found}
+
+
+def test_only_objstore_talks_to_storage() -> None:
+    offenders = {}
+    for package in LAYERS:
+        if package in ("objstore", _TRAINER_GFILE):
+            continue
+        for path in _modules(package):
+            relative = str(path.relative_to(REPO))
+            used = _storage_uses(path) - set(STORAGE_ALLOWLIST.get(relative, ()))
+            if used:
+                offenders[relative] = sorted(used)
+    assert offenders == {}
+    # Each allowance is still used: the list shrinks as modules move to objstore.
+    for relative, allowed in STORAGE_ALLOWLIST.items():
+        assert set(allowed) <= _storage_uses(REPO / relative), relative
+    # The trainer uses TensorFlow's file ops for its model directories only, never a client.
+    for path in _modules(_TRAINER_GFILE):
+        assert _storage_uses(path) <= {"tf.io.gfile"}, path
+
+
+def test_the_storage_check_finds_each_kind_of_use(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text(
+        "import boto3\nfrom google.cloud import storage\nimport s3fs.core\n"
+        "from apache_beam.io.aws import s3io\n"
+        "def f(tf):\n    return tf.io.gfile.exists('x')\n"
+    )
+    assert _storage_uses(tmp_path / "m.py") == {
+        "boto3",
+        "google.cloud.storage",
+        "s3fs",
+        "s3io",
+        "tf.io.gfile",
+    }
 
 
 def test_the_package_and_the_samples_command_import_without_beam() -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import apache_beam as beam
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions, _BeamArgumentParser
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.portability import common_urns
 from apache_beam.portability.api import beam_runner_api_pb2
 from apache_beam.runners.dataflow.internal import apiclient
@@ -26,6 +26,7 @@ from apache_beam.runners.portability.stager import Stager
 from apache_beam.transforms import environments
 
 from beam_pipelines import ImagesToShards, StageResults, config_from_options
+from beam_pipelines.command_line import beam_option_parser
 from beam_pipelines.engines.dask_runner import DaskRunner  # noqa: F401  (registers --dask_* options)
 from beam_pipelines.engines.runners import resolve_runner_aliases
 from tests.fixtures.images import make_image_tree
@@ -241,9 +242,7 @@ def test_documented_commands_use_only_options_beam_or_the_pipeline_know():
     commands = _documented_commands()
     assert set(commands) == {"DataflowRunner", "FlinkRunner", "SparkRunner", "DaskRunner"}
     # The parser Beam itself builds from every options class (PipelineOptions.get_all_options).
-    parser = _BeamArgumentParser(allow_abbrev=False)
-    for cls in {str(c): c for c in PipelineOptions.__subclasses__()}.values():
-        cls._add_argparse_args(parser)
+    parser = beam_option_parser()
     for runner, argv in commands.items():
         _, unknown = parser.parse_known_args(resolve_runner_aliases(argv))
         assert unknown == [], (runner, unknown)

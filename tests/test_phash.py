@@ -10,12 +10,11 @@ from PIL import Image
 
 from beam_pipelines.image.phash import (
     SAMPLE,
-    WORKING,
     luma_grid_of,
     luma_sample,
+    output_sample,
     perceptual_hash,
     perceptual_hashes,
-    source_sample,
 )
 from beam_pipelines.image.prepare import ImageOptions, prepare_image
 from beam_pipelines.samples import scene_rgb
@@ -98,31 +97,20 @@ def test_pipeline_sample_hash_is_close_to_the_exact_area_hash():
     assert np.mean(distances) <= 3.5 and max(distances) <= 7, distances
 
 
-@pytest.mark.parametrize("size", [(200, 150), (300, 300), (500, 375), (1024, 768)])
-def test_source_sample_area_averages_by_whole_factors_before_the_bicubic(size):
-    # Each side at least twice WORKING is first reduced by the whole factor that keeps it at
-    # least WORKING (500x375 -> 166x187); the bicubic resample runs on the reduced pixels.
-    luma = Image.fromarray(_scene(7, size)).convert("L")
-    w, h = size
-    fx, fy = max(1, w // WORKING), max(1, h // WORKING)
-    reduced = luma.reduce((fx, fy)) if (fx, fy) != (1, 1) else luma
-    working = reduced.resize(
-        (WORKING, WORKING), Image.Resampling.BICUBIC, box=(0, 0, w / fx, h / fy)
-    )
-    expected = working.resize((SAMPLE, SAMPLE), Image.Resampling.BOX).tobytes()
-    assert source_sample(Image.fromarray(_scene(7, size))) == expected
-
-
-def test_source_sample_hashes_as_the_plain_bicubic_would():
-    distances = []
-    for seed in range(8):
-        for size in ((500, 375), (1024, 768)):
-            image = Image.fromarray(_scene(seed, size))
-            plain = image.convert("L").resize((WORKING, WORKING), Image.Resampling.BICUBIC)
-            exact = plain.resize((SAMPLE, SAMPLE), Image.Resampling.BOX).tobytes()
-            ours, theirs = perceptual_hashes([source_sample(image), exact])
-            distances.append(hamming(ours, theirs))
-    assert np.mean(distances) <= 0.5 and max(distances) <= 2, distances
+@pytest.mark.parametrize("size", [(64, 64), (100, 80), (341, 256), (256, 384), (40, 30)])
+def test_output_sample_box_averages_after_a_whole_factor_reduction(size):
+    # An image whose shorter side is at least twice SAMPLE is first averaged by the one whole
+    # factor that keeps that side at least SAMPLE (341x256 -> 85x64); the box filter runs on
+    # that, then luma on 64x64.
+    image = Image.fromarray(_scene(7, size))
+    factor = max(1, min(size) // SAMPLE)
+    reduced = image.reduce(factor) if factor > 1 else image
+    if factor > 1:
+        assert min(reduced.size) >= SAMPLE and min(reduced.size) < 2 * SAMPLE
+    small = reduced.resize((SAMPLE, SAMPLE), Image.Resampling.BOX)
+    expected = small.convert("L").tobytes()
+    assert output_sample(image) == expected
+    assert len(expected) == SAMPLE * SAMPLE
 
 
 def test_many_samples_hash_as_each_alone():

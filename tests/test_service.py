@@ -348,16 +348,6 @@ def test_training_consumers_share_one_job(
     assert sum(counts.values()) >= SHARED_EPOCHS * TRAIN_EXAMPLES - lost
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
-
-
 @pytest.mark.slow
 def test_two_trainer_workers_train_through_one_service_job(
     cluster: DataServiceCluster, dataset: WrittenDataset, tmp_path: Path
@@ -365,7 +355,7 @@ def test_two_trainer_workers_train_through_one_service_job(
     """``python -m trainer.train --data_service``: two MultiWorkerMirroredStrategy workers on
     loopback, both fed by the service, share one job."""
     steps, global_batch = 6, 8
-    trainers = {"worker": [f"127.0.0.1:{port}" for port in _free_ports(2)]}
+    trainers = {"worker": [f"127.0.0.1:{port}" for port in free_ports(2)]}
     env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
     command = [
         sys.executable,

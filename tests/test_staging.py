@@ -4,17 +4,16 @@ records (``resume``): pure functions and small round trips on local disk and rea
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 from pathlib import Path
 
 import pytest
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from beam_pipelines.builds.resume import remove_staging
 from beam_pipelines.elements import CatalogMeta, Duplicate, ShardResult, StagedRecord
+from beam_pipelines.engines import beam_internals
 from beam_pipelines.graph.plan import (
     check_plan,
     estimated_example_bytes,
@@ -49,9 +48,7 @@ def _sha(i: int) -> str:
 
 
 def _beam_frame(payload: bytes) -> bytes:
-    out = io.BytesIO()
-    _TFRecordUtil.write_record(out, payload)
-    return out.getvalue()
+    return beam_internals.tfrecord_frame(payload)
 
 
 class _Clock:

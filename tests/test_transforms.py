@@ -30,7 +30,6 @@ from beam_pipelines.output.shards import (
     assign_split,
     dedupe_sorted,
     fixed_shard_counts,
-    plan_shard_counts,
 )
 from beam_pipelines.output.staging import RecordStager
 from schemas.image_example import record_from_example
@@ -101,17 +100,6 @@ def test_shard_assignment_is_a_range_partition_of_the_hash():
     for i in range(4000):
         counts[assign_shard(_sha(i), 8)] += 1
     assert min(counts) > 400
-
-
-def test_plan_shard_counts():
-    mib = 1024 * 1024
-    stats = {TRAIN: (1000, 300 * mib), VALIDATION: (50, 15 * mib)}
-    assert plan_shard_counts(stats, target_shard_bytes=128 * mib) == {TRAIN: 3, VALIDATION: 1}
-    # Never more shards than examples; an empty split gets none.
-    assert plan_shard_counts({TRAIN: (3, 10), VALIDATION: (0, 0)}, target_shard_bytes=1) == {
-        TRAIN: 3,
-        VALIDATION: 0,
-    }
 
 
 def test_fixed_shard_counts():

@@ -11,10 +11,7 @@ extra to install. Importing the package keeps TensorFlow's start-up lines quiet
 (``cliflags.quiet_tensorflow``) unless ``TF_CPP_MIN_LOG_LEVEL`` is set.
 """
 
-import importlib
-from typing import Any
-
-from cliflags import quiet_tensorflow
+from cliflags import lazy_names, quiet_tensorflow
 
 # TensorFlow's C++ start-up lines and info logs stay out of a user's output unless they set
 # TF_CPP_MIN_LOG_LEVEL themselves (or imported TensorFlow first).
@@ -72,24 +69,10 @@ _MODULE_OF = {
 }
 __all__ = sorted(_MODULE_OF)
 
-
-def __getattr__(name: str) -> Any:
-    module = _MODULE_OF.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tfrecord_io' has no attribute {name!r}")
-    try:
-        value = getattr(importlib.import_module(module), name)
-    except ModuleNotFoundError as e:
-        if e.name != "tensorflow":
-            raise
-        raise ImportError(
-            f"tfrecord_io.{name} needs TensorFlow, which the package installs only with its "
-            "'tensorflow' extra: pip install 'tfrecord-service[tensorflow]' (or pip install -r "
-            "requirements.txt)"
-        ) from e
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+_TENSORFLOW_HINT = (
+    "TensorFlow, which the package installs only with its 'tensorflow' extra: pip install "
+    "'tfrecord-service[tensorflow]' (or pip install -r requirements.txt)"
+)
+__getattr__, __dir__ = lazy_names(
+    __name__, globals(), _MODULE_OF, install_hints={"tensorflow": _TENSORFLOW_HINT}
+)

@@ -3,9 +3,9 @@
 ``read_examples(dataset, keys)`` looks the keys up in the split catalogs
 (``catalog-<split>.parquet``, or its partitions in order, each checked against the size and
 SHA-256 that ``dataset.json`` lists),
-then reads each example's byte range from its shard: ``seek`` + ``read`` on local files, one
-ranged GET on ``s3://`` and ``gs://`` (``objstore``), ``tf.io.gfile`` elsewhere. Every frame's
-CRCs are checked before its payload is returned.
+then reads each example's byte range from its shard through ``objstore.storage_for``: one
+``pread`` on local files, one ranged GET on ``s3://`` and ``gs://``. Every frame's CRCs are
+checked before its payload is returned.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from catalog.partitions import read_catalog_files
+from objstore import storage_for
 from schemas import Manifest
 from schemas.framing import parse_frame
 from schemas.manifest import FileInfo
@@ -107,24 +108,7 @@ def read_range(path: str, start: int, end: int) -> bytes:
       ValueError: if the file ends before ``end``, naming it.
       OSError: from storage (object-store errors name the URI).
     """
-    store = _source.object_store_for(path)
-    if store is not None:
-        return store.read_range(path, start, end)
-    if _source.is_remote(path):
-        import tensorflow as tf
-
-        with tf.io.gfile.GFile(path, "rb") as handle:
-            handle.seek(start)
-            data = handle.read(end - start)
-    else:
-        with open(_source.local_path(path), "rb") as handle:
-            handle.seek(start)
-            data = handle.read(end - start)
-    if len(data) != end - start:
-        raise ValueError(
-            f"{path}: bytes [{start}, {end}) asked, but the file ends at {start + len(data)}"
-        )
-    return data
+    return storage_for(path).read_range(path, start, end)
 
 
 def load_catalog(

@@ -2,11 +2,12 @@
 
 This is the one place where a ``source`` argument becomes files TensorFlow can open. A source is
 either a dataset root (or its ``dataset.json``) written by the pipeline, or a glob of TFRecord
-files in TensorFlow's ImageNet key convention with no manifest ("foreign" shards). Local paths
-and globs are handled directly. ``s3://`` (and ``gs://`` when ``STORAGE_EMULATOR_HOST`` is set),
-which TensorFlow cannot open, go through ``objstore`` and their shards are streamed
-through the bounded local shard cache (``tfrecord_io.cache``); any other URI goes through
-``tf.io.gfile``.
+files in TensorFlow's ImageNet key convention with no manifest ("foreign" shards). Every
+read, stat, listing and glob of a local path, ``s3://`` or ``gs://`` goes through
+``objstore.storage_for``, one store per scheme with one retry policy. Shards that TensorFlow
+cannot open itself (``s3://``, and ``gs://`` when ``STORAGE_EMULATOR_HOST`` is set) are streamed
+through the bounded local shard cache (``tfrecord_io.cache``); the others are paths handed to
+``tf.data`` as they are.
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import glob
 import os
 import posixpath
 import tempfile
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, BinaryIO, cast, overload
 
-from objstore import ObjectStore, get_store, has_glob, is_object_store_uri
+from objstore import ObjectStore, get_store, has_glob, is_object_store_uri, storage_for
+from objstore import local_path as _plain_path
 from schemas import MANIFEST_NAME, Manifest, ShardInfo, TableShards
 from schemas.lineage import LATEST_NAME, parse_latest_pointer
 
@@ -271,7 +272,8 @@ def reads_natively(path: str) -> bool:
 def object_store_for(path: str) -> ObjectStore | None:
     """The object store that serves ``path``, for the URIs TensorFlow cannot open itself
     (``s3://``, and ``gs://`` under ``STORAGE_EMULATOR_HOST``); None for anything else (local
-    paths and the URIs TensorFlow reads through ``tf.io.gfile``).
+    paths and the URIs ``tf.data`` opens itself). It says how ``tf.data`` reads a shard; every
+    other read goes through ``objstore.storage_for``.
     """
     if is_object_store_uri(path) and not reads_natively(path):
         return get_store(path)
@@ -280,7 +282,7 @@ def object_store_for(path: str) -> ObjectStore | None:
 
 def local_path(path: str) -> str:
     """The plain filesystem path of a local path or ``file://`` URI (given as is otherwise)."""
-    return path[len("file://") :] if path.startswith("file://") else path
+    return _plain_path(path)
 
 
 def join(root: str, relative: str) -> str:
@@ -292,28 +294,13 @@ def join(root: str, relative: str) -> str:
 
 def read_bytes(path: str) -> bytes:
     """Reads a whole (small) file such as ``dataset.json``."""
-    store = object_store_for(path)
-    if store is not None:
-        return store.read_bytes(path)
-    if is_remote(path):
-        import tensorflow as tf
-
-        with tf.io.gfile.GFile(path, "rb") as f:
-            return f.read()
-    with open(local_path(path), "rb") as f:
-        return f.read()
+    return storage_for(path).read_bytes(path)
 
 
 def exists(path: str) -> bool:
     """True if a file or directory exists at a local path or URI."""
-    store = object_store_for(path)
-    if store is not None:
-        return store.exists(path) or store.isdir(path)
-    if is_remote(path):
-        import tensorflow as tf
-
-        return tf.io.gfile.exists(path)
-    return os.path.exists(local_path(path))
+    store = storage_for(path)
+    return store.exists(path) or store.isdir(path)
 
 
 def open_binary(path: str) -> BinaryIO:
@@ -321,21 +308,17 @@ def open_binary(path: str) -> BinaryIO:
 
     An object-store URI is first downloaded to an anonymous temporary file.
     """
-    store = object_store_for(path)
-    if store is not None:
-        local = tempfile.NamedTemporaryFile(prefix="tfrecord_io-")  # returned
-        try:
-            store.download(path, local.name)
-        except BaseException:
-            local.close()
-            raise
-        local.seek(0)
-        return cast(BinaryIO, local)  # a NamedTemporaryFile wraps a binary file
-    if is_remote(path):
-        import tensorflow as tf
-
-        return tf.io.gfile.GFile(path, "rb")
-    return open(local_path(path), "rb")
+    store = storage_for(path)
+    if not isinstance(store, ObjectStore):
+        return open(local_path(path), "rb")
+    local = tempfile.NamedTemporaryFile(prefix="tfrecord_io-")  # returned
+    try:
+        store.download(path, local.name)
+    except BaseException:
+        local.close()
+        raise
+    local.seek(0)
+    return cast(BinaryIO, local)  # a NamedTemporaryFile wraps a binary file
 
 
 @contextlib.contextmanager
@@ -353,37 +336,16 @@ def local_copy(path: str) -> Iterator[str]:
 
 
 def _isdir(path: str) -> bool:
-    store = object_store_for(path)
-    if store is not None:
-        return store.isdir(path)
-    if is_remote(path):
-        import tensorflow as tf
-
-        return tf.io.gfile.isdir(path)
-    return os.path.isdir(local_path(path))
+    return storage_for(path).isdir(path)
 
 
 def file_size(path: str) -> int:
     """Size in bytes of the file at a local path or URI."""
-    store = object_store_for(path)
-    if store is not None:
-        return store.size(path)
-    if is_remote(path):
-        import tensorflow as tf
-
-        return tf.io.gfile.stat(path).length
-    return os.path.getsize(local_path(path))
+    return storage_for(path).size(path)
 
 
 def _glob(pattern: str) -> list[str]:
-    store = object_store_for(pattern)
-    if store is not None:
-        return store.glob(pattern)
-    if is_remote(pattern):
-        import tensorflow as tf
-
-        return sorted(tf.io.gfile.glob(pattern))
-    return sorted(p for p in glob.glob(local_path(pattern)) if os.path.isfile(p))
+    return storage_for(pattern).glob(pattern)
 
 
 def _follow_latest(pointer: str) -> str:

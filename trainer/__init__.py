@@ -15,10 +15,7 @@ unless ``TF_CPP_MIN_LOG_LEVEL`` is set.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from cliflags import quiet_tensorflow
+from cliflags import lazy_names, quiet_tensorflow
 
 # TensorFlow's C++ start-up lines and info logs stay out of a user's output unless they set
 # TF_CPP_MIN_LOG_LEVEL themselves (or imported TensorFlow first); trainer.train's --verbose
@@ -131,14 +128,4 @@ _HOME = {
     "read_scalars": "trainer.diagnosis",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOME:
-        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_HOME[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names(__name__, globals(), _HOME)

@@ -15,13 +15,23 @@ Beam 2.77's ``apache_beam.runners.dask.dask_runner.DaskRunner`` translates a pip
 * reports no metrics (``metrics()`` raises ``NotImplementedError``);
 * cannot run ``Impulse`` or ``Read`` and treats windowing as a no-op.
 
-This runner keeps Beam's option surface (``--dask_client_address``, ``--dask_npartitions``, ...)
-and its overrides, and replaces the translation: one bag per PCollection, tagged outputs
-filtered per tag, side inputs passed as graph dependencies, a ``Reshuffle`` that spreads its
-elements evenly over partitions of bounded size, combines lifted (Beam's
-``LiftedCombinePerKey``: one accumulator per key and partition crosses the shuffle), every
-unconsumed PCollection computed, and Beam metrics merged on each worker and collected from
-every worker when the run ends. Only the global window is supported; anything else raises.
+What it implements. Batch pipelines in the global window, with Beam's option surface
+(``DaskOptions``: ``--dask_client_address``, ``--dask_npartitions``, ...) unchanged. The
+composites ``Create``, ``Reshuffle``, ``io.Read``, ``GroupByKey`` and ``Flatten`` are replaced
+by the primitives of ``dask_primitives``; those, ``Impulse``, ``WindowInto(GlobalWindows())``
+and ``ParDo`` (main, tagged and side inputs and outputs, ``finish_bundle`` outputs) are
+translated to one bag per PCollection: tagged outputs filtered per tag, side inputs passed as
+graph dependencies, a ``Reshuffle`` that spreads its elements evenly over partitions of
+bounded size, combines lifted (Beam's ``LiftedCombinePerKey``: one accumulator per key and
+partition crosses the shuffle), every unconsumed PCollection computed, and Beam metrics merged
+on each worker and collected from every worker when the run ends.
+
+What it does not. Windows other than the global one, and stateful, timely or splittable DoFns,
+are refused naming the step; unbounded sources (streaming) are not supported. Beam's own
+``apache_beam/runners/dask/dask_runner_test.py`` runs against this class unchanged
+(``tests/test_dask_runner_beam_suite.py``), and fails only where it windows. The two private
+Beam names it needs (an output handler, a side input's view options) come from
+``beam_internals``.
 
 Memory. A Dask worker keeps each task's whole output (a partition's list of elements) until
 every task that reads it is done, so a worker's memory follows the partitions' sizes. A
@@ -73,9 +83,8 @@ import apache_beam as beam
 from apache_beam import pvalue
 from apache_beam.metrics.execution import MetricsContainer, MetricUpdates
 from apache_beam.pipeline import AppliedPTransform, PipelineVisitor, PTransformOverride
-from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature, _OutputHandler
+from apache_beam.runners.common import DoFnContext, DoFnInvoker, DoFnSignature
 from apache_beam.runners.dask import dask_runner as beam_dask
-from apache_beam.runners.dask import overrides as beam_overrides
 from apache_beam.runners.dask import transform_evaluator as beam_eval
 from apache_beam.runners.direct.direct_metrics import DirectMetrics
 from apache_beam.runners.runner import PipelineResult, PipelineState
@@ -86,6 +95,9 @@ from apache_beam.transforms.window import TimestampedValue
 from apache_beam.utils import counters
 from apache_beam.utils.timestamp import MIN_TIMESTAMP
 from apache_beam.utils.windowed_value import WindowedValue
+
+from beam_pipelines.engines import dask_primitives as primitives
+from beam_pipelines.engines.beam_internals import new_output_handler, side_input_view_options
 
 __all__ = [
     "DaskRunner",
@@ -130,6 +142,8 @@ _METRIC_FIELDS = (
 # Beam's Create's partition size when no --dask_npartitions or --dask_partition_size is given.
 _CREATE_PARTITION_SIZE = 128
 _READ_BUNDLE_BYTES = 64 << 20
+# DaskOptions' destinations that shape dask.bag partitions rather than the client.
+_BAG_OPTIONS = ("npartitions", "partition_size")
 
 
 # Every element is in the global window (the only one this runner supports): one windows
@@ -227,15 +241,7 @@ def _run_bundle(
         )
     ]
     receivers = beam_eval.OneReceiver()
-    handler = _OutputHandler(
-        window_fn=window_fn,
-        main_receivers=receivers[None],
-        tagged_receivers=receivers,
-        per_element_output_counter=None,
-        output_batch_converter=None,
-        process_yields_batches=False,
-        process_batch_yields_elements=False,
-    )
+    handler = new_output_handler(window_fn, receivers)
     invoker = DoFnInvoker.create_invoker(
         _signature(fn, f"{metrics_topic}/{step_name}"),
         handler,
@@ -261,7 +267,7 @@ def _run_bundle(
     finally:
         statesampler.set_current_tracker(previous)
     _publish_metrics(metrics_topic, container)
-    # Bags hold bare values, as Beam's GroupByKey translation expects: in the global window a
+    # Bags hold bare values, as the GroupByKey translation expects: in the global window a
     # WindowedValue carries nothing else the next step needs.
     return _Partition(
         [
@@ -324,9 +330,7 @@ def _group_key(item: tuple[Any, Any]) -> Any:
 
 def _grouped(groups: Iterable[tuple[Any, list[Any]]]) -> _Partition:
     """A ``GroupByKey``'s partition: ``(key, values)`` from Dask's ``(key, [(key, value)])``."""
-    return _Partition(
-        [(key, [beam_eval.defenestrate(item[1]) for item in items]) for key, items in groups]
-    )
+    return _Partition([(key, [item[1] for item in items]) for key, items in groups])
 
 
 def _drain(values: Iterable[Any]) -> list[int]:
@@ -450,8 +454,8 @@ class _ConsumerCounter(PipelineVisitor):
 
 
 class _BagTranslator(PipelineVisitor):
-    """Builds one ``dask.bag.Bag`` per PCollection of a pipeline already rewritten by Beam's
-    Dask overrides."""
+    """Builds one ``dask.bag.Bag`` per PCollection of a pipeline already rewritten by
+    ``dask_primitives.primitive_overrides``."""
 
     def __init__(
         self,
@@ -519,11 +523,11 @@ class _BagTranslator(PipelineVisitor):
         import dask.bag as db
 
         transform = node.transform
-        if isinstance(transform, beam_overrides._Create):
-            return beam_eval.Create(node, bag_kwargs=self._create_kwargs(transform)).apply(None)
+        if isinstance(transform, primitives.CreateValues):
+            return db.from_sequence(transform.values, **self._create_kwargs(transform))
         if isinstance(transform, beam.Impulse):
             return db.from_sequence([None], npartitions=1).map_partitions(_impulse)
-        if isinstance(transform, beam_overrides._Read):
+        if isinstance(transform, primitives.ReadSource):
             # Splitting on the client is how Beam's own runners start a bounded read; each
             # bundle then becomes one partition, read on whichever worker takes it.
             source: Any = transform.source  # a BoundedSource: Beam types it as SourceBase
@@ -531,24 +535,20 @@ class _BagTranslator(PipelineVisitor):
             return db.from_sequence(bundles, npartitions=max(1, len(bundles))).map_partitions(
                 _read_bundles
             )
-        if isinstance(transform, beam_overrides._Reshuffle):
+        if isinstance(transform, primitives.ReshuffleElements):
             (pcoll,) = node.main_inputs.values()
             assert isinstance(pcoll, pvalue.PCollection)
             return self._spread(pcoll)
-        if isinstance(transform, beam_overrides._GroupByKeyOnly):
+        if isinstance(transform, primitives.GroupByKeyGlobally):
             (bag,) = self._input_bags(node)
             count = self._bag_kwargs.get("npartitions") or group_partition_count(
                 bag.npartitions, minimum=self._reshuffle_partitions
             )
             if bag.npartitions > count:
                 bag = bag.repartition(npartitions=count)
-            # Beam's GroupByKey translation, with partitions that cross workers whole.
+            # Dask's groupby (a task shuffle), with partitions that cross workers whole.
             return bag.groupby(_group_key).map_partitions(_grouped)
-        if isinstance(transform, beam_overrides._GroupAlsoByWindow):
-            # Grouping already happened in _GroupByKeyOnly; only the global window is supported.
-            (bag,) = self._input_bags(node)
-            return bag
-        if isinstance(transform, beam_overrides._Flatten):
+        if isinstance(transform, primitives.FlattenInputs):
             bags = self._input_bags(node)
             return db.concat(bags) if bags else db.from_sequence([], npartitions=1)
         if isinstance(transform, beam.WindowInto):
@@ -627,7 +627,9 @@ class _BagTranslator(PipelineVisitor):
         side_specs = []
         side_values = []
         for side in node.side_inputs:
-            side_specs.append((type(side), side._view_options(), side._window_mapping_fn))
+            # The side input's values are windowed as its PCollection is (always globally).
+            windowfn = side.pvalue.windowing.windowfn
+            side_specs.append((type(side), side_input_view_options(side), windowfn))
             # One delayed list per side input: a real graph dependency, computed once. Its
             # partitions are passed as separate arguments: Dask culls the graph of a list of
             # Delayed values again for each call (1.5 s each on a graph of 60 x 400 tasks).
@@ -751,10 +753,15 @@ class DaskRunner(beam_dask.DaskRunner):
     def run_pipeline(self, pipeline: beam.Pipeline, options: Any) -> DaskPipelineResult:
         import dask.distributed as ddist
 
-        dask_options = options.view_as(beam_dask.DaskOptions).get_all_options(
-            drop_default=True, current_only=True
-        )
-        bag_kwargs = beam_dask.DaskOptions._extract_bag_kwargs(dask_options)
+        view = options.view_as(beam_dask.DaskOptions)
+        # The options' destinations are dask.distributed.Client's keywords (Beam's own
+        # DaskOptionsTest checks that), except the two that shape partitions.
+        bag_kwargs = {k: getattr(view, k) for k in _BAG_OPTIONS if getattr(view, k, None)}
+        dask_options = {
+            k: v
+            for k, v in view.get_all_options(drop_default=True, current_only=True).items()
+            if k not in _BAG_OPTIONS
+        }
         if not dask_options.get("address") and not dask_options.get("scheduler_file"):
             # A local cluster's scheduler and nannies live in this process, and distributed
             # logs their start and every step of their shutdown at INFO (its own default).
@@ -762,7 +769,7 @@ class DaskRunner(beam_dask.DaskRunner):
         client = ddist.Client(**dask_options)
         try:
             # Lifted first: the GroupByKey it expands to is then replaced like any other.
-            pipeline.replace_all([_LiftCombinePerKey(), *beam_overrides.dask_overrides()])
+            pipeline.replace_all([_LiftCombinePerKey(), *primitives.primitive_overrides()])
             partitions = bag_kwargs.get("npartitions") or self._default_partitions(client)
             topic = f"{_METRICS_TOPIC_PREFIX}{uuid.uuid4().hex}"
             counter = _ConsumerCounter()

@@ -37,6 +37,7 @@ from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from beam_pipelines.engines import beam_internals
 from objstore import RetryPolicy, ShortReadError, retry_call, temporary_path
 
 __all__ = [
@@ -100,7 +101,7 @@ def create_empty_file(path: str) -> None:
 
     # The options FileSystems was configured with (set by Beam on every worker); without them
     # boto3 falls back to the AWS environment, as Beam's own client does.
-    options = getattr(FileSystems, "_pipeline_options", None) or PipelineOptions([])
+    options = beam_internals.filesystems_options() or PipelineOptions([])
     bucket, key = s3io.parse_s3_path(path)
     s3io.S3IO(options=options).client.client.put_object(Bucket=bucket, Key=key, Body=b"")
 
@@ -112,7 +113,7 @@ _ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "STORAGE_EMULA
 
 
 def _options() -> PipelineOptions:
-    return getattr(FileSystems, "_pipeline_options", None) or PipelineOptions([])
+    return beam_internals.filesystems_options() or PipelineOptions([])
 
 
 def _client(scheme: str) -> Any:

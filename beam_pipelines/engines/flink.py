@@ -25,6 +25,7 @@ from beam_pipelines.engines import portable, versions
 __all__ = [
     "DEFAULT_PARALLELISM",
     "FLINK_RUNNER",
+    "FlinkJobServer",
     "FlinkRunner",
     "cancel_flink_job",
     "prepare_flink_options",
@@ -69,19 +70,33 @@ def prepare_flink_options(options: PipelineOptions) -> None:
     portable.use_worker_processes(options, flink.parallelism)
 
 
+class FlinkJobServer(portable.OwnProcessGroupJobServer, flink_runner.FlinkJarJobServer):
+    """Beam's Flink job server, run in a process group of its own."""
+
+
 class FlinkRunner(flink_runner.FlinkRunner):
     """Beam's FlinkRunner with the installed job server and SDK workers in processes."""
 
     def __init__(self) -> None:
         super().__init__()
         self._job_server = None
+        self._handle: portable.JobIdServiceHandle | None = None
 
     def default_job_server(self, options):
         server = super().default_job_server(options)
         if type(server) is job_server.StopOnExitJobServer:
-            server = portable.StopOnExitJobServer(server._job_server)
+            server = portable.StopOnExitJobServer(FlinkJobServer(options))
         self._job_server = server
         return self._job_server
+
+    def create_job_service_handle(self, job_service, options):
+        # As Beam's FlinkRunner makes it, keeping the submitted job's id.
+        self._handle = portable.JobIdServiceHandle(
+            job_service,
+            options,
+            retain_unknown_options=options.view_as(FlinkRunnerOptions).flink_submit_uber_jar,
+        )
+        return self._handle
 
     def run_pipeline(self, pipeline: Pipeline, options: PipelineOptions) -> PipelineResult:
         prepare_flink_options(options)
@@ -90,8 +105,8 @@ class FlinkRunner(flink_runner.FlinkRunner):
         master = options.view_as(FlinkRunnerOptions).flink_master.strip()
         result = super().run_pipeline(pipeline, options)
         if self._job_server is not None:
-            portable.stop_job_server_after(result, self._job_server)
-        beam_job_id = getattr(result, "_job_id", "")
+            result = portable.stop_job_server_after(result, self._job_server)
+        beam_job_id = self._handle.job_id if self._handle else ""
         if master in _LOCAL:
             _log.info("Flink job of Beam job %s runs in an embedded Flink", beam_job_id)
         else:

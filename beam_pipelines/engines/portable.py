@@ -14,12 +14,11 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from apache_beam.options.pipeline_options import (
@@ -29,19 +28,25 @@ from apache_beam.options.pipeline_options import (
     PortableOptions,
 )
 from apache_beam.runners.portability import job_server as beam_job_server
+from apache_beam.runners.portability import portable_runner
+from apache_beam.runners.runner import PipelineResult, PipelineState
 
-from beam_pipelines.engines import versions
+from beam_pipelines.engines import beam_internals, versions
 
 __all__ = [
     "ENVIRONMENT_CACHE_MILLIS",
     "JAVA17_JOB_SERVER_OPENS",
     "LOOPBACK_PROCESS_WORKERS",
+    "JobIdServiceHandle",
+    "OwnProcessGroupJobServer",
     "StopOnExitJobServer",
+    "StopsJobServerResult",
     "add_job_server_opens",
     "check_job_server_jar",
     "check_reachable",
     "drop_launch_warnings",
     "http_json",
+    "in_own_process_group",
     "keep_ctrl_c_from_engine_processes",
     "stop_job_server_after",
     "stop_sdk_workers",
@@ -143,33 +148,46 @@ def use_worker_processes(options: PipelineOptions, parallelism: int) -> None:
         os.environ["PATH"] = here + os.pathsep + os.environ.get("PATH", "")
 
 
-class _OwnProcessGroup:
-    """``subprocess`` for Beam's modules, whose ``Popen`` starts a process group of its own."""
+# Runs the command after it in a process group of its own: ``exec`` keeps the pid, so the
+# ``Popen`` that started it (Beam's) still signals and waits for the command itself.
+_OWN_PROCESS_GROUP = (
+    sys.executable,
+    "-I",
+    "-S",
+    "-c",
+    "import os, sys; os.setpgid(0, 0); os.execvp(sys.argv[1], sys.argv[1:])",
+)
 
-    def __getattr__(self, name: str) -> object:
-        return getattr(subprocess, name)
 
-    @staticmethod
-    def Popen(*args, **kwargs) -> subprocess.Popen:
-        kwargs.setdefault("process_group", 0)
-        return subprocess.Popen(*args, **kwargs)
+def in_own_process_group(command: Sequence[str]) -> list[str]:
+    """``command``, run in a process group of its own (Linux and macOS)."""
+    return [*_OWN_PROCESS_GROUP, *command]
+
+
+class OwnProcessGroupJobServer(beam_job_server.JavaJarJobServer):
+    """Put before Beam's job-server class (``FlinkJarJobServer``, ``SparkJarJobServer``) in a
+    subclass's bases: the job server's JVM then runs in a process group of its own.
+
+    A terminal sends Ctrl-C's SIGINT to its whole foreground process group: the job server
+    (the Spark driver; Flink's client) would die at once, before the launcher could cancel the
+    job through it. ``subprocess_cmd_and_endpoint`` is how Beam's job servers give the command
+    their ``start`` runs.
+    """
+
+    def subprocess_cmd_and_endpoint(self):
+        command, endpoint = super().subprocess_cmd_and_endpoint()
+        return in_own_process_group(command), endpoint
 
 
 def keep_ctrl_c_from_engine_processes() -> None:
-    """Starts Beam's job servers and LOOPBACK SDK workers in process groups of their own.
+    """Starts Beam's LOOPBACK SDK worker processes in process groups of their own.
 
-    A terminal sends Ctrl-C's SIGINT to its whole foreground process group: the job server
-    (the Spark driver; Flink's client) would die at once, before the launcher could cancel
-    the job through it, and each SDK worker would print a traceback. Out of that group, only
-    the launcher sees Ctrl-C; it cancels the job, and the job's end stops them
-    (``stop_job_server_after``). Idempotent.
+    Each would otherwise print a traceback at a terminal's Ctrl-C. Out of the terminal's
+    foreground group (like the job server, ``OwnProcessGroupJobServer``), only the launcher
+    sees Ctrl-C; it cancels the job, and the job's end stops them (``stop_job_server_after``).
+    Idempotent.
     """
-    from apache_beam.runners.worker import worker_pool_main
-    from apache_beam.utils import subprocess_server
-
-    for module in (subprocess_server, worker_pool_main):
-        if not isinstance(module.subprocess, _OwnProcessGroup):
-            module.subprocess = _OwnProcessGroup()  # type: ignore[attr-defined]  # same surface
+    beam_internals.start_loopback_workers_in_own_process_group()
 
 
 # What Beam logs at WARNING on every run with a job server (the commands it starts and stops),
@@ -244,25 +262,71 @@ def stop_sdk_workers() -> int:
     return ended
 
 
-def stop_job_server_after(result, job_server) -> None:
-    """Stops ``job_server`` as soon as the job ends, after reading the job's metrics.
+class JobIdServiceHandle(portable_runner.JobServiceHandle):
+    """Beam's ``JobServiceHandle``, keeping the id the job service gave the submitted job
+    (for the engine's job link), which Beam's ``PipelineResult`` keeps to itself."""
 
-    Beam would stop it only when the launcher exits, after the run's private temporary
-    directory is gone; and the metrics are read from it, so they are read first.
+    job_id = ""
+
+    def submit(self, proto_pipeline):
+        job_id, message_stream, state_stream = super().submit(proto_pipeline)
+        self.job_id = job_id
+        return job_id, message_stream, state_stream
+
+
+class StopsJobServerResult(PipelineResult):
+    """A portable job's ``PipelineResult`` that stops the job server as soon as the job ends,
+    after reading the job's metrics (which are read from it; ``metrics()`` then returns them).
+
+    Beam would stop the job server only when the launcher exits, after the run's private
+    temporary directory is gone. The job has ended when ``wait_until_finish`` returns or
+    raises (Ctrl-C included), unless it was given a ``duration`` and the job still runs.
     """
 
-    def finish() -> None:
+    def __init__(self, result: PipelineResult, job_server) -> None:
+        super().__init__(PipelineState.UNKNOWN)
+        self.result = result
+        self._job_server = job_server
+        self._metrics = None
+        self._finished = False
+
+    @property
+    def state(self):
+        return self.result.state
+
+    def wait_until_finish(self, duration=None):
+        ended = True
         try:
-            result.metrics()
+            state = self.result.wait_until_finish(duration)
+            ended = not duration or PipelineState.is_terminal(state)
+            return state
+        finally:
+            if ended:
+                self._finish()
+
+    def cancel(self):
+        return self.result.cancel()
+
+    def metrics(self):
+        return self._metrics if self._metrics is not None else self.result.metrics()
+
+    def _finish(self) -> None:
+        if self._finished:
+            return
+        try:
+            self._metrics = self.result.metrics()
         except Exception as e:  # the job server may already be gone; metrics are then empty
             _log.warning("could not read the job's metrics: %s", e)
+        self._finished = True
         # The job is over: its SDK workers would only print a traceback each when the job
         # server (with an embedded Flink, their data plane's other end) goes away.
         stop_sdk_workers()
-        job_server.stop()
+        self._job_server.stop()
 
-    # PipelineResult runs these callbacks once, when the job reaches a terminal state.
-    result._cleanup_callbacks = (*result._cleanup_callbacks, finish)
+
+def stop_job_server_after(result: PipelineResult, job_server) -> StopsJobServerResult:
+    """``result``, stopping ``job_server`` as soon as the job ends (``StopsJobServerResult``)."""
+    return StopsJobServerResult(result, job_server)
 
 
 def watch_for_engine_job(

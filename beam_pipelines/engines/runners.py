@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import shlex
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 from apache_beam.pipeline import Pipeline
 from apache_beam.runners.runner import PipelineResult, PipelineRunner
 
@@ -16,6 +19,7 @@ __all__ = [
     "DASK_RUNNER",
     "FLINK_RUNNER",
     "RUNNER_ALIASES",
+    "SHIELDED_SDK_WORKER",
     "SPARK_RUNNER",
     "InProcessRunner",
     "cancel_job",
@@ -40,6 +44,13 @@ RUNNER_ALIASES = {
     "SparkRunner": SPARK_RUNNER,
     "apache_beam.runners.portability.spark_runner.SparkRunner": SPARK_RUNNER,
 }
+
+# Beam's command for a ``multi_processing`` SDK worker (``FnApiRunner.run_pipeline``), run by
+# /bin/sh with SIGINT ignored: an ignored signal stays ignored across ``exec``, and Python then
+# installs no KeyboardInterrupt handler. (A blocked mask would not do: the shell clears it.)
+SHIELDED_SDK_WORKER = (
+    f"trap '' INT; exec {shlex.quote(sys.executable)} -m apache_beam.runners.worker.sdk_worker_main"
+)
 
 # The names under which --runner selects Beam's DirectRunner (its default runner).
 _DIRECT_RUNNER_NAMES = (
@@ -71,18 +82,37 @@ class InProcessRunner(PipelineRunner):
     what the DirectRunner falls back to, built as the DirectRunner builds it (the pipeline
     options in the workers' provision info, so ``--direct_running_mode multi_processing``
     workers get them): the same runner, steps and output, minus the detour.
+
+    ``multi_processing`` workers run ``SHIELDED_SDK_WORKER``, Beam's own worker command with
+    SIGINT ignored: a terminal's Ctrl-C reaches every process of its foreground group, and each
+    worker would die printing a traceback while the launcher unwinds (and stops them).
     """
 
     def run_pipeline(self, pipeline: Pipeline, options: PipelineOptions) -> PipelineResult:
         from apache_beam.portability.api import beam_provision_api_pb2
         from apache_beam.runners.portability.fn_api_runner import fn_runner
         from apache_beam.runners.portability.portable_runner import JobServiceHandle
+        from apache_beam.transforms.environments import SubprocessSDKEnvironment
 
         encoded = JobServiceHandle.encode_pipeline_options(options.get_all_options())
         provision_info = fn_runner.ExtendedProvisionInfo(
             beam_provision_api_pb2.ProvisionInfo(pipeline_options=encoded)
         )
-        return fn_runner.FnApiRunner(provision_info=provision_info).run_pipeline(pipeline, options)
+        direct = options.view_as(DirectOptions)
+        if direct.direct_running_mode != "multi_processing" or os.name != "posix":
+            runner = fn_runner.FnApiRunner(provision_info=provision_info)
+            return runner.run_pipeline(pipeline, options)
+        environment = SubprocessSDKEnvironment.from_command_string(SHIELDED_SDK_WORKER)
+        runner = fn_runner.FnApiRunner(
+            default_environment=environment, provision_info=provision_info
+        )
+        # FnApiRunner replaces the environment it was given when the mode is multi_processing;
+        # the workers still see the mode the user gave (the provision info above).
+        direct.direct_running_mode = None
+        try:
+            return runner.run_pipeline(pipeline, options)
+        finally:
+            direct.direct_running_mode = "multi_processing"
 
 
 def cancel_job(result: PipelineResult) -> None:

@@ -25,8 +25,15 @@ from apache_beam.runners.portability import spark_runner
 from apache_beam.runners.runner import PipelineResult
 
 from beam_pipelines.engines import portable, versions
+from beam_pipelines.engines.local_clusters import free_port
 
-__all__ = ["DEFAULT_CORES", "SPARK_RUNNER", "SparkRunner", "prepare_spark_options"]
+__all__ = [
+    "DEFAULT_CORES",
+    "SPARK_RUNNER",
+    "SparkJobServer",
+    "SparkRunner",
+    "prepare_spark_options",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -90,7 +97,7 @@ def prepare_spark_options(options: PipelineOptions) -> str | None:
         _add_jvm_property(options, extra)
     ui = None
     if not any(p.startswith("-Dspark.ui.port=") for p in _jvm_properties(options)):
-        port = _free_port()
+        port = free_port()
         _add_jvm_property(options, f"-Dspark.ui.port={port}")
         ui = f"http://127.0.0.1:{port}"
     portable.use_worker_processes(options, cores or DEFAULT_CORES)
@@ -108,10 +115,8 @@ def _add_jvm_property(options: PipelineOptions, prop: str) -> None:
         options.view_as(JobServerOptions).job_server_jvm_properties = [*properties, prop]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class SparkJobServer(portable.OwnProcessGroupJobServer, spark_runner.SparkJarJobServer):
+    """Beam's Spark job server (the Spark driver), run in a process group of its own."""
 
 
 class SparkRunner(spark_runner.SparkRunner):
@@ -120,13 +125,23 @@ class SparkRunner(spark_runner.SparkRunner):
     def __init__(self) -> None:
         super().__init__()
         self._job_server = None
+        self._handle: portable.JobIdServiceHandle | None = None
 
     def default_job_server(self, options):
         spark = options.view_as(SparkRunnerOptions)
         if spark.spark_submit_uber_jar:
             return super().default_job_server(options)
-        self._job_server = portable.StopOnExitJobServer(spark_runner.SparkJarJobServer(options))
+        self._job_server = portable.StopOnExitJobServer(SparkJobServer(options))
         return self._job_server
+
+    def create_job_service_handle(self, job_service, options):
+        # As Beam's SparkRunner makes it, keeping the submitted job's id.
+        self._handle = portable.JobIdServiceHandle(
+            job_service,
+            options,
+            retain_unknown_options=options.view_as(SparkRunnerOptions).spark_submit_uber_jar,
+        )
+        return self._handle
 
     def run_pipeline(self, pipeline: Pipeline, options: PipelineOptions) -> PipelineResult:
         ui = prepare_spark_options(options)
@@ -134,8 +149,8 @@ class SparkRunner(spark_runner.SparkRunner):
         portable.drop_launch_warnings()
         result = super().run_pipeline(pipeline, options)
         if self._job_server is not None:
-            portable.stop_job_server_after(result, self._job_server)
-        beam_job_id = getattr(result, "_job_id", "")
+            result = portable.stop_job_server_after(result, self._job_server)
+        beam_job_id = self._handle.job_id if self._handle else ""
         if ui is not None:
             portable.watch_for_engine_job(lambda: _find_spark_app(ui), "Spark", beam_job_id)
         return result

@@ -1,5 +1,5 @@
 """Stage 3, the Beam graph: the composite transforms (``transforms``), the split
-assignment (``splits``), the shard plan (``plan``) and the train/validation leakage search
-(``leakage``)."""
+assignment (``splits``), the shard plan (``plan``), the train/validation leakage search
+(``leakage``) and the near-duplicate search on the engine (``near_duplicate_search``)."""
 
 __all__: list[str] = []

@@ -1,14 +1,17 @@
-"""The perceptual hash of a prepared image, split so the pipeline can afford it.
+"""The near-duplicate features of a prepared image, split so the pipeline can afford them.
 
-The hash (``catalog.phash``) is a DCT of a 32x32 luma grid. Made image by image right after
-the JPEG encoder has run, its few numpy calls each start cold (their code and data evicted)
-and cost several times what they cost in a loop. So the pipeline takes only a point sample of
-each prepared image while the pixels are at hand: 96x96 luma values on a regular grid
-(``luma_sample``: a nearest-pixel resize in C, 9 KiB), and hashes the samples of a whole
-staging file at once (``catalog.phash.phashes_of_samples``) when it hands their locations on.
-Each of the 32x32 cells averages 3x3 samples. On photos the hash comes out a few bits (2.5 on
-average) from the exact area average's, with the same recall and precision on the near-duplicate
-benchmark (README).
+The features (``catalog.window_hashes``) are DCT hashes of centred windows of one 64x64 luma
+sample; window 0, the whole frame, is the catalog's ``phash`` (``catalog.phash``). The sample
+is taken from pixels the image step already has: the resized output, in sRGB, just before it is
+encoded (``output_sample``: Pillow's box filter after a whole-factor reduction, 4 KiB). Made
+image by image right after the JPEG encoder has run, a few numpy calls each start cold and cost
+several times what they cost in a loop, so the pipeline keeps only the sample per image and
+hashes the samples of a whole staging file at once (``window_hashes``) when it hands their
+locations on.
+
+Because the sample is of the stored pixels (before JPEG coding), an example whose stored image
+is at hand, such as one reused from ``--base``, gets its features by decoding that image, not
+its source; the hash comes out within a bit or two.
 """
 
 from __future__ import annotations
@@ -18,47 +21,47 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image
 
-from catalog.phash import luma_grid_of_sample, phashes_of_samples
+from catalog.phash import luma_grid_of_sample
+from catalog.window_hashes import WINDOW_SCALES, window_hashes_of_samples
 
 __all__ = [
+    "FEATURES",
     "SAMPLE",
-    "WORKING",
+    "WINDOW_SCALES",
     "luma_sample",
-    "source_sample",
+    "output_sample",
     "luma_grid_of",
     "perceptual_hash",
     "perceptual_hashes",
+    "window_hashes",
 ]
 
-SAMPLE = 96  # the point sample's side: 3x3 samples per cell of the hash's 32x32 grid
-WORKING = 128  # the side a source is resampled to before its sample is taken
-REDUCING_GAP = 1.0  # area-average by whole factors down to >= WORKING before the bicubic
+#: How the features are taken, as ``dataset.json`` records it (``near_duplicate_features``): a
+#: dataset whose catalog hashes were taken otherwise (a base built before) is not reused, so one
+#: catalog never mixes two kinds of hash.
+FEATURES = "output-luma64-dct"
+SAMPLE = 64  # the sample's side: 2x2 samples per cell of the whole frame's 32x32 grid
 
 
-def luma_sample(image: Image.Image) -> bytes:
-    """``SAMPLE x SAMPLE`` luma values of an image on a regular grid, row by row (9 KiB)."""
-    small = image.resize((SAMPLE, SAMPLE), Image.Resampling.NEAREST)
+def output_sample(image: Image.Image) -> bytes:
+    """``SAMPLE x SAMPLE`` luma area averages of an image, row by row (4 KiB): the sample the
+    near-duplicate features are taken from.
+
+    The pipeline takes it from the resized output before encoding (256 px on the shorter side
+    by default): an image the step has anyway, a few times smaller than the decoded source. The
+    sample costs one reduction by the same whole factor on both axes, the largest that keeps
+    the shorter side at least ``SAMPLE`` (``Image.reduce``: 341x256 -> 85x64; Pillow has fast
+    paths for square factors, and its ``reducing_gap``, which picks a factor per axis, took
+    1.8x as long), a box filter over a few thousand pixels, then luma on 64x64. Resized,
+    re-encoded and mirrored copies come out at the same stored size, so they sample alike.
+    """
+    factor = min(image.size) // SAMPLE
+    small = image.reduce(factor) if factor > 1 else image
+    small = small.resize((SAMPLE, SAMPLE), Image.Resampling.BOX)
     return (small if small.mode == "L" else small.convert("L")).tobytes()
 
 
-def source_sample(image: Image.Image) -> bytes:
-    """``SAMPLE x SAMPLE`` luma values of a decoded source at a fixed working size (9 KiB).
-
-    The pipeline hashes this, not the stored image: the source is resampled (bicubic, with
-    antialiasing when it shrinks) to ``WORKING x WORKING`` whatever its size and
-    ``--image_size``, then area-averaged to the sample. A resized, re-encoded or mirrored copy
-    of a photo then hashes close to it (``benchmarks/bench_near_dup_recall.py``); a box filter
-    straight to 96 px would blow up a small copy's pixels into blocks.
-
-    A source at least twice ``WORKING`` on a side is first area-averaged by the whole factor
-    that keeps it at least ``WORKING`` (Pillow's ``reducing_gap``; 500x375 -> 166x187), and the
-    bicubic filter runs on that: a third less time for the sample, and the hash of a photo
-    comes out within a bit or two of the plain bicubic's (0.3 bits on average), with the same
-    recall on the near-duplicate benchmark.
-    """
-    luma = image if image.mode == "L" else image.convert("L")  # one channel to resample
-    working = luma.resize((WORKING, WORKING), Image.Resampling.BICUBIC, reducing_gap=REDUCING_GAP)
-    return working.resize((SAMPLE, SAMPLE), Image.Resampling.BOX).tobytes()
+luma_sample = output_sample  # the sample of any image: what ``perceptual_hash`` hashes
 
 
 def _array(samples: Sequence[bytes]) -> np.ndarray:
@@ -71,12 +74,19 @@ def _array(samples: Sequence[bytes]) -> np.ndarray:
 _CHUNK = 256
 
 
+def window_hashes(samples: Sequence[bytes]) -> np.ndarray:
+    """The window hashes (``catalog.window_hashes``) of many ``output_sample`` results,
+    ``_CHUNK`` per numpy pass: ``(K, len(WINDOW_SCALES))`` uint64, the whole frame first."""
+    parts = [
+        window_hashes_of_samples(_array(samples[start : start + _CHUNK]))
+        for start in range(0, len(samples), _CHUNK)
+    ]
+    return np.concatenate(parts) if parts else np.zeros((0, len(WINDOW_SCALES)), np.uint64)
+
+
 def perceptual_hashes(samples: Sequence[bytes]) -> list[int]:
-    """The hashes of many ``luma_sample`` results, ``_CHUNK`` per numpy pass, as unsigned ints."""
-    hashes: list[int] = []
-    for start in range(0, len(samples), _CHUNK):
-        hashes += phashes_of_samples(_array(samples[start : start + _CHUNK]))
-    return hashes
+    """The whole-frame hashes (the catalog's ``phash``) of many ``output_sample`` results."""
+    return window_hashes(samples)[:, 0].tolist()
 
 
 def perceptual_hash(image: Image.Image) -> int:

@@ -45,7 +45,7 @@ from beam_pipelines.image.formats import (
     why_not_accepted,
 )
 from beam_pipelines.image.options import ImageOptions
-from beam_pipelines.image.phash import perceptual_hashes, source_sample
+from beam_pipelines.image.phash import output_sample, perceptual_hashes
 from schemas.constants import ENCODINGS
 
 __all__ = [
@@ -171,8 +171,9 @@ class PreparedImage:
       source_size: the source's ``(width, height)`` as declared in its header.
       decoded_size: the ``(width, height)`` actually decoded (smaller than ``source_size`` when
         JPEG DCT-domain downscaling applied).
-      luma_sample: the decoded source's 96x96 luma area averages (``phash.source_sample``),
-        which ``phash`` (or, for many images at once, ``phash.perceptual_hashes``) hashes.
+      luma_sample: the stored image's 64x64 luma area averages before encoding
+        (``phash.output_sample``), from which ``phash.window_hashes`` makes the near-duplicate
+        features (``phash`` is their whole frame's).
       events: what preparing it involved, as counter names (``icc_converted``,
         ``high_bit_depth_stretch_sbit``, ``cropped_out_of_bounds``…).
     """
@@ -190,7 +191,7 @@ class PreparedImage:
 
     @functools.cached_property
     def phash(self) -> int | None:
-        """The 64-bit perceptual hash of the decoded source (``catalog.phash``), unsigned."""
+        """The 64-bit perceptual hash of the stored pixels (``catalog.phash``), unsigned."""
         return perceptual_hashes([self.luma_sample])[0] if self.luma_sample is not None else None
 
 
@@ -673,12 +674,12 @@ def _prepare(data: bytes, options: ImageOptions) -> PreparedImage:
         if downscaling:
             final, converted = to_srgb(final, background=options.background)
             events += converted
+        # The near-duplicate features are taken from the output, the smallest image at hand
+        # (phash.output_sample); they are computed later, many at once.
+        sample = output_sample(final)
         encoded, fmt = encode_image(
             final, encoding=options.encoding, jpeg_quality=options.jpeg_quality
         )
-        # The hash is taken from the decoded source, where it is stable (phash.source_sample);
-        # it is computed later, many at once.
-        sample = source_sample(rgb)
     except (OSError, ValueError) as e:
         raise RejectedImage("decode_error", f"{source_format}: {e}") from e
     if keep_ratio is not None:

@@ -45,7 +45,6 @@ __all__ = [
     "assign_split",
     "assign_shard",
     "fixed_shard_counts",
-    "plan_shard_counts",
     "label_counts",
     "upscaled_count",
     "dedupe_sorted",
@@ -109,24 +108,6 @@ def fixed_shard_counts(num_shards: int, validation_fraction: float) -> dict[str,
     if validation_fraction > 0:
         wanted = math.ceil(num_shards * validation_fraction / (1.0 - validation_fraction))
         counts[VALIDATION] = min(wanted, MAX_SHARDS)
-    return counts
-
-
-def plan_shard_counts(
-    stats: Mapping[str, tuple[int, int]], *, target_shard_bytes: int
-) -> dict[str, int]:
-    """Chooses each split's shard count from its ``(num_examples, num_bytes)``.
-
-    Each split gets ``ceil(num_bytes / target_shard_bytes)``, never more than it has examples
-    and at least 1; an empty split gets none.
-    """
-    counts: dict[str, int] = {}
-    for split, (examples, size) in sorted(stats.items()):
-        if examples == 0:
-            counts[split] = 0
-            continue
-        wanted = math.ceil(size / target_shard_bytes)
-        counts[split] = max(1, min(wanted, examples, MAX_SHARDS))
     return counts
 
 

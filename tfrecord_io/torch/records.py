@@ -30,6 +30,7 @@ from typing import Any, BinaryIO, NamedTuple
 import numpy as np
 
 from catalog.index_files import check_contiguous, parse_index
+from objstore import storage_for
 from schemas import KEY_ENCODED, KEY_LABEL, KEY_SHA256, Manifest
 from schemas.example_proto import Example
 from schemas.framing import FRAME_OVERHEAD, FrameError, masked_crc32c, payload_of_frame
@@ -304,10 +305,5 @@ def scan_offsets(fd: int, size: int, *, name: str) -> tuple[np.ndarray, np.ndarr
 
 
 def _read_small(path: str) -> bytes:
-    store = object_store_for(path)
-    if store is not None:
-        return store.read_bytes(path)
-    if is_remote(path):
-        raise ValueError(f"{path}: only local paths, s3:// and gs:// are read without TensorFlow")
-    with open(local_path(path), "rb") as handle:
-        return handle.read()
+    # Local paths, s3:// and gs:// (any other scheme is a ValueError naming those).
+    return storage_for(path).read_bytes(path)
