@@ -37,6 +37,7 @@ from pathlib import Path
 from benchmarks.steady_state import (
     NoisyMeasurement,
     add_size_flags,
+    chosen_engines,
     photo_sets,
     pillow_loop,
     pipeline_run,
@@ -142,10 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"comma-separated subset of {','.join(ENGINES)} (all)",
     )
     args = parser.parse_args(argv)
-    engines = [e for e in args.engines.split(",") if e]
-    unknown = sorted(set(engines) - set(ENGINES))
-    if unknown:
-        parser.error(f"--engines: unknown {unknown}; expected names from {list(ENGINES)}")
+    engines = chosen_engines(parser, args.engines, list(ENGINES))
     # Worker processes log every discarded pipeline flag; the table is what matters here.
     logging.getLogger("apache_beam").setLevel(logging.ERROR)
     n, repeats = sizes_from_flags(parser, args, quick_n=12)

@@ -26,6 +26,7 @@ from schemas.manifest import MANIFEST_NAME, Manifest
 
 __all__ = [
     "IMAGE_SIZE",
+    "chosen_engines",
     "NoisyMeasurement",
     "add_size_flags",
     "cpu_seconds",
@@ -53,6 +54,16 @@ def add_size_flags(parser: argparse.ArgumentParser, *, quick_n: int, repeats: in
         help=f"timings per size, fastest kept ({repeats})",
     )
     parser.add_argument("--workdir", default=None, help="where to put images and outputs")
+
+
+def chosen_engines(parser: argparse.ArgumentParser, text: str, known: Sequence[str]) -> list[str]:
+    """The engines of a comma-separated ``--engines`` value; a name not in ``known`` is an
+    error of the parser (exit 2) naming the names it takes."""
+    engines = [e for e in text.split(",") if e]
+    unknown = sorted(set(engines) - set(known))
+    if unknown:
+        parser.error(f"--engines: unknown {unknown}; expected names from {list(known)}")
+    return engines
 
 
 def sizes_from_flags(

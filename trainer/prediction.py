@@ -124,7 +124,7 @@ def serving_bytes(data: bytes, *, stored_side: int | None = None) -> bytes:
     Raises:
       UnreadableImage: if Pillow cannot open or decode the file.
     """
-    from PIL import Image
+    from PIL import Image, ImageOps
 
     if not data:
         raise UnreadableImage("empty file")
@@ -137,22 +137,13 @@ def serving_bytes(data: bytes, *, stored_side: int | None = None) -> bytes:
         if stored_side is not None and image.format in ("JPEG", "MPO"):
             image.draft(None, (stored_side, stored_side))
         image.load()
-        prepared = _srgb(image)
+        # Pillow's own EXIF rotation (the pipeline applies the same eight transposes); the
+        # result keeps the image's info, its ICC profile among them.
+        prepared = _srgb(ImageOps.exif_transpose(image))
     except Image.UnidentifiedImageError as e:
         raise UnreadableImage(f"not an image: no format Pillow reads starts {data[:20]!r}") from e
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as e:
         raise UnreadableImage(f"Pillow cannot decode it: {type(e).__name__}: {e}") from e
-    transpose = {
-        2: Image.Transpose.FLIP_LEFT_RIGHT,
-        3: Image.Transpose.ROTATE_180,
-        4: Image.Transpose.FLIP_TOP_BOTTOM,
-        5: Image.Transpose.TRANSPOSE,
-        6: Image.Transpose.ROTATE_270,
-        7: Image.Transpose.TRANSVERSE,
-        8: Image.Transpose.ROTATE_90,
-    }.get(orientation)
-    if transpose is not None:
-        prepared = prepared.transpose(transpose)
     buffer = io.BytesIO()
     prepared.save(buffer, format="PNG", compress_level=1)
     return buffer.getvalue()
