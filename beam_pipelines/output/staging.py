@@ -103,7 +103,10 @@ def _meta_to_json(meta: CatalogMeta | None) -> dict[str, Any] | None:
 
 
 def _meta_from_json(data: dict[str, Any] | None) -> CatalogMeta | None:
-    return None if data is None else CatalogMeta(**data)
+    if data is None:
+        return None
+    meta = CatalogMeta(**data)  # a sidecar written before the window hashes has none
+    return meta if meta.windows is None else meta._replace(windows=tuple(meta.windows))
 
 
 class RecordStager:
@@ -389,7 +392,8 @@ def pack_locations(records: Iterable[StagedRecord]) -> bytes:
             r.file,
             r.offset,
             r.length,
-            None if r.meta is None else tuple(r.meta),
+            # The window hashes serve only the near-duplicate search, not the shard writer.
+            None if r.meta is None else tuple(r.meta._replace(windows=None)),
         )
         for r in records
     ]
