@@ -43,13 +43,6 @@ __all__ = [
     "search_bucket",
     "bucket_blocks",
     "find_pairs_by_buckets",
-    # The multi-index search's steps, shared with catalog.window_search:
-    "BRUTE_FORCE_BELOW",
-    "EnoughPairs",
-    "PairCollector",
-    "check_hashes",
-    "chunk_layout",
-    "search_chunk",
 ]
 
 # Chosen from the measured recall/precision (README, "Near-duplicates"): 10 keeps every
@@ -57,7 +50,7 @@ __all__ = [
 # pair of the benchmark's 2,000 came within it.
 DEFAULT_THRESHOLD = 8
 MAX_THRESHOLD = 16  # beyond this the probes grow fast and unrelated photos start to match
-BRUTE_FORCE_BELOW = 4096
+_BRUTE_FORCE_BELOW = 4096
 _EXPAND_LIMIT = 8_000_000  # candidate pairs materialised at once
 _PROBE_LIMIT = 4_000_000  # bucket probes (queries x masks) per batch
 
@@ -89,7 +82,7 @@ class Pairs:
         )
 
 
-def check_hashes(hashes: np.ndarray, threshold: int) -> np.ndarray:
+def _check(hashes: np.ndarray, threshold: int) -> np.ndarray:
     if not isinstance(threshold, int) or isinstance(threshold, bool):
         raise TypeError(f"threshold must be an int, got {threshold!r}")
     if not 0 <= threshold <= MAX_THRESHOLD:
@@ -108,7 +101,7 @@ def check_hashes(hashes: np.ndarray, threshold: int) -> np.ndarray:
     return array.astype(np.uint64)
 
 
-class EnoughPairs(Exception):  # control flow: max_pairs reached
+class _Enough(Exception):  # control flow: max_pairs reached
     pass
 
 
@@ -138,7 +131,7 @@ def brute_force_pairs(
     hashes: np.ndarray, threshold: int, *, flips: bool = True, max_pairs: int | None = None
 ) -> Pairs:
     """The same result as ``find_pairs`` by comparing all pairs: for small inputs and tests."""
-    h = check_hashes(hashes, threshold)
+    h = _check(hashes, threshold)
     n = h.shape[0]
     firsts, seconds, distances, flipped = [], [], [], []
     block = max(1, 4_000_000 // max(n, 1))
@@ -159,7 +152,7 @@ def brute_force_pairs(
     return _finish(firsts, seconds, distances, flipped, n, max_pairs)
 
 
-def chunk_layout(n: int, chunks: int | None) -> list[tuple[int, int]]:
+def _chunk_layout(n: int, chunks: int | None) -> list[tuple[int, int]]:
     if chunks is None:
         # About log2(N) bits per chunk: buckets then hold ~1 hash each (Norouzi et al.).
         chunks = round(HASH_BITS / max(math.log2(max(n, 2)), 1.0))
@@ -186,7 +179,7 @@ def _masks(width: int, radius: int) -> list[int]:
     return masks
 
 
-class PairCollector:
+class _Collector:
     """Checks candidate pairs with the full 64-bit distance and keeps the near ones.
 
     Candidates arrive as positions in one chunk's sorted order, whose hashes (``sorted_hashes``)
@@ -234,7 +227,7 @@ class PairCollector:
         self.flipped.append(flipped)
         self._found += a.shape[0]
         if self._limit is not None and self._found >= self._limit:
-            raise EnoughPairs
+            raise _Enough
 
 
 def _expand(
@@ -243,7 +236,7 @@ def _expand(
     counts: np.ndarray,
     sorted_hashes: np.ndarray,
     order: np.ndarray,
-    out: PairCollector,
+    out: _Collector,
 ) -> None:
     """Pairs each query (a sorted position) with the ``counts[i]`` sorted positions from
     ``starts[i]``, in bounded pieces."""
@@ -299,21 +292,21 @@ def find_pairs(
     """
     if method not in ("auto", "index", "brute"):
         raise ValueError(f"method must be 'auto', 'index' or 'brute', got {method!r}")
-    h = check_hashes(hashes, threshold)
+    h = _check(hashes, threshold)
     n = h.shape[0]
     if max_pairs is not None and max_pairs < 1:
         raise ValueError(f"max_pairs must be >= 1 or None, got {max_pairs!r}")
-    if method == "brute" or (method == "auto" and n < BRUTE_FORCE_BELOW):
+    if method == "brute" or (method == "auto" and n < _BRUTE_FORCE_BELOW):
         return brute_force_pairs(h, threshold, flips=flips, max_pairs=max_pairs)
-    layout = chunk_layout(n, chunks)
+    layout = _chunk_layout(n, chunks)
     per_chunk, extra = divmod(threshold, len(layout))
-    out = PairCollector(threshold, flips, max_pairs)
+    out = _Collector(threshold, flips, max_pairs)
     try:
         for index, (low, width) in enumerate(layout):
             radius = per_chunk if index <= extra else per_chunk - 1
             if radius >= 0:
-                search_chunk(h, low, width, radius, flips, out)
-    except EnoughPairs:
+                _search_chunk(h, low, width, radius, flips, out)
+    except _Enough:
         pass
     return _finish(out.firsts, out.seconds, out.distances, out.flipped, n, max_pairs)
 
@@ -324,15 +317,15 @@ def _position_type(n: int) -> type[np.signedinteger]:
     return np.int32 if n < 2**31 else np.int64
 
 
-def search_chunk(
-    h: np.ndarray, low: int, width: int, radius: int, flips: bool, out: PairCollector
+def _search_chunk(
+    h: np.ndarray, low: int, width: int, radius: int, flips: bool, out: _Collector
 ) -> None:
     """Every pair whose keys on this chunk differ by a mask of at most ``radius`` bits (or by
     such a mask XOR the chunk's mirror bits), each pair produced once."""
     index = _position_type(h.shape[0])
     keys = h >> np.uint64(low)
     keys &= np.uint64((1 << width) - 1)
-    keys = keys.astype(np.int32)  # a chunk is at most 22 bits wide (chunk_layout)
+    keys = keys.astype(np.int32)  # a chunk is at most 22 bits wide (_chunk_layout)
     order = np.argsort(keys, kind="stable").astype(index)
     sorted_keys = keys[order]
     del keys
@@ -449,7 +442,7 @@ def bucket_layout(threshold: int) -> list[tuple[int, int]]:
     Raises:
       ValueError, TypeError: for a threshold ``find_pairs`` refuses.
     """
-    check_hashes(np.zeros(0, np.uint64), threshold)
+    _check(np.zeros(0, np.uint64), threshold)
     return _even_chunks(threshold + 1)
 
 
@@ -578,7 +571,7 @@ def search_bucket(
     Raises:
       ValueError: for a chunk outside the layout or arrays of different lengths.
     """
-    h = check_hashes(hashes, threshold)
+    h = _check(hashes, threshold)
     keys = np.asarray(keys, np.int64)
     mirrored = np.asarray(mirrored, bool)
     if not 0 <= chunk <= threshold:
@@ -693,7 +686,7 @@ def find_pairs_by_buckets(
       ``(pairs, largest)``: the pairs, equal to ``find_pairs``' (sorted, complete), and the
       most entries one search held.
     """
-    h = check_hashes(hashes, threshold)
+    h = _check(hashes, threshold)
     layout = bucket_layout(threshold)
     n = h.shape[0]
     rows = np.arange(n, dtype=np.int64)

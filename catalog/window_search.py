@@ -10,7 +10,7 @@ The search is ``near_duplicates.find_pairs``' multi-index hashing over every win
 every example (``N * W`` entries), keeping only entry pairs with a whole frame on one side and
 two different examples; candidates are checked in the same bounded batches, and the pairs kept
 are reduced to one per example pair whenever they pass ``2 * max_pairs``, so memory is bounded
-as ``find_pairs``' is. Below ``BRUTE_FORCE_BELOW`` entries every whole frame is compared with
+as ``find_pairs``' is. Below ``_BRUTE_FORCE_BELOW`` entries every whole frame is compared with
 every window instead (the same result).
 """
 
@@ -19,14 +19,14 @@ from __future__ import annotations
 import numpy as np
 
 from catalog.near_duplicates import (  # the multi-index search's own steps, shared
-    BRUTE_FORCE_BELOW,
+    _BRUTE_FORCE_BELOW,
     DEFAULT_THRESHOLD,
-    EnoughPairs,
-    PairCollector,
     Pairs,
-    check_hashes,
-    chunk_layout,
-    search_chunk,
+    _check,
+    _chunk_layout,
+    _Collector,
+    _Enough,
+    _search_chunk,
 )
 from catalog.phash import FLIP_MASK
 
@@ -37,7 +37,7 @@ def _check_windows(windows: np.ndarray, threshold: int) -> np.ndarray:
     array = np.asarray(windows)
     if array.ndim != 2 or array.shape[1] < 1:
         raise ValueError(f"window hashes must be (N, W) with W >= 1, got shape {array.shape}")
-    flat = check_hashes(array.reshape(-1), threshold)  # dtype and threshold checks
+    flat = _check(array.reshape(-1), threshold)  # dtype and threshold checks
     return flat.reshape(array.shape)
 
 
@@ -64,8 +64,8 @@ def _result(parts, n: int, max_pairs: int | None) -> tuple[Pairs, np.ndarray]:
     return Pairs(first, second, distance.astype(np.uint8), flipped, complete), window
 
 
-class _WindowCollector(PairCollector):
-    """``PairCollector`` over window entries (entry ``e`` is window ``e % W`` of example
+class _WindowCollector(_Collector):
+    """``_Collector`` over window entries (entry ``e`` is window ``e % W`` of example
     ``e // W``): keeps the near entry pairs with a whole frame on one side and two examples,
     as example pairs, and reduces them to one per example pair when they pile up."""
 
@@ -98,7 +98,7 @@ class _WindowCollector(PairCollector):
             picked, complete = _reduce(self.parts, self._n, self._max)
             self.parts, self._held = [picked], picked[0].shape[0]
             if not complete:
-                raise EnoughPairs
+                raise _Enough
 
 
 def brute_force_window_pairs(
@@ -169,17 +169,17 @@ def find_window_pairs(
         raise ValueError(f"max_pairs must be >= 1 or None, got {max_pairs!r}")
     h = _check_windows(windows, threshold)
     n, w = h.shape
-    if method == "brute" or (method == "auto" and n * w < BRUTE_FORCE_BELOW):
+    if method == "brute" or (method == "auto" and n * w < _BRUTE_FORCE_BELOW):
         return brute_force_window_pairs(h, threshold, flips=flips, max_pairs=max_pairs)
     entries = np.ascontiguousarray(h).reshape(-1)  # entry e: window e % w of example e // w
-    layout = chunk_layout(entries.shape[0], None)
+    layout = _chunk_layout(entries.shape[0], None)
     per_chunk, extra = divmod(threshold, len(layout))
     out = _WindowCollector(threshold, flips, n, w, max_pairs)
     try:
         for index, (low, width) in enumerate(layout):
             radius = per_chunk if index <= extra else per_chunk - 1
             if radius >= 0:
-                search_chunk(entries, low, width, radius, flips, out)
-    except EnoughPairs:
+                _search_chunk(entries, low, width, radius, flips, out)
+    except _Enough:
         pass
     return _result(out.parts, n, max_pairs)
