@@ -21,7 +21,6 @@ from beam_pipelines.image import phash
 from beam_pipelines.image.options import ImageOptions
 from beam_pipelines.output.shards import LABEL_CONFLICT_POLICIES
 from catalog.near_duplicates import DEFAULT_THRESHOLD, MAX_THRESHOLD
-from catalog.window_hashes import WINDOW_SCALES
 from cliflags import NESTED_FLAGS, add_dataclass_flags, flag, flag_values
 from schemas.constants import MAX_SHARDS
 
@@ -347,12 +346,6 @@ class PipelineConfig:
             "near_duplicate_threshold": self.near_duplicate_threshold,
             # Past MAX_REPORTED_PAIRS the two keep different pairs (see leakage.py).
             "near_duplicate_search": self.search_method,
-            # The window scales the search pairs by (catalog.window_hashes): a whole frame
-            # within the threshold of any window of another pairs them (crops); the bucketed
-            # search compares whole frames only.
-            "near_duplicate_windows": list(
-                WINDOW_SCALES if self.search_method == "gathered" else WINDOW_SCALES[:1]
-            ),
         }
 
 

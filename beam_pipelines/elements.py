@@ -14,7 +14,6 @@ __all__ = [
     "Rejection",
     "Duplicate",
     "CatalogMeta",
-    "SEARCH_ONLY_FIELDS",
     "PreparedRecord",
     "StagedRecord",
     "ShardResult",
@@ -76,12 +75,6 @@ class CatalogMeta(NamedTuple):
     One flat tuple of plain values, made by the image step, so that it travels with the
     example (or with a small location of it) to the shard writer at little cost. ``None`` marks
     a value that is not known (it becomes a null in the catalog).
-
-    ``windows`` is not a catalog column (``SEARCH_ONLY_FIELDS``): the hashes of the four
-    centred windows after the whole frame (``catalog.window_hashes``, unsigned), which the
-    near-duplicate search of the same job uses to pair crops with their originals. None where
-    they are not known (an example reused from ``--base``): it is searched by its whole frame.
-    The shard shuffle drops them (``staging.pack_locations``).
     """
 
     label: int
@@ -94,11 +87,6 @@ class CatalogMeta(NamedTuple):
     source_height: int | None = None
     source_width: int | None = None
     phash: int | None = None
-    windows: tuple[int, ...] | None = None
-
-
-# CatalogMeta fields that travel to the near-duplicate search but are not catalog columns.
-SEARCH_ONLY_FIELDS = ("windows",)
 
 
 class PreparedRecord(NamedTuple):

@@ -72,7 +72,6 @@ def test_every_base_example_is_reused_byte_for_byte(built: Path) -> None:
         assert reused is not None and not reused.rewritten
         assert reused.serialized == _frame_payload(built, row)
         meta = reused.meta._asdict()
-        assert meta.pop("windows") is None  # not stored: a reused example has whole frames only
         assert meta == {name: row[name] for name in meta}
     assert (
         base.reuse("0" * 64, uri="x", label=0, text="cat", source_bytes=1) is None

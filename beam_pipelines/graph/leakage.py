@@ -18,8 +18,7 @@ two classes (a label conflict, already in ``duplicates.jsonl``) is left out.
 
 Memory: no step holds every hash; a bucket search holds at most about
 ``DEFAULT_MAX_BUCKET_ENTRIES`` entries, and the last step at most ``MAX_REPORTED_PAIRS`` pairs
-(the gathered search, which also pairs crops with their originals by the window hashes,
-holds 57 bytes per example in one worker).
+(the gathered search, kept as the reference, holds 25 bytes per example in one worker).
 Nothing else of a record is held back for the report. The report is written once the split
 catalogs are merged, and names the examples of each pair from them (the copy kept, in the split
 written): a second pass over every record, waiting for the search, would make the runner keep
@@ -49,7 +48,6 @@ from beam_pipelines.graph.near_duplicate_search import (
     SearchNearDuplicates,
     hash_entry,
     key_number,
-    window_entry,
 )
 from beam_pipelines.output.catalog_io import CatalogResult, read_catalog_batches
 from beam_pipelines.output.publish import write_text
@@ -57,11 +55,10 @@ from beam_pipelines.output.shards import METRICS_NAMESPACE, TRAIN, VALIDATION
 from catalog.near_duplicates import (
     DEFAULT_THRESHOLD,
     classify,
+    find_pairs,
     leakage_moves,
     leakage_remedy,
 )
-from catalog.window_hashes import WINDOW_SCALES
-from catalog.window_search import find_window_pairs
 from cliflags import plural
 
 __all__ = [
@@ -102,7 +99,6 @@ NOTHING_FOUND: dict[str, Any] = {
     "b": [],
     "distance": [],
     "flipped": [],
-    "scale": [],
     "leakage": [],
     "cross_class": [],
     "moved": [],
@@ -150,17 +146,11 @@ class NearDuplicatePair(NamedTuple):
         )
 
 
-# The gathered search's columns: key number, phash, split code, label, then the hashes of
-# the windows after the whole frame (``window_entry``).
-_COLUMN_TYPES = ("q", "q", "B", "q") + ("q",) * (len(WINDOW_SCALES) - 1)
-
-
 class _Columns(beam.CombineFn):
-    """``(key number, phash, split code, label, windows...) -> columns``: 57 bytes an
-    example."""
+    """``(key number, phash, split code, label) -> columns``: 25 bytes an example."""
 
     def create_accumulator(self):
-        return tuple(array.array(code) for code in _COLUMN_TYPES)
+        return (array.array("q"), array.array("q"), array.array("B"), array.array("q"))
 
     def add_input(self, acc, element):
         for column, value in zip(acc, element, strict=True):
@@ -182,10 +172,9 @@ def search_columns(columns, threshold: int, move: bool) -> dict[str, Any]:
     """Runs the search over all examples; returns the pairs (by key number) and the moves.
 
     Args:
-      columns: every example as packed arrays, one entry each: key numbers (int64),
+      columns: every example as four packed arrays, one entry each: key numbers (int64),
         perceptual hashes (int64, carried signed), split codes (uint8: 0 train, 1 validation)
-        and labels (int64), then, optionally, one array per window after the whole frame
-        (int64, signed; ``window_entry``). Without them the search compares whole frames.
+        and labels (int64).
       threshold: the largest Hamming distance that makes two examples near-duplicates.
       move: also choose the validation examples to move to train (``move_to_train``).
 
@@ -196,13 +185,9 @@ def search_columns(columns, threshold: int, move: bool) -> dict[str, Any]:
     hashes = np.frombuffer(columns[1], dtype=np.int64).view(np.uint64)
     splits = np.frombuffer(columns[2], dtype=np.uint8)
     labels = np.frombuffer(columns[3], dtype=np.int64)
-    windows = np.stack(
-        [hashes] + [np.frombuffer(c, dtype=np.int64).view(np.uint64) for c in columns[4:]],
-        axis=1,
-    )  # (N, W), whole frame first
     # One example per content; contents under two classes (label conflicts) are left out.
     order = np.lexsort((labels, keys))
-    keys, windows, splits, labels = keys[order], windows[order], splits[order], labels[order]
+    keys, hashes, splits, labels = keys[order], hashes[order], splits[order], labels[order]
     first = np.ones(keys.shape[0], bool)
     first[1:] = keys[1:] != keys[:-1]
     group = np.cumsum(first) - 1
@@ -210,8 +195,8 @@ def search_columns(columns, threshold: int, move: bool) -> dict[str, Any]:
     np.logical_or.at(conflicted, group[1:], (labels[1:] != labels[:-1]) & ~first[1:])
     keep = first.copy()
     keep[first] = ~conflicted
-    keys, windows, splits, labels = keys[keep], windows[keep], splits[keep], labels[keep]
-    pairs, window = find_window_pairs(windows, threshold, max_pairs=MAX_REPORTED_PAIRS)
+    keys, hashes, splits, labels = keys[keep], hashes[keep], splits[keep], labels[keep]
+    pairs = find_pairs(hashes, threshold, max_pairs=MAX_REPORTED_PAIRS)
     names = np.array([TRAIN, VALIDATION], dtype=object)[splits]
     moved = leakage_moves(pairs, names) if move else np.zeros(0, np.int64)
     written = names.copy()
@@ -222,7 +207,6 @@ def search_columns(columns, threshold: int, move: bool) -> dict[str, Any]:
         "b": keys[pairs.second].tolist(),
         "distance": pairs.distance.tolist(),
         "flipped": pairs.flipped.tolist(),
-        "scale": np.asarray(WINDOW_SCALES)[window].tolist(),
         "leakage": leakage.tolist(),
         "cross_class": cross.tolist(),
         "moved": sorted(keys[moved].tolist()),
@@ -237,21 +221,14 @@ def _key_prefix(number: int) -> str:
 
 
 def guess_transformation(
-    flipped: bool,
-    size_a: tuple[int, int] | None,
-    size_b: tuple[int, int] | None,
-    scale: float = 1.0,
+    flipped: bool, size_a: tuple[int, int] | None, size_b: tuple[int, int] | None
 ) -> str:
     """Which transformation probably turned one source of a pair into the other, where the
     hash and the source sizes can tell: ``mirror``, ``crop`` (aspect ratios differ), ``scale``
     (one aspect, another size), ``re-encode or edit`` (the same size), joined by ``+``;
-    ``unknown`` when the sizes are not recorded (an adopted dataset). A pair matched by a
-    window smaller than the whole frame (``scale`` below 1) is ``crop N%``: one shows about
-    the centred ``N`` % (on each side) of the other, whatever the sizes."""
+    ``unknown`` when the sizes are not recorded (an adopted dataset)."""
     parts = ["mirror"] if flipped else []
-    if scale < 1:
-        parts.append(f"crop {round(scale * 100)}%")
-    elif size_a and size_b and all(size_a) and all(size_b):
+    if size_a and size_b and all(size_a) and all(size_b):
         aspect_a, aspect_b = size_a[0] / size_a[1], size_b[0] / size_b[1]
         if abs(aspect_a - aspect_b) > _SAME_ASPECT * aspect_a:
             parts.append("crop")
@@ -369,20 +346,18 @@ class _WriteReportFn(beam.DoFn):
             return written[number]._replace(moved=number in moved)
 
         lines = []
-        scales = found.get("scale") or [1.0] * len(found["a"])
-        for a, b, distance, flipped, scale, leak, cross in zip(
+        for a, b, distance, flipped, leak, cross in zip(
             found["a"],
             found["b"],
             found["distance"],
             found["flipped"],
-            scales,
             found["leakage"],
             found["cross_class"],
             strict=True,
         ):
             one, two = sorted((member(a), member(b)))
             rank = 0 if leak else 1 if cross else 2
-            probably = guess_transformation(flipped, sizes.get(a), sizes.get(b), scale)
+            probably = guess_transformation(flipped, sizes.get(a), sizes.get(b))
             lines.append(
                 NearDuplicatePair(rank, distance, one, two, flipped, leak, cross, probably)
             )
@@ -413,22 +388,19 @@ class FindNearDuplicates(beam.PTransform):
     Records are ``PreparedRecord`` or ``StagedRecord`` (anything with ``sha256`` and ``meta``).
     The dict holds the pairs by key number and ``moved``, the key numbers
     ``MoveLeakageToTrain`` moves; read it with ``found_side_input``, which stands in for an
-    empty search. Only 25 bytes per example (57 gathered: with the window hashes) leave this
-    step's first map; nothing else of a record is kept (``ReportNearDuplicates`` names the
-    examples from the catalogs).
+    empty search. Only 25 bytes per example leave this step's first map; nothing else of a
+    record is kept (``ReportNearDuplicates`` names the examples from the catalogs).
 
-    The search runs on the engine, bucket by bucket (``SearchNearDuplicates``, whole frames
-    only); with ``gathered=True`` every example's window hashes are gathered in one worker and
-    searched there by the window rule (``search_columns``: crops pair with their originals).
-    On whole frames both give the same result while the pairs stay under
+    The search runs on the engine, bucket by bucket (``SearchNearDuplicates``); with
+    ``gathered=True`` every hash is gathered in one worker and searched there
+    (``search_columns``). Both give the same result while the pairs stay under
     ``MAX_REPORTED_PAIRS``; past it the gathered search keeps the pairs its probe order met
     first, the bucketed one the first in key order. The pipeline gathers unless the input is
     a listing of ``AUTO_BUCKETED_FROM`` inputs or more on a distributed runner
     (``--near_duplicate_search auto``): bucketing sends 2(t+1) entries an example through a
     shuffle, which Beam's in-process runner holds in memory (26 bytes an entry, packed: about
-    470 bytes an example at t = 8, against 57 gathered), while the gathered search's one
-    worker holds about 145 bytes an example while it searches whole frames (about three times
-    that with the window hashes: ``docs/pipeline.md``).
+    470 bytes an example at t = 8, against 25 gathered), while the gathered search's one
+    worker holds about 145 bytes an example while it searches.
 
     Args:
       threshold: the largest Hamming distance that makes a pair.
@@ -458,21 +430,18 @@ class FindNearDuplicates(beam.PTransform):
 
     def expand(self, by_split):
         threshold, move = self._threshold, self._action == "move_to_train"
+        entries = (
+            by_split
+            | "HashEntries" >> beam.Map(hash_entry)
+            | "WithHash" >> beam.Filter(lambda entry: entry is not None)
+            # (key number, phash, split code, label)
+        )
         if not self._gathered:
-            entries = (
-                by_split
-                | "HashEntries" >> beam.Map(hash_entry)
-                | "WithHash" >> beam.Filter(lambda entry: entry is not None)
-                # (key number, phash, split code, label)
-            )
             return entries | "SearchByBucket" >> SearchNearDuplicates(
                 threshold=threshold, move=move, max_bucket_entries=self._max_bucket_entries
             )
         return (
-            by_split
-            | "HashEntries" >> beam.Map(window_entry)
-            | "WithHash" >> beam.Filter(lambda entry: entry is not None)
-            # (key number, phash, split code, label, window 1, ..., window 4)
+            entries
             # Without defaults: a default would be injected through a side input, which the
             # in-process runner keeps (all the columns) until the pipeline ends.
             | "Columns" >> beam.CombineGlobally(_Columns()).without_defaults()

@@ -61,7 +61,6 @@ from catalog.near_duplicates import (
     leakage_moves,
     search_bucket,
 )
-from catalog.window_hashes import WINDOW_SCALES
 
 __all__ = [
     "MAX_REPORTED_PAIRS",
@@ -72,7 +71,6 @@ __all__ = [
     "signed64",
     "key_number",
     "hash_entry",
-    "window_entry",
     "pairs_result",
     "SearchBucketFn",
     "SearchNearDuplicates",
@@ -121,20 +119,6 @@ def hash_entry(element) -> tuple[int, int, int, int] | None:
     if meta is None or meta.phash is None or split not in SPLIT_CODES:
         return None
     return (key_number(record.sha256), signed64(meta.phash), SPLIT_CODES[split], meta.label)
-
-
-def window_entry(element) -> tuple[int, ...] | None:
-    """``(split, record) -> (key number, phash, split code, label, window 1, ..., window 4)``,
-    hashes signed, or None as for ``hash_entry``: what the gathered search takes. A record
-    without window hashes (reused from ``--base``) repeats its whole frame in their place,
-    which pairs it as its whole frame alone."""
-    entry = hash_entry(element)
-    if entry is None:
-        return None
-    windows = element[1].meta.windows
-    if windows is None:
-        return (*entry, *([entry[1]] * (len(WINDOW_SCALES) - 1)))
-    return (*entry, *(signed64(w) for w in windows))
 
 
 def _bucket_values(phash: np.ndarray, threshold: int, flips: bool):
@@ -349,7 +333,6 @@ def pairs_result(examples: int, pairs: list[tuple], move: bool) -> dict[str, Any
         "b": [p[1] for p in pairs],
         "distance": found.distance.tolist(),
         "flipped": found.flipped.tolist(),
-        "scale": [1.0] * len(pairs),  # this search compares whole frames only
         "leakage": leakage.tolist(),
         "cross_class": cross.tolist(),
         "moved": sorted(keys[moved].tolist()),

@@ -46,7 +46,7 @@ from beam_pipelines.graph.leakage import (
 from beam_pipelines.graph.plan import PlanShards
 from beam_pipelines.graph.splits import AssignSplits
 from beam_pipelines.image.bounds import BoundedPreparer
-from beam_pipelines.image.phash import window_hashes
+from beam_pipelines.image.phash import perceptual_hashes
 from beam_pipelines.image.prepare import ImageOptions, RejectedImage, internal_error
 from beam_pipelines.inputs.sources import SKIPPED_TAG, LabelNames, ListSources, unpack_sources
 from beam_pipelines.output.catalog_io import MergeCatalogs
@@ -132,16 +132,15 @@ class PrepareImageFn(beam.DoFn):
         self._preparer: BoundedPreparer | None = None
 
     def _with_hashes(self, records):
-        """Fills in ``meta.phash`` and ``meta.windows`` (the other window hashes, for the
-        near-duplicate search) of the records whose luma samples wait, all at once."""
+        """Fills in ``meta.phash`` of the records whose luma samples wait, all at once."""
         records = list(records)
         waiting = [i for i, r in enumerate(records) if (r.sha256, r.uri) in self._samples]
         if not waiting:
             return records
         samples = [self._samples.pop((records[i].sha256, records[i].uri)) for i in waiting]
-        for i, hashes in zip(waiting, window_hashes(samples).tolist(), strict=True):
-            meta = records[i].meta._replace(phash=hashes[0], windows=tuple(hashes[1:]))
-            records[i] = records[i]._replace(meta=meta)
+        for i, phash in zip(waiting, perceptual_hashes(samples), strict=True):
+            record = records[i]
+            records[i] = record._replace(meta=record.meta._replace(phash=phash))
         return records
 
     def _label_index(self, label_names: tuple[str, ...]) -> dict[str, int]:

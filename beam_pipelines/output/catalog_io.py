@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from beam_pipelines.elements import SEARCH_ONLY_FIELDS, CatalogMeta, ShardResult
+from beam_pipelines.elements import CatalogMeta, ShardResult
 from beam_pipelines.engines.filesystems import file_digest, write_object
 from catalog.index_files import format_index, index_filename
 from catalog.partitions import (
@@ -130,8 +130,6 @@ def fragment_table(
         "length": [int(e[1]) for e in entries],
     }
     for field in CatalogMeta._fields:
-        if field in SEARCH_ONLY_FIELDS:
-            continue
         columns[field] = [None if r.meta is None else getattr(r.meta, field) for r in records]
     return build_table(columns)
 

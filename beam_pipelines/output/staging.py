@@ -103,10 +103,7 @@ def _meta_to_json(meta: CatalogMeta | None) -> dict[str, Any] | None:
 
 
 def _meta_from_json(data: dict[str, Any] | None) -> CatalogMeta | None:
-    if data is None:
-        return None
-    meta = CatalogMeta(**data)  # a sidecar written before the window hashes has none
-    return meta if meta.windows is None else meta._replace(windows=tuple(meta.windows))
+    return None if data is None else CatalogMeta(**data)
 
 
 class RecordStager:
@@ -392,8 +389,7 @@ def pack_locations(records: Iterable[StagedRecord]) -> bytes:
             r.file,
             r.offset,
             r.length,
-            # The window hashes serve only the near-duplicate search, not the shard writer.
-            None if r.meta is None else tuple(r.meta._replace(windows=None)),
+            None if r.meta is None else tuple(r.meta),
         )
         for r in records
     ]
