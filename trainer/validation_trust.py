@@ -130,9 +130,11 @@ def read_leakage(model_dir: str) -> tuple[int, str] | None:
     if not source:
         return None
     report = f"{source.rstrip('/')}/{NEAR_DUPLICATES_FILE}"
+    from objstore import ObjectStoreError, storage_for
+
     try:
-        text = _read_text(report)
-    except (OSError, ValueError):
+        text = storage_for(report).read_bytes(report).decode("utf-8")
+    except (OSError, ValueError, ObjectStoreError):  # no report, no credentials: n/a
         return None
     leaked: set[str] = set()
     for line in text.splitlines():
@@ -147,19 +149,6 @@ def read_leakage(model_dir: str) -> tuple[int, str] | None:
             if not members:
                 leaked.add(line)
     return len(leaked), report
-
-
-def _read_text(uri: str) -> str:
-    """A small text file, local or on ``s3://`` / ``gs://``."""
-    from objstore import get_store, is_object_store_uri
-
-    if is_object_store_uri(uri):
-        try:
-            return get_store(uri).read_bytes(uri).decode("utf-8")
-        except Exception as e:  # missing object, no credentials: the check says n/a
-            raise OSError(str(e)) from e
-    with open(uri, encoding="utf-8") as f:
-        return f.read()
 
 
 def leakage_verdict(leakage: tuple[int, str] | None) -> Verdict:
