@@ -98,17 +98,16 @@ def test_pipeline_sample_hash_is_close_to_the_exact_area_hash():
 
 
 @pytest.mark.parametrize("size", [(64, 64), (100, 80), (341, 256), (256, 384), (40, 30)])
-def test_output_sample_box_averages_after_a_whole_factor_reduction(size):
+def test_output_sample_box_averages_luma_after_a_whole_factor_reduction(size):
     # An image whose shorter side is at least twice SAMPLE is first averaged by the one whole
     # factor that keeps that side at least SAMPLE (341x256 -> 85x64); the box filter runs on
-    # that, then luma on 64x64.
+    # luma of that, then the box filter to 64x64 on the one band.
     image = Image.fromarray(_scene(7, size))
     factor = max(1, min(size) // SAMPLE)
     reduced = image.reduce(factor) if factor > 1 else image
     if factor > 1:
         assert min(reduced.size) >= SAMPLE and min(reduced.size) < 2 * SAMPLE
-    small = reduced.resize((SAMPLE, SAMPLE), Image.Resampling.BOX)
-    expected = small.convert("L").tobytes()
+    expected = reduced.convert("L").resize((SAMPLE, SAMPLE), Image.Resampling.BOX).tobytes()
     assert output_sample(image) == expected
     assert len(expected) == SAMPLE * SAMPLE
 

@@ -52,13 +52,16 @@ def output_sample(image: Image.Image) -> bytes:
     sample costs one reduction by the same whole factor on both axes, the largest that keeps
     the shorter side at least ``SAMPLE`` (``Image.reduce``: 341x256 -> 85x64; Pillow has fast
     paths for square factors, and its ``reducing_gap``, which picks a factor per axis, took
-    1.8x as long), a box filter over a few thousand pixels, then luma on 64x64. Resized,
-    re-encoded and mirrored copies come out at the same stored size, so they sample alike.
+    1.8x as long), luma on those few thousand pixels, then a box filter to 64x64 on the one
+    band (a fifth cheaper than boxing the three colour bands first: within one level of it).
+    Resized, re-encoded and mirrored copies come out at the same stored size, so they sample
+    alike.
     """
     factor = min(image.size) // SAMPLE
     small = image.reduce(factor) if factor > 1 else image
-    small = small.resize((SAMPLE, SAMPLE), Image.Resampling.BOX)
-    return (small if small.mode == "L" else small.convert("L")).tobytes()
+    if small.mode != "L":
+        small = small.convert("L")
+    return small.resize((SAMPLE, SAMPLE), Image.Resampling.BOX).tobytes()
 
 
 luma_sample = output_sample  # the sample of any image: what ``perceptual_hash`` hashes
