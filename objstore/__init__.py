@@ -3,9 +3,12 @@
 It imports nothing else of the project and never TensorFlow, so the Beam pipeline (whose
 workers install the package without TensorFlow) and the tf.data reader share one implementation:
 
-* ``stores``: ``s3://`` and ``gs://`` clients behind one ``ObjectStore`` interface;
+* ``stores``: ``s3://`` and ``gs://`` clients behind one ``ObjectStore`` interface (one client
+  per process, retry policy and settings);
 * ``local``: local paths behind the same operations, and ``storage_for``, the one store for any
   path (local, ``file://``, ``s3://``, ``gs://``), so callers never branch on the scheme;
+* ``settings``: ``StoreSettings``, endpoints and credentials given as values (the pipeline's
+  ``--s3_*`` flags) rather than read from the environment;
 * ``errors``: which failures are transient, and the errors that name the URI;
 * ``retry``: the one ``RetryPolicy`` and the one retry loop, ``retry_call``;
 * ``redaction``: credentials never reach a message or a log record;
@@ -25,6 +28,7 @@ from objstore.errors import (
 from objstore.local import LocalStore, Storage, local_path, storage_for
 from objstore.redaction import install_log_redaction, redact, register_secret
 from objstore.retry import Failure, RetryPolicy, retry_call
+from objstore.settings import StoreSettings
 from objstore.stores import GCSStore, ObjectInfo, ObjectStore, S3Store, get_store
 from objstore.uris import GLOB_CHARS, SCHEMES, has_glob, is_object_store_uri, join_uri, parse_uri
 
@@ -42,6 +46,7 @@ __all__ = [
     "RetryPolicy",
     "S3Store",
     "Storage",
+    "StoreSettings",
     "ShortReadError",
     "classify",
     "describe",

@@ -14,11 +14,13 @@ import builtins
 import glob as globlib
 import hashlib
 import os
+import shutil
 from collections.abc import Callable
 from typing import TypeVar
 
-from objstore.atomic import write_atomic
+from objstore.atomic import temporary_path, write_atomic
 from objstore.retry import RetryPolicy, retry_call
+from objstore.settings import StoreSettings
 from objstore.stores import ObjectInfo, ObjectStore, get_store
 from objstore.uris import SCHEMES
 
@@ -100,6 +102,28 @@ class LocalStore:
 
         self.call("write", path, write)
 
+    def upload(self, path: str, local_source: str) -> None:
+        """Copies the local file ``local_source`` to ``path`` under a temporary name, then
+        renames it (parents are made), so nobody sees a partial file under ``path``.
+
+        Raises:
+          FileNotFoundError: if ``local_source`` does not exist.
+        """
+        local = local_path(path)
+
+        def copy() -> None:
+            os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+            temporary = temporary_path(local)
+            try:
+                shutil.copyfile(local_source, temporary)
+                os.replace(temporary, local)
+            except BaseException:
+                if os.path.exists(temporary):
+                    os.unlink(temporary)
+                raise
+
+        self.call("write", path, copy)
+
     def delete(self, path: str) -> None:
         """Deletes one file; a missing file is not an error."""
         try:
@@ -123,6 +147,55 @@ class LocalStore:
             return sorted(found, key=lambda info: info.uri)
 
         return self.call("list", prefix, listing)
+
+    def list_one_level(self, path: str) -> tuple[builtins.list[str], builtins.list[ObjectInfo]]:
+        """What is directly in the directory ``path``: its subdirectories and its files.
+
+        Symbolic links to directories are left out (as a recursive listing leaves them); links
+        to files are listed with the size and modification time of their target.
+
+        Returns:
+          ``(subdirectories, files)``: paths (``file://`` kept if given) without a trailing
+          separator, sorted; and the files with their sizes and modification times, sorted.
+
+        Raises:
+          FileNotFoundError / NotADirectoryError: if ``path`` is not a directory.
+        """
+        root = path.rstrip("/") or "/"
+
+        def join(name: str) -> str:
+            return f"{root}/{name}" if root.startswith("file://") else os.path.join(root, name)
+
+        def scan() -> tuple[builtins.list[str], builtins.list[ObjectInfo]]:
+            dirs, files = [], []
+            with os.scandir(local_path(root)) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        dirs.append(join(entry.name))
+                    elif entry.is_file():
+                        info = entry.stat()
+                        files.append(ObjectInfo(join(entry.name), info.st_size, info.st_mtime))
+            return sorted(dirs), sorted(files, key=lambda info: info.uri)
+
+        return self.call("list one level", path, scan)
+
+    def digest(self, path: str, *, chunk_bytes: int = _COPY_CHUNK) -> tuple[int, str]:
+        """``(size, SHA-256 hex)`` of a file, streamed.
+
+        Raises:
+          FileNotFoundError: if it does not exist.
+        """
+
+        def read() -> tuple[int, str]:
+            digest = hashlib.sha256()
+            size = 0
+            with open(local_path(path), "rb") as f:
+                while chunk := f.read(chunk_bytes):
+                    digest.update(chunk)
+                    size += len(chunk)
+            return size, digest.hexdigest()
+
+        return self.call("read", path, read)
 
     def glob(self, pattern: str) -> builtins.list[str]:
         """Files (not directories) matching a glob, sorted."""
@@ -162,16 +235,18 @@ Storage = ObjectStore | LocalStore
 _LOCAL = LocalStore()
 
 
-def storage_for(path: str, retry: RetryPolicy | None = None) -> Storage:
-    """The store that serves ``path``: ``s3://`` and ``gs://`` their ``ObjectStore``, a local path
-    or ``file://`` URI the ``LocalStore``.
+def storage_for(
+    path: str, retry: RetryPolicy | None = None, settings: StoreSettings | None = None
+) -> Storage:
+    """The store that serves ``path``: ``s3://`` and ``gs://`` their ``ObjectStore`` (configured
+    from the environment and ``settings``), a local path or ``file://`` URI the ``LocalStore``.
 
     Raises:
       ValueError: for any other scheme, naming the ones supported.
     """
     scheme, sep, _ = path.partition("://")
     if sep and scheme in SCHEMES:
-        return get_store(path, retry)
+        return get_store(path, retry, settings)
     if sep and scheme != "file":
         raise ValueError(
             f"unsupported storage scheme {scheme!r} in {path!r}: expected a local path, file://, "

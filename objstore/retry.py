@@ -1,8 +1,9 @@
 """The one retry policy and the one retry loop for every storage call of the project.
 
-Both the reader's object-store client (``objstore.stores``) and the pipeline's reads through Beam
-FileSystems (``beam_pipelines.engines.filesystems``) run their calls through ``retry_call``, so they
-retry the same failures with the same bounded backoff and log each retry the same way.
+The stores (``objstore.stores``, ``objstore.local``), which the pipeline, the reader and the tools
+share, and what the pipeline still reads through Beam FileSystems
+(``beam_pipelines.engines.filesystems``) run their calls through ``retry_call``, so they retry the
+same failures with the same bounded backoff and log each retry the same way.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@
 ``AWS_REGION`` / ``AWS_DEFAULT_REGION``. ``gs://`` goes through google-cloud-storage, which
 honours ``STORAGE_EMULATOR_HOST`` and otherwise uses application-default credentials. gcsfs is
 not used: pointed at an emulator it spends about a minute probing gRPC before falling back.
+A ``StoreSettings`` (``objstore.settings``) given to ``get_store`` overrides any of these with
+values, as the pipeline's ``--s3_*`` flags do.
 
 Every call is retried by ``objstore.retry``, not in the client libraries (their own retries are
 switched off), so that retry behaviour is the same for both stores, bounded, and visible in the
@@ -45,19 +47,26 @@ from objstore.errors import (
 )
 from objstore.redaction import install_log_redaction, redact, register_secret
 from objstore.retry import Failure, RetryPolicy, retry_call
+from objstore.settings import StoreSettings
 from objstore.uris import parse_uri
 
 __all__ = ["GCSStore", "ObjectInfo", "ObjectStore", "S3Store", "get_store"]
 
 _T = TypeVar("_T")
+# Where the size a chunked read expects came from, and when a different size means it changed.
+_PUBLISHED_SIZE = ("dataset.json", "after the dataset was published")
+_SIZE_AT_START = ("its size when the read began", "while it was being read")
 
 
 @dataclasses.dataclass(frozen=True)
 class ObjectInfo:
-    """One object: its URI and size in bytes."""
+    """One object: its URI, size in bytes and, where the listing gives it, its last
+    modification time (seconds since the epoch; not compared: two listings of the same objects
+    are equal)."""
 
     uri: str
     size: int
+    mtime: float | None = dataclasses.field(default=None, compare=False)
 
 
 class ObjectStore(abc.ABC):
@@ -69,12 +78,23 @@ class ObjectStore(abc.ABC):
     """
 
     scheme: str = ""
-    credentials_hint: str = ""
 
-    def __init__(self, retry: RetryPolicy | None = None, *, seed: int | None = None) -> None:
+    def __init__(
+        self,
+        retry: RetryPolicy | None = None,
+        *,
+        seed: int | None = None,
+        settings: StoreSettings | None = None,
+    ) -> None:
         self.retry = retry or RetryPolicy()
+        self.settings = settings or StoreSettings()
         self._rng = random.Random(seed)
         install_log_redaction()
+
+    @property
+    def credentials_hint(self) -> str:
+        """What to check when a call is refused: where this store's credentials come from."""
+        return ""
 
     # -- single attempts, implemented per client ------------------------------------------------
 
@@ -88,7 +108,17 @@ class ObjectStore(abc.ABC):
     def _raw_write(self, bucket: str, key: str, data: bytes) -> None: ...
 
     @abc.abstractmethod
+    def _raw_upload(self, bucket: str, key: str, local_path: str) -> None: ...
+
+    @abc.abstractmethod
     def _raw_list(self, bucket: str, prefix: str) -> list[tuple[str, int]]: ...
+
+    @abc.abstractmethod
+    def _raw_list_level(
+        self, bucket: str, prefix: str
+    ) -> tuple[list[str], list[tuple[str, int, float | None]]]:
+        """One delimiter listing: the common prefixes (``a/b/``) and ``(key, size, mtime)`` of
+        the objects directly under ``prefix``, every page."""
 
     @abc.abstractmethod
     def _raw_delete(self, bucket: str, key: str) -> None: ...
@@ -211,6 +241,22 @@ class ObjectStore(abc.ABC):
             raise ValueError(f"cannot write to a bucket root: {redact(uri)!r}")
         self.call("write", uri, lambda: self._raw_write(bucket, key, data))
 
+    def upload(self, uri: str, local_path: str) -> None:
+        """Writes the local file ``local_path`` as the whole object ``uri`` (streamed; large
+        files in parts). Readers see the whole object or the one it replaces, never a part.
+
+        Raises:
+          ValueError: if ``uri`` is a bucket root.
+          FileNotFoundError: if ``local_path`` does not exist.
+          ObjectStoreError: see ``call``.
+        """
+        _, bucket, key = parse_uri(uri)
+        if not key:
+            raise ValueError(f"cannot write to a bucket root: {redact(uri)!r}")
+        if not os.path.isfile(local_path):
+            raise FileNotFoundError(f"{local_path}: no such file to upload to {redact(uri)}")
+        self.call("write", uri, lambda: self._raw_upload(bucket, key, local_path))
+
     def delete(self, uri: str) -> None:
         """Deletes one object; a missing object is not an error."""
         _, bucket, key = parse_uri(uri)
@@ -227,6 +273,32 @@ class ObjectStore(abc.ABC):
             (ObjectInfo(f"{scheme}://{bucket}/{key}", size) for key, size in rows),
             key=lambda info: info.uri,
         )
+
+    def list_one_level(self, uri: str) -> tuple[builtins.list[str], builtins.list[ObjectInfo]]:
+        """What is directly under the "directory" ``uri``: a delimiter listing, every page.
+
+        Returns:
+          ``(subdirectories, files)``: the URIs of the prefixes one level down, without their
+          trailing ``/``, sorted; and the objects directly under ``uri/`` with their sizes and
+          modification times, sorted by URI (a ``uri/`` marker object itself is left out). A
+          prefix holding nothing gives two empty lists.
+
+        Raises:
+          ObjectNotFoundError: if the bucket does not exist.
+          ObjectAccessError, ObjectStoreError: see ``call``.
+        """
+        scheme, bucket, key = parse_uri(uri.rstrip("/"))
+        prefix = f"{key}/" if key else ""
+        prefixes, rows = self.call(
+            "list one level", uri, lambda: self._raw_list_level(bucket, prefix)
+        )
+        base = f"{scheme}://{bucket}/"
+        dirs = sorted({base + p.rstrip("/") for p in prefixes})
+        files = sorted(
+            (ObjectInfo(base + k, size, mtime) for k, size, mtime in rows if k != prefix),
+            key=lambda info: info.uri,
+        )
+        return dirs, files
 
     def isdir(self, uri: str) -> bool:
         """True if some object lives under ``uri/`` (object stores have no real directories)."""
@@ -275,55 +347,98 @@ class ObjectStore(abc.ABC):
           ObjectStoreError: if the object is missing, refused, or not ``expected_size`` bytes.
         """
         size = self.size(uri) if expected_size is None else expected_size
-        _, bucket, key = parse_uri(uri)
         digest = hashlib.sha256()
         with open(dest, "wb") as f:
-            for start in range(0, size, chunk_bytes):
-                end = min(size, start + chunk_bytes)
-
-                def attempt(start: int = start, end: int = end) -> bytes:
-                    data = self._raw_read(bucket, key, start, end)
-                    if len(data) != end - start:
-                        self._check_size(uri, bucket, key, size)
-                        raise ShortReadError(f"got {len(data)} of {end - start} bytes")
-                    return data
-
-                data = self.call(f"read bytes [{start}, {end})", uri, attempt)
+            for data in self._chunks(uri, size, chunk_bytes, _PUBLISHED_SIZE):
                 digest.update(data)
                 f.write(data)
         return digest.hexdigest()
 
-    def _check_size(self, uri: str, bucket: str, key: str, expected: int) -> None:
+    def digest(self, uri: str, *, chunk_bytes: int = 8 << 20) -> tuple[int, str]:
+        """``(size, SHA-256 hex)`` of an object, streamed in ranged chunks (each retried on
+        its own), without keeping it.
+
+        Raises:
+          ObjectNotFoundError: if it does not exist.
+          ObjectStoreError: if it is refused, or changes size while being read.
+        """
+        size = self.size(uri)
+        digest = hashlib.sha256()
+        for data in self._chunks(uri, size, chunk_bytes, _SIZE_AT_START):
+            digest.update(data)
+        return size, digest.hexdigest()
+
+    def _chunks(
+        self, uri: str, size: int, chunk_bytes: int, size_from: tuple[str, str]
+    ) -> Iterator[bytes]:
+        _, bucket, key = parse_uri(uri)
+        for start in range(0, size, chunk_bytes):
+            end = min(size, start + chunk_bytes)
+
+            def attempt(start: int = start, end: int = end) -> bytes:
+                data = self._raw_read(bucket, key, start, end)
+                if len(data) != end - start:
+                    self._check_size(uri, bucket, key, size, size_from)
+                    raise ShortReadError(f"got {len(data)} of {end - start} bytes")
+                return data
+
+            yield self.call(f"read bytes [{start}, {end})", uri, attempt)
+
+    def _check_size(
+        self, uri: str, bucket: str, key: str, expected: int, size_from: tuple[str, str]
+    ) -> None:
         try:
             actual = self._raw_size(bucket, key)
         except Exception:  # the read is retried; this check only words the final error
             return
         if actual != expected:
+            source, when = size_from
             raise ObjectStoreError(
-                f"{uri}: object is {actual} bytes but {expected} were expected (dataset.json); "
-                f"it was changed after the dataset was published",
+                f"{uri}: object is {actual} bytes but {expected} were expected ({source}); "
+                f"it was changed {when}",
                 uri=uri,
             )
 
 
 class S3Store(ObjectStore):
-    """``s3://`` through s3fs, configured from the standard AWS environment and config files."""
+    """``s3://`` through s3fs, configured from the standard AWS environment and config files,
+    or from the values of a ``StoreSettings``."""
 
     scheme = "s3"
-    credentials_hint = (
-        "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's policy"
-    )
 
-    def __init__(self, retry: RetryPolicy | None = None, *, seed: int | None = None) -> None:
-        super().__init__(retry, seed=seed)
+    def __init__(
+        self,
+        retry: RetryPolicy | None = None,
+        *,
+        seed: int | None = None,
+        settings: StoreSettings | None = None,
+    ) -> None:
+        super().__init__(retry, seed=seed, settings=settings)
         import s3fs
 
+        given = self.settings
         timeout = self.retry.timeout_s
+        # Settings left at None are not passed: botocore then resolves AWS_ENDPOINT_URL(_S3),
+        # credentials and region itself.
+        client_kwargs = {
+            name: value
+            for name, value in (
+                ("region_name", given.s3_region_name),
+                ("verify", given.s3_verify),
+                ("api_version", given.s3_api_version),
+            )
+            if value is not None
+        }
         self._fs = s3fs.S3FileSystem(
+            endpoint_url=given.s3_endpoint_url,
+            key=given.s3_access_key_id,
+            secret=given.s3_secret_access_key,
+            token=given.s3_session_token,
+            use_ssl=given.s3_use_ssl,
+            client_kwargs=client_kwargs,
             skip_instance_cache=True,
             use_listings_cache=False,
-            # botocore resolves AWS_ENDPOINT_URL(_S3), credentials and region itself; only its
-            # retries are switched off, since ``call`` retries.
+            # Only botocore's retries are switched off, since ``call`` retries.
             config_kwargs={
                 "retries": {"total_max_attempts": 1, "mode": "standard"},
                 "connect_timeout": timeout,
@@ -331,6 +446,13 @@ class S3Store(ObjectStore):
             },
         )
         self._fs.retries = 1  # s3fs's own retry loop: one attempt
+
+    @property
+    def credentials_hint(self) -> str:
+        if self.settings.s3_credentials_given:
+            # Each flag is followed by punctuation: redaction hides the word after a flag.
+            return "the credentials given (--s3_access_key_id, --s3_secret_access_key) and the bucket's policy"
+        return "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the bucket's policy"
 
     def _raw_size(self, bucket: str, key: str) -> int:
         if not key:
@@ -344,21 +466,41 @@ class S3Store(ObjectStore):
     def _raw_write(self, bucket: str, key: str, data: bytes) -> None:
         self._fs.pipe_file(f"{bucket}/{key}", data)
 
+    def _raw_upload(self, bucket: str, key: str, local_path: str) -> None:
+        self._fs.put_file(local_path, f"{bucket}/{key}")
+
     def _raw_list(self, bucket: str, prefix: str) -> list[tuple[str, int]]:
         return [
             (entry["Key"], int(entry["Size"]))
             for page in self._paginate(bucket, prefix)
-            for entry in page
+            for entry in page.get("Contents", [])
         ]
 
-    def _paginate(self, bucket: str, prefix: str) -> Iterator[list[dict[str, Any]]]:
+    def _raw_list_level(
+        self, bucket: str, prefix: str
+    ) -> tuple[list[str], list[tuple[str, int, float | None]]]:
+        prefixes: list[str] = []
+        rows: list[tuple[str, int, float | None]] = []
+        for page in self._paginate(bucket, prefix, delimiter="/"):
+            prefixes += [p["Prefix"] for p in page.get("CommonPrefixes", [])]
+            rows += [
+                (o["Key"], int(o["Size"]), o["LastModified"].timestamp())
+                for o in page.get("Contents", [])
+            ]
+        return prefixes, rows
+
+    def _paginate(
+        self, bucket: str, prefix: str, delimiter: str | None = None
+    ) -> Iterator[dict[str, Any]]:
         token: str | None = None
         while True:
             kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+            if delimiter:
+                kwargs["Delimiter"] = delimiter
             if token:
                 kwargs["ContinuationToken"] = token
             out = self._fs.call_s3("list_objects_v2", **kwargs)
-            yield out.get("Contents", [])
+            yield out
             token = out.get("NextContinuationToken")
             if not out.get("IsTruncated") or not token:
                 return
@@ -378,16 +520,19 @@ class S3Store(ObjectStore):
 
 
 class GCSStore(ObjectStore):
-    """``gs://`` through google-cloud-storage (``STORAGE_EMULATOR_HOST`` or ADC)."""
+    """``gs://`` through google-cloud-storage (``STORAGE_EMULATOR_HOST`` or ADC, or the
+    emulator host and project of a ``StoreSettings``)."""
 
     scheme = "gs"
-    credentials_hint = (
-        "the application-default credentials (GOOGLE_APPLICATION_CREDENTIALS or "
-        "`gcloud auth application-default login`) and the bucket's IAM policy"
-    )
 
-    def __init__(self, retry: RetryPolicy | None = None, *, seed: int | None = None) -> None:
-        super().__init__(retry, seed=seed)
+    def __init__(
+        self,
+        retry: RetryPolicy | None = None,
+        *,
+        seed: int | None = None,
+        settings: StoreSettings | None = None,
+    ) -> None:
+        super().__init__(retry, seed=seed, settings=settings)
         self._local = threading.local()
         self._register_adc_secrets()
         # The client otherwise fetches bucket metadata in background threads, with its own
@@ -410,14 +555,34 @@ class GCSStore(ObjectStore):
                 if isinstance(value, str):
                     register_secret(value)
 
+    @property
+    def credentials_hint(self) -> str:
+        return (
+            "the application-default credentials (GOOGLE_APPLICATION_CREDENTIALS or "
+            "`gcloud auth application-default login`) and the bucket's IAM policy"
+        )
+
     def _client(self) -> Any:
         # One client per thread: the requests session under it is not documented thread-safe.
         client = getattr(self._local, "client", None)
         if client is None:
             import google.cloud.storage as storage
 
-            project = os.environ.get("GOOGLE_CLOUD_PROJECT") or os.environ.get("GCLOUD_PROJECT")
-            client = storage.Client(project=project)
+            project = (
+                self.settings.gcs_project
+                or os.environ.get("GOOGLE_CLOUD_PROJECT")
+                or os.environ.get("GCLOUD_PROJECT")
+            )
+            host = self.settings.gcs_emulator_host
+            if host is None:
+                client = storage.Client(project=project)
+            else:
+                # As the library treats STORAGE_EMULATOR_HOST: that endpoint, no credentials.
+                client = storage.Client(
+                    project=project,
+                    client_options={"api_endpoint": host},
+                    use_auth_w_custom_endpoint=False,
+                )
             self._local.client = client
         return client
 
@@ -440,6 +605,9 @@ class GCSStore(ObjectStore):
         return blob.download_as_bytes(
             start=start,
             end=None if end is None else end - 1,  # inclusive in this API
+            # The bytes as stored: an object uploaded with Content-Encoding: gzip is not
+            # decompressed on the way (its size and ranges are those of the stored bytes).
+            raw_download=True,
             checksum=None if start is not None else "auto",
             retry=None,
             timeout=self._timeout,
@@ -449,9 +617,28 @@ class GCSStore(ObjectStore):
         blob = self._client().bucket(bucket).blob(key)
         blob.upload_from_string(data, retry=None, timeout=self._timeout)
 
+    def _raw_upload(self, bucket: str, key: str, local_path: str) -> None:
+        blob = self._client().bucket(bucket).blob(key)
+        blob.upload_from_filename(local_path, retry=None, timeout=self._timeout)
+
     def _raw_list(self, bucket: str, prefix: str) -> list[tuple[str, int]]:
         blobs = self._client().list_blobs(bucket, prefix=prefix, retry=None, timeout=self._timeout)
         return [(blob.name, int(blob.size)) for blob in blobs]
+
+    def _raw_list_level(
+        self, bucket: str, prefix: str
+    ) -> tuple[list[str], list[tuple[str, int, float | None]]]:
+        blobs = self._client().list_blobs(
+            bucket, prefix=prefix, delimiter="/", retry=None, timeout=self._timeout
+        )
+        prefixes: list[str] = []
+        rows: list[tuple[str, int, float | None]] = []
+        for page in blobs.pages:
+            rows += [
+                (b.name, int(b.size), b.updated.timestamp() if b.updated else None) for b in page
+            ]
+            prefixes += list(page.prefixes)
+        return prefixes, rows
 
     def _raw_delete(self, bucket: str, key: str) -> None:
         self._client().bucket(bucket).blob(key).delete(retry=None, timeout=self._timeout)
@@ -489,24 +676,30 @@ _stores: dict[tuple[Any, ...], ObjectStore] = {}
 _stores_lock = threading.Lock()
 
 
-def get_store(uri: str, retry: RetryPolicy | None = None) -> ObjectStore:
-    """The store for ``uri``'s scheme, configured from the current environment.
+def get_store(
+    uri: str, retry: RetryPolicy | None = None, settings: StoreSettings | None = None
+) -> ObjectStore:
+    """The store for ``uri``'s scheme, configured from the current environment and, where it
+    gives a value, from ``settings``.
 
-    Stores are shared per (scheme, retry policy, environment): changing an endpoint or credential
-    variable gives a new client.
+    Stores are shared per (scheme, retry policy, settings, environment): one client per process
+    for each, and changing an endpoint or credential variable gives a new one.
 
     Raises:
       ValueError: if ``uri`` is not an ``s3://`` or ``gs://`` URI.
     """
     scheme = parse_uri(uri)[0]
     policy = retry or RetryPolicy()
+    given = settings or StoreSettings()
     env = tuple(
         hashlib.sha256(os.environ.get(name, "").encode()).hexdigest() for name in _CONFIG_ENV_VARS
     )
-    key = (scheme, policy, env)
+    # The process id too: a forked child must not share its parent's client (s3fs's event loop
+    # thread does not survive a fork).
+    key = (os.getpid(), scheme, policy, given, env)
     with _stores_lock:
         store = _stores.get(key)
         if store is None:
-            store = _STORE_CLASSES[scheme](policy)
+            store = _STORE_CLASSES[scheme](policy, settings=given)
             _stores[key] = store
         return store

@@ -11,7 +11,9 @@
 * ``beam_pipelines`` imports neither ``tfrecord_io`` nor ``trainer``, at any depth (also inside
   functions), and so never TensorFlow: Beam workers install the package without it.
 * One storage path: only ``objstore`` uses the storage clients (s3fs, boto3,
-  google-cloud-storage) and nothing outside a named allowlist uses ``tf.io.gfile``.
+  google-cloud-storage, and Beam's own S3 and GCS clients); the pipeline, the reader and the
+  tools get their stores from ``objstore.storage_for``; nothing outside a named allowlist uses
+  ``tf.io.gfile``.
 * The pipeline runs where TensorFlow cannot be imported (``sys.modules["tensorflow"] = None``,
   as on a pipeline-only install) against a bucket behind a fault-injecting proxy: transient
   errors are retried, a missing file is rejected with its real reason, and the run publishes.
@@ -261,19 +263,36 @@ def test_beam_pipelines_never_imports_the_reader_trainer_or_tensorflow() -> None
     assert not {k: v for k, v in offenders.items() if v}, offenders
 
 
-# The storage clients: only objstore (and Beam's own clients, in one named module) use them.
-STORAGE_CLIENTS = ("s3fs", "boto3", "botocore", "google.cloud.storage", "gcsfs")
-# Where a module may still use TensorFlow's file ops (or Beam's storage clients), and why. Every
-# open, list, stat and ranged read of the dataset goes through ``objstore.storage_for``.
+# The storage clients: only objstore uses them. Beam's own S3 and GCS clients count too: the
+# pipeline reaches s3:// and gs:// through objstore, as the reader and the tools do, and keeps
+# Beam's FileSystems (which build those clients inside Beam) for Beam's IO alone.
+STORAGE_CLIENTS = (
+    "s3fs",
+    "gcsfs",
+    "boto3",
+    "botocore",
+    "google.cloud.storage",
+    "apache_beam.io.aws",
+    "apache_beam.io.gcp.gcsio",
+    "apache_beam.io.gcp.gcsfilesystem",
+)
+# Where a module may still use TensorFlow's file ops, and why. Every open, list, stat and
+# ranged read of the dataset goes through ``objstore.storage_for``.
 STORAGE_ALLOWLIST = {
-    # Beam's S3 and GCS clients, configured by the pipeline's --s3_* / GCS options, which
-    # objstore (configured from the environment) does not see; and empty S3 objects, which
-    # Beam's multipart writer cannot make.
-    "beam_pipelines/engines/filesystems.py": ("s3io", "gcsio"),
     # The dispatcher's journal directory, which TensorFlow's tf.data service itself writes.
     "tfrecord_io/service/server.py": ("tf.io.gfile",),
 }
 _TRAINER_GFILE = "trainer"  # model directories: checkpoints and SavedModels TensorFlow writes
+# Where the pipeline, the reader and the tools get their stores (objstore.storage_for): the
+# pipeline's storage helpers, the reader's sources, the command that adopts a dataset.
+STORAGE_ENTRY_POINTS = {
+    "beam_pipelines": ("beam_pipelines/engines/filesystems.py",),
+    "tfrecord_io": ("tfrecord_io/source.py", "tfrecord_io/random_access.py"),
+    "dataset_tools": ("dataset_tools/adopt.py",),
+}
+# objstore's functions that hand out a store, and its store classes (made only by those).
+_STORE_FACTORIES = ("storage_for", "get_store")
+_STORE_CLASSES = ("S3Store", "GCSStore", "LocalStore", "ObjectStore")
 
 
 def _storage_uses(path: Path) -> set[str]:
@@ -291,14 +310,22 @@ def _storage_uses(path: Path) -> set[str]:
         for name in names:
             found.update(
                 client
-                for client in (
-                    *STORAGE_CLIENTS,
-                    "apache_beam.io.aws.s3io",
-                    "apache_beam.io.gcp.gcsio",
-                )
+                for client in STORAGE_CLIENTS
                 if name == client or name.startswith(client + ".")
             )
-    return {name.rsplit(".", 1)[-1] if name.startswith("apache_beam") else name for name in found}
+    return found
+
+
+def _objstore_calls(path: Path) -> set[str]:
+    """The names of objstore's store factories and store classes ``path`` calls."""
+    called = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if name in (*_STORE_FACTORIES, *_STORE_CLASSES):
+                called.add(name)
+    return called
 
 
 def test_only_objstore_talks_to_storage() -> None:
@@ -323,16 +350,52 @@ def test_only_objstore_talks_to_storage() -> None:
 def test_the_storage_check_finds_each_kind_of_use(tmp_path: Path) -> None:
     (tmp_path / "m.py").write_text(
         "import boto3\nfrom google.cloud import storage\nimport s3fs.core\n"
-        "from apache_beam.io.aws import s3io\n"
-        "def f(tf):\n    return tf.io.gfile.exists('x')\n"
+        "from apache_beam.io.aws import s3io\nfrom apache_beam.io.gcp import gcsio\n"
+        "def f(tf):\n    import gcsfs\n    return tf.io.gfile.exists('x')\n"
     )
     assert _storage_uses(tmp_path / "m.py") == {
         "boto3",
+        "gcsfs",
         "google.cloud.storage",
         "s3fs",
-        "s3io",
+        "apache_beam.io.aws",
+        "apache_beam.io.gcp.gcsio",
         "tf.io.gfile",
     }
+
+
+def test_pipeline_reader_and_tools_get_their_stores_from_objstore() -> None:
+    # Each consumer's storage module asks objstore for its store; nobody outside objstore makes
+    # one of objstore's stores itself (which would skip the shared client and settings).
+    assert set(STORAGE_ENTRY_POINTS) == {"beam_pipelines", "tfrecord_io", "dataset_tools"}
+    for package, entry_points in STORAGE_ENTRY_POINTS.items():
+        for relative in entry_points:
+            assert relative.startswith(package + "/"), relative
+            assert "storage_for" in _objstore_calls(REPO / relative), relative
+    made_directly = {
+        str(path.relative_to(REPO)): sorted(_objstore_calls(path) & set(_STORE_CLASSES))
+        for package in LAYERS
+        if package != "objstore"
+        for path in _modules(package)
+    }
+    assert {k: v for k, v in made_directly.items() if v} == {}
+    # The pipeline's helpers are where its own code reaches storage outside Beam's IO: every
+    # module of the pipeline that asks objstore for a store is that one.
+    asking = {
+        str(path.relative_to(REPO))
+        for path in _modules("beam_pipelines")
+        if _objstore_calls(path) & set(_STORE_FACTORIES)
+    }
+    assert asking == set(STORAGE_ENTRY_POINTS["beam_pipelines"])
+
+
+def test_the_objstore_call_check_finds_factories_and_classes(tmp_path: Path) -> None:
+    (tmp_path / "m.py").write_text(
+        "import objstore\nfrom objstore import S3Store, storage_for\n"
+        "a = objstore.get_store('s3://b')\nb = storage_for('/x')\nc = S3Store()\n"
+        "d = objstore.StoreSettings()\n"
+    )
+    assert _objstore_calls(tmp_path / "m.py") == {"get_store", "storage_for", "S3Store"}
 
 
 def test_the_package_and_the_samples_command_import_without_beam() -> None:

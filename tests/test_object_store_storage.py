@@ -3,8 +3,10 @@ bounded retries under injected faults, fail-fast permanent errors, and credentia
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import time
 from collections.abc import Callable
 
 import pytest
@@ -61,6 +63,39 @@ def test_round_trip_list_glob_and_delete(bucket: BucketEnv) -> None:
     store.delete(bucket.uri("b/z.bin"))
     store.delete(bucket.uri("b/z.bin"))  # deleting a missing object is fine
     assert not store.exists(bucket.uri("b/z.bin"))
+
+
+def test_one_level_listing_upload_and_digest(bucket: BucketEnv, tmp_path: os.PathLike[str]) -> None:
+    store = get_store(bucket.root, _FAST)
+    for name in ("d/a.bin", "d/b.bin", "d/cat/x.bin", "d/cat/deep/y.bin", "d/dog/z.bin", "e/w"):
+        store.write_bytes(bucket.uri(name), name.encode())
+    store.write_bytes(bucket.uri("d/"), b"")  # a "directory marker" object: not a file
+    local = os.path.join(tmp_path, "big.bin")
+    payload = os.urandom(300_000)
+    with open(local, "wb") as f:
+        f.write(payload)
+
+    dirs, files = store.list_one_level(bucket.uri("d"))
+
+    assert dirs == [bucket.uri("d", "cat"), bucket.uri("d", "dog")]
+    assert [(f.uri, f.size) for f in files] == [
+        (bucket.uri("d/a.bin"), 7),
+        (bucket.uri("d/b.bin"), 7),
+    ]
+    assert all(f.mtime and abs(f.mtime - time.time()) < 600 for f in files)
+    assert store.list_one_level(bucket.uri("d") + "/") == (dirs, files)  # a trailing / is the same
+    assert store.list_one_level(bucket.root)[0] == [bucket.uri("d"), bucket.uri("e")]
+    assert store.list_one_level(bucket.uri("nothing")) == ([], [])
+    store.upload(bucket.uri("d", "up.bin"), local)
+    assert store.read_bytes(bucket.uri("d", "up.bin")) == payload
+    assert store.digest(bucket.uri("d", "up.bin"), chunk_bytes=65_536) == (
+        len(payload),
+        hashlib.sha256(payload).hexdigest(),
+    )
+    with pytest.raises(ObjectNotFoundError, match="nobucket-x2"):
+        store.list_one_level(f"{bucket.scheme}://nobucket-x2/d")
+    with pytest.raises(ObjectNotFoundError, match="object not found"):
+        store.digest(bucket.uri("d", "missing.bin"))
 
 
 def test_faults_are_retried_and_output_is_identical(

@@ -56,3 +56,42 @@ def test_local_errors_name_the_path_and_are_not_retried(tmp_path: Path) -> None:
         store.read_range(str(tmp_path / "short"), 2, 2)
     with pytest.raises(ValueError, match="not 5"):
         store.download(str(tmp_path / "short"), str(tmp_path / "dest"), expected_size=5)
+
+
+def test_local_one_level_listing_upload_and_digest(tmp_path: Path) -> None:
+    store = storage_for(str(tmp_path))
+    (tmp_path / "cat" / "deep").mkdir(parents=True)
+    (tmp_path / "dog").mkdir()
+    (tmp_path / "cat" / "deep" / "a.jpg").write_bytes(b"deep")
+    (tmp_path / "top.csv").write_bytes(b"uri,label\n")
+    (tmp_path / "link-to-dir").symlink_to(tmp_path / "dog")  # left out, as Beam leaves it
+    (tmp_path / "link-to-file").symlink_to(tmp_path / "top.csv")
+
+    dirs, files = store.list_one_level(str(tmp_path) + "/")
+
+    assert dirs == [str(tmp_path / "cat"), str(tmp_path / "dog")]
+    assert [(f.uri, f.size) for f in files] == [
+        (str(tmp_path / "link-to-file"), 10),
+        (str(tmp_path / "top.csv"), 10),
+    ]
+    assert files[1].mtime == (tmp_path / "top.csv").stat().st_mtime
+    as_uri = store.list_one_level(f"file://{tmp_path}")
+    assert as_uri[0] == [f"file://{tmp_path}/cat", f"file://{tmp_path}/dog"]
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        store.list_one_level(str(tmp_path / "nowhere"))
+
+    source = tmp_path / "source.bin"
+    source.write_bytes(b"0123456789" * 1000)
+    target = str(tmp_path / "new" / "dir" / "copy.bin")
+    store.upload(target, str(source))  # parents made; a temporary name, then renamed
+    assert (tmp_path / "new" / "dir").is_dir()
+    assert [p.name for p in (tmp_path / "new" / "dir").iterdir()] == ["copy.bin"]
+    assert store.digest(target, chunk_bytes=333) == (
+        10_000,
+        hashlib.sha256(source.read_bytes()).hexdigest(),
+    )
+    with pytest.raises(FileNotFoundError, match="missing"):
+        store.digest(str(tmp_path / "missing"))
+    with pytest.raises(FileNotFoundError, match="absent"):
+        store.upload(str(tmp_path / "x"), str(tmp_path / "absent"))
+    assert not (tmp_path / "x").exists()

@@ -108,8 +108,9 @@ def filesystems_options() -> Any | None:
     worker: the pipeline's), or None when none were set.
 
     Why private: ``FileSystems.set_options`` (public) keeps them as
-    ``FileSystems._pipeline_options`` and Beam has no getter; the project's S3 and GCS clients
-    need the same endpoint and credentials options as Beam's own filesystems on every worker.
+    ``FileSystems._pipeline_options`` and Beam has no getter; the pipeline's storage helpers
+    (``objstore`` stores configured by ``filesystems.storage_settings``) need the same endpoint
+    and credentials options as Beam's own filesystems in every process, launcher and workers.
 
     Raises:
       BeamInternalChanged: ``FileSystems`` no longer has the attribute.

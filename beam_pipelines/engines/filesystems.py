@@ -1,26 +1,53 @@
-"""Object-store corners of Beam FileSystems that the pipeline has to work around.
+"""The pipeline's own storage helpers, through ``objstore``: the reader's and the tools' layer.
 
-* Beam's S3 filesystem writes every file as a multipart upload and completes it with no parts
-  when the file is empty; S3 (and moto) reject that with ``MalformedXML``. Empty shards and
-  empty reports are legitimate, so ``create_empty_file`` writes them with one ``PutObject``,
-  through Beam's own S3 client and the options Beam's FileSystems were given (``--s3_*`` flags,
-  or else the standard ``AWS_*`` environment, which boto3 reads itself).
-* Beam hands its options to FileSystems only when a ``Pipeline`` is built, so a launcher that
-  lists or checks ``s3://`` paths before that must call ``FileSystems.set_options`` first.
-* Beam's S3 reads retry a failed request but not a body cut short in transit, so
-  ``read_with_retries`` runs each whole read through ``objstore``'s retry loop and policy (the
-  same as the reader's) before a file is called unreadable.
-* Beam's readers fetch whole buffers (16 MiB on S3 and GCS) or open-ended ranges, which costs a
-  whole staging file for one record; ``read_range`` asks the store for exactly the bytes wanted
-  (one ranged GET), through the same clients and options as Beam's FileSystems.
-* Beam's FileSystems list a prefix whole, in one call: ``list_one_level`` lists only what is
-  directly under a directory or prefix (a delimiter listing), so that each subdirectory can be
-  listed on its own worker.
-* Beam's S3 filesystem builds a new boto3 client for every call (most of a second each on a
-  busy machine) and renames by copy + delete. ``write_object`` and ``read_object`` use one
-  cached client per process and write objects with one PUT (or upload), which object stores
-  make visible whole or not at all: no temporary name is needed there. Both retry transient
-  failures with ``objstore``'s policy.
+Local paths, ``file://``, ``s3://`` and ``gs://`` go through ``objstore.storage_for``: one
+client per process and settings, ``objstore``'s retry policy and loop, errors that name the URI
+and never a credential. Any other scheme Beam has a filesystem for (``hdfs://``…) goes through
+Beam's FileSystems, its reads and writes still retried by ``objstore.retry_call``. Beam's own
+transforms (``MatchFiles``, ``ReadMatches``, TFRecord IO) and the pipeline's ``FileSystems``
+calls (exists, match, delete, rename) keep Beam's FileSystems, which are Beam's public IO.
+
+Where the endpoint and credentials come from. The pipeline's ``--s3_*`` flags (and ``--project``
+for GCS) become an ``objstore.StoreSettings`` (``storage_settings``); fields left unset fall
+back to the standard environment (``AWS_*``, ``STORAGE_EMULATOR_HOST``, application-default
+credentials). The settings are read, in each process, from the options Beam handed
+``FileSystems.set_options`` (``beam_internals.filesystems_options``), not pickled into each
+DoFn, because:
+
+* the helpers then use the very options Beam's own filesystems use in the same process: a DoFn
+  that writes a temporary with ``FileSystems.create`` and reads it back with ``read_range``
+  cannot reach two different endpoints, which two sources of settings would allow;
+* every place that stores does so, with nothing to thread through: a new DoFn, or a helper
+  called from deep inside one, cannot forget the settings and silently fall back to the
+  environment, as one whose constructor missed them would;
+* Beam puts the options there wherever its SDK harness runs a worker (the in-process runner's
+  workers and the launcher through ``Pipeline``; ``multi_processing``, Flink, Spark and
+  Dataflow workers through ``sdk_worker_main``), and the launcher's checks before any
+  ``Pipeline`` exists call ``FileSystems.set_options`` themselves;
+* the credentials travel once, in the pipeline options Beam already ships to its workers, not
+  again inside every pickled DoFn.
+
+The price is one private read, fenced in ``beam_internals`` with a contract test that fails
+naming the Beam change. On the workers of a runner that never calls
+``FileSystems.set_options`` these helpers use the standard environment alone.
+
+What the helpers add to Beam's FileSystems:
+
+* ``create_empty_file``: Beam's S3 filesystem writes every file as a multipart upload and
+  completes it with no parts when the file is empty, which S3 (and moto) reject with
+  ``MalformedXML``; empty shards and reports are legitimate.
+* ``read_range``: Beam's readers fetch whole buffers (16 MiB on S3 and GCS) or open-ended
+  ranges, which costs a whole staging file for one record; this asks for exactly the bytes
+  wanted (one ranged GET).
+* ``list_one_level``: Beam's FileSystems list a prefix whole, in one call; this lists only what
+  is directly under a directory or prefix (a delimiter listing), so that each subdirectory can
+  be listed on its own worker.
+* ``write_object`` / ``read_object``: Beam's S3 filesystem builds a new boto3 client for every
+  call (most of a second each on a busy machine) and renames by copy + delete; these write an
+  object with one PUT (or upload), which object stores make visible whole or not at all, so no
+  temporary name is needed there.
+* ``read_with_retries``: Beam's S3 reads retry a failed request but not a body cut short in
+  transit; this runs a whole read through ``objstore``'s retry loop.
 """
 
 from __future__ import annotations
@@ -28,17 +55,24 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, BinaryIO
 
 from apache_beam.io.filesystem import CompressionTypes, FileMetadata
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions, S3Options
 
 from beam_pipelines.engines import beam_internals
-from objstore import RetryPolicy, ShortReadError, retry_call, temporary_path
+from objstore import (
+    RetryPolicy,
+    ShortReadError,
+    Storage,
+    StoreSettings,
+    retry_call,
+    storage_for,
+    temporary_path,
+)
 
 __all__ = [
     "create_empty_file",
@@ -47,12 +81,71 @@ __all__ = [
     "read_object",
     "read_range",
     "read_with_retries",
+    "storage_settings",
     "write_file",
     "write_object",
 ]
 
 
 _COPY_CHUNK = 8 * 1024 * 1024
+_OBJSTORE_SCHEMES = (None, "file", "s3", "gs")
+# Beam's S3Options flags -> StoreSettings fields (--s3_disable_ssl is the negated s3_use_ssl).
+_S3_FLAGS = (
+    "s3_endpoint_url",
+    "s3_access_key_id",
+    "s3_secret_access_key",
+    "s3_session_token",
+    "s3_region_name",
+    "s3_verify",
+    "s3_api_version",
+)
+
+
+def storage_settings(options: PipelineOptions | Mapping[str, Any] | None) -> StoreSettings:
+    """The ``objstore.StoreSettings`` that Beam's pipeline options give: the ``--s3_*`` flags
+    and ``--project``; what they leave unset comes from the environment.
+
+    Args:
+      options: ``PipelineOptions``, a dict of option values (as Beam keeps them for
+        templates), or None for none.
+
+    Raises:
+      ValueError: for a bad value, naming its flag (for example ``--s3_endpoint_url``).
+    """
+    if options is None:
+        return StoreSettings()
+    if isinstance(options, PipelineOptions):
+        s3 = options.view_as(S3Options)
+        values = {name: getattr(s3, name) for name in _S3_FLAGS}
+        disable_ssl = bool(s3.s3_disable_ssl)
+        project = options.view_as(GoogleCloudOptions).project
+    else:
+        values = {name: options.get(name) for name in _S3_FLAGS}
+        disable_ssl = bool(options.get("s3_disable_ssl"))
+        project = options.get("project")
+    return StoreSettings(**values, s3_use_ssl=not disable_ssl, gcs_project=project)
+
+
+_settings_lock = threading.Lock()
+_settings_cache: tuple[object, StoreSettings] | None = None
+
+
+def _settings() -> StoreSettings:
+    # Cached per options object: each view_as parses the flags again.
+    global _settings_cache
+    options = beam_internals.filesystems_options()
+    with _settings_lock:
+        if _settings_cache is None or _settings_cache[0] is not options:
+            _settings_cache = (options, storage_settings(options))
+        return _settings_cache[1]
+
+
+def _storage(path: str, policy: RetryPolicy | None = None) -> Storage | None:
+    """objstore's store for ``path`` with the pipeline's settings; None for a scheme only
+    Beam's FileSystems serve."""
+    if FileSystems.get_scheme(path) not in _OBJSTORE_SCHEMES:
+        return None
+    return storage_for(path, policy, _settings())
 
 
 def read_with_retries(
@@ -71,7 +164,17 @@ def read_with_retries(
 
 
 def file_digest(path: str) -> tuple[int, str] | None:
-    """``(num_bytes, sha256 hex)`` of a file, streamed; None if it does not exist."""
+    """``(num_bytes, sha256 hex)`` of a file, streamed; None if it does not exist.
+
+    Raises:
+      OSError: from the store (``objstore.ObjectStoreError`` naming the URI), after retries.
+    """
+    store = _storage(path)
+    if store is not None:
+        try:
+            return store.digest(path)
+        except FileNotFoundError:  # objstore's ObjectNotFoundError is one too
+            return None
     if not FileSystems.exists(path):
         return None
 
@@ -88,131 +191,50 @@ def file_digest(path: str) -> tuple[int, str] | None:
 
 
 def create_empty_file(path: str) -> None:
-    """Creates (or truncates) an empty file at any Beam FileSystems path.
+    """Creates (or truncates) an empty file: one empty PUT on a bucket.
 
     Raises:
-      OSError / botocore errors: from the filesystem, naming the path.
+      OSError: from the store, naming the path.
     """
-    if FileSystems.get_scheme(path) != "s3":
-        with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED):
-            pass
+    store = _storage(path)
+    if store is not None:
+        store.write_bytes(path, b"")
         return
-    from apache_beam.io.aws import s3io
-
-    # The options FileSystems was configured with (set by Beam on every worker); without them
-    # boto3 falls back to the AWS environment, as Beam's own client does.
-    options = beam_internals.filesystems_options() or PipelineOptions([])
-    bucket, key = s3io.parse_s3_path(path)
-    s3io.S3IO(options=options).client.client.put_object(Bucket=bucket, Key=key, Body=b"")
-
-
-_CLIENTS: dict[tuple[Any, ...], Any] = {}
-_CLIENTS_LOCK = threading.Lock()
-# What a client's endpoint depends on besides the pipeline options.
-_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "STORAGE_EMULATOR_HOST")
-
-
-def _options() -> PipelineOptions:
-    return beam_internals.filesystems_options() or PipelineOptions([])
-
-
-def _client(scheme: str) -> Any:
-    # One client per process, scheme and configuration: building one costs tens of
-    # milliseconds, and both boto3's and google-cloud-storage's clients may be shared between
-    # threads.
-    options = _options()
-    key = (scheme, id(options), *(os.environ.get(v) for v in _ENDPOINT_VARIABLES))
-    with _CLIENTS_LOCK:
-        if key not in _CLIENTS:
-            if scheme == "s3":
-                from apache_beam.io.aws import s3io
-
-                _CLIENTS[key] = s3io.S3IO(options=options).client.client
-            else:
-                from apache_beam.io.gcp import gcsio
-
-                _CLIENTS[key] = gcsio.GcsIO(pipeline_options=options).client
-        return _CLIENTS[key]
-
-
-def _read_range_once(path: str, start: int, end: int) -> bytes:
-    scheme = FileSystems.get_scheme(path)
-    if scheme == "s3":
-        from apache_beam.io.aws import s3io
-
-        bucket, key = s3io.parse_s3_path(path)
-        response = _client("s3").get_object(
-            Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}"
-        )
-        data = response["Body"].read()
-    elif scheme == "gs":
-        from apache_beam.io.gcp import gcsio
-
-        bucket, key = gcsio.parse_gcs_path(path)
-        blob = _client("gs").bucket(bucket).blob(key)
-        data = blob.download_as_bytes(start=start, end=end - 1, raw_download=True)
-    elif scheme in (None, "file"):
-        local = path[len("file://") :] if scheme == "file" else path
-        with open(local, "rb") as handle:
-            data = os.pread(handle.fileno(), end - start, start)
-    else:
-        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            handle.seek(start)
-            data = handle.read(end - start)
-    if len(data) != end - start:
-        raise ShortReadError(f"got {len(data)} of {end - start} bytes")
-    return data
+    with FileSystems.create(path, compression_type=CompressionTypes.UNCOMPRESSED):
+        pass
 
 
 def read_range(path: str, start: int, end: int, policy: RetryPolicy | None = None) -> bytes:
-    """Reads bytes ``[start, end)`` of a file on any Beam FileSystems path, retrying transient
-    failures (a body cut short counts as one).
+    """Reads bytes ``[start, end)`` of a file, retrying transient failures (a body cut short
+    counts as one).
 
-    ``s3://`` and ``gs://`` make one ranged GET with the clients Beam's FileSystems use (its
-    ``--s3_*`` options, or the standard environment); local files one ``pread``; other schemes
-    seek and read through ``FileSystems.open``.
+    ``s3://`` and ``gs://`` make one ranged GET, local files one ``pread``; other schemes seek
+    and read through ``FileSystems.open``.
 
     Raises:
-      ValueError: if the range is empty or negative.
-      Exception: the storage error, after the last transient failure or at the first permanent.
+      ValueError: if the range is empty or negative, or a local file ends before ``end``.
+      OSError: the storage error (``objstore.ObjectStoreError`` on buckets, naming the URI),
+        after the last transient failure or at the first permanent.
     """
     if not 0 <= start < end:
         raise ValueError(
             f"byte range must satisfy 0 <= start < end, got [{start}, {end}) of {path}"
         )
+    store = _storage(path, policy)
+    if store is not None:
+        return store.read_range(path, start, end)
+
+    def read() -> bytes:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            handle.seek(start)
+            data = handle.read(end - start)
+        if len(data) != end - start:
+            raise ShortReadError(f"got {len(data)} of {end - start} bytes")
+        return data
+
     return retry_call(
-        lambda: _read_range_once(path, start, end),
-        policy=policy or RetryPolicy(),
-        action=f"read bytes [{start}, {end})",
-        uri=path,
+        read, policy=policy or RetryPolicy(), action=f"read bytes [{start}, {end})", uri=path
     )
-
-
-def _local_path(path: str) -> str:
-    return path[len("file://") :] if path.startswith("file://") else path
-
-
-def _write_once(path: str, data: bytes | None, local_path: str | None) -> None:
-    scheme = FileSystems.get_scheme(path)
-    if scheme == "s3":
-        from apache_beam.io.aws import s3io
-
-        bucket, key = s3io.parse_s3_path(path)
-        if data is not None:
-            _client("s3").put_object(Bucket=bucket, Key=key, Body=data)
-        else:
-            _client("s3").upload_file(local_path, bucket, key)
-    elif scheme == "gs":
-        from apache_beam.io.gcp import gcsio
-
-        bucket, key = gcsio.parse_gcs_path(path)
-        blob = _client("gs").bucket(bucket).blob(key)
-        if data is not None:
-            blob.upload_from_string(data)
-        else:
-            blob.upload_from_filename(local_path)
-    else:
-        write_file(path, data, local_path=local_path)
 
 
 def write_object(
@@ -224,60 +246,53 @@ def write_object(
 ) -> None:
     """Writes ``data`` (or the file at ``local_path``) as the whole file ``path``, replacing it.
 
-    On ``s3://`` and ``gs://`` one PUT or upload with a cached client (readers see the whole
-    object or nothing); elsewhere under a temporary name, then renamed. Transient failures are
-    retried.
+    On ``s3://`` and ``gs://`` one PUT or upload (readers see the whole object or nothing);
+    elsewhere under a temporary name, then renamed. Transient failures are retried.
 
     Raises:
       ValueError: unless exactly one of ``data`` and ``local_path`` is given.
-      Exception: the storage error, after the last transient failure or at the first permanent.
+      OSError: the storage error, after the last transient failure or at the first permanent.
     """
     if (data is None) == (local_path is None):
         raise ValueError("write_object needs exactly one of data and local_path")
-    retry_call(
-        lambda: _write_once(path, data, local_path),
-        policy=policy or RetryPolicy(),
-        action="write",
-        uri=path,
-    )
-
-
-def _read_once(path: str) -> bytes:
-    scheme = FileSystems.get_scheme(path)
-    if scheme == "s3":
-        from apache_beam.io.aws import s3io
-
-        bucket, key = s3io.parse_s3_path(path)
-        return _client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
-    if scheme == "gs":
-        from apache_beam.io.gcp import gcsio
-
-        bucket, key = gcsio.parse_gcs_path(path)
-        return _client("gs").bucket(bucket).blob(key).download_as_bytes(raw_download=True)
-    if scheme in (None, "file"):
-        with open(_local_path(path), "rb") as handle:
-            return handle.read()
-    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-        return handle.read()
+    store = _storage(path, policy)
+    if store is None:
+        retry_call(
+            lambda: write_file(path, data, local_path=local_path),
+            policy=policy or RetryPolicy(),
+            action="write",
+            uri=path,
+        )
+    elif data is not None:
+        store.write_bytes(path, data)
+    else:
+        assert local_path is not None  # checked above: exactly one of the two
+        store.upload(path, local_path)
 
 
 def read_object(path: str, policy: RetryPolicy | None = None) -> bytes:
-    """Reads a whole (small) file with a cached client, retrying transient failures.
+    """Reads a whole (small) file, retrying transient failures.
 
     Raises:
-      Exception: the storage error (a missing file is permanent).
+      OSError: the storage error (a missing file is permanent: a ``FileNotFoundError``).
     """
-    return retry_call(
-        lambda: _read_once(path), policy=policy or RetryPolicy(), action="read", uri=path
-    )
+    store = _storage(path, policy)
+    if store is not None:
+        return store.read_bytes(path)
+
+    def read() -> bytes:
+        with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
+            return handle.read()
+
+    return retry_call(read, policy=policy or RetryPolicy(), action="read", uri=path)
 
 
 def write_file(destination: str, data: bytes | None = None, *, local_path: str | None = None):
     """Writes ``data`` (or streams the file at ``local_path``) to any FileSystems path.
 
-    The one temporary-name-then-rename helper of the pipeline: the bytes go under a temporary
-    name next to ``destination`` (``objstore.temporary_path``), then are renamed, so nobody
-    listing the directory sees a partial file under the final name.
+    The temporary-name-then-rename helper for the schemes only Beam's FileSystems serve: the
+    bytes go under a temporary name next to ``destination`` (``objstore.temporary_path``), then
+    are renamed, so nobody listing the directory sees a partial file under the final name.
 
     Returns:
       ``(num_bytes, sha256 hex)`` of what was written.
@@ -321,7 +336,7 @@ def list_one_level(directory: str) -> tuple[list[str], list[FileMetadata]] | Non
 
     Local directories are scanned (symbolic links to directories are left out, as Beam's
     recursive listing leaves them); ``s3://`` and ``gs://`` prefixes are listed with a ``/``
-    delimiter, page by page.
+    delimiter, page by page (``objstore``'s ``list_one_level``).
 
     Returns:
       ``(subdirectories, files)``: full paths without a trailing ``/``, sorted, and
@@ -329,48 +344,11 @@ def list_one_level(directory: str) -> tuple[list[str], list[FileMetadata]] | Non
       lists recursively instead).
 
     Raises:
-      Exception: the storage error, after retries.
+      OSError: the storage error, after retries (a missing bucket or local directory is a
+        ``FileNotFoundError``).
     """
-    scheme = FileSystems.get_scheme(directory)
-    root = directory.rstrip("/")
-    if scheme in (None, "file"):
-        dirs, files = [], []
-        with os.scandir(_local_path(root)) as entries:
-            for entry in entries:
-                path = FileSystems.join(root, entry.name)
-                if entry.is_dir(follow_symlinks=False):
-                    dirs.append(path)
-                elif entry.is_file():
-                    info = entry.stat()
-                    files.append(FileMetadata(path, info.st_size, info.st_mtime))
-        return sorted(dirs), sorted(files, key=lambda m: m.path)
-    if scheme not in ("s3", "gs"):
+    store = _storage(directory)
+    if store is None:
         return None
-
-    def listing() -> tuple[list[str], list[FileMetadata]]:
-        dirs: list[str] = []
-        files: list[FileMetadata] = []
-        bucket, _, key = root[len(scheme) + 3 :].partition("/")
-        prefix = f"{key}/" if key else ""
-        base = f"{scheme}://{bucket}/"
-        if scheme == "s3":
-            pages = _client("s3").get_paginator("list_objects_v2")
-            for page in pages.paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
-                dirs += [base + p["Prefix"].rstrip("/") for p in page.get("CommonPrefixes", ())]
-                files += [
-                    FileMetadata(base + o["Key"], o["Size"], o["LastModified"].timestamp())
-                    for o in page.get("Contents", ())
-                    if o["Key"] != prefix
-                ]
-        else:
-            blobs = _client("gs").list_blobs(bucket, prefix=prefix, delimiter="/")
-            for page in blobs.pages:
-                files += [
-                    FileMetadata(base + b.name, b.size, b.updated.timestamp() if b.updated else 0)
-                    for b in page
-                    if b.name != prefix
-                ]
-                dirs += [base + p.rstrip("/") for p in page.prefixes]
-        return sorted(set(dirs)), sorted(files, key=lambda m: m.path)
-
-    return retry_call(listing, policy=RetryPolicy(), action="list", uri=directory)
+    dirs, files = store.list_one_level(directory)
+    return dirs, [FileMetadata(f.uri, f.size, f.mtime or 0.0) for f in files]
