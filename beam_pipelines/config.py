@@ -21,6 +21,8 @@ from beam_pipelines.image import phash
 from beam_pipelines.image.options import ImageOptions
 from beam_pipelines.output.shards import LABEL_CONFLICT_POLICIES
 from catalog.near_duplicates import DEFAULT_THRESHOLD, MAX_THRESHOLD
+from catalog.window_hashes import WINDOW_SCALES
+from catalog.window_search import DEFAULT_WINDOW_THRESHOLD, WindowRule
 from cliflags import NESTED_FLAGS, add_dataclass_flags, flag, flag_values
 from schemas.constants import MAX_SHARDS
 
@@ -77,11 +79,14 @@ class PipelineConfig:
       leakage: what to do with validation examples that are near-duplicates of train ones
         (``leakage``): ``report`` them in ``near_duplicates.jsonl`` only, or ``move_to_train``.
       near_duplicate_threshold: the largest Hamming distance between perceptual hashes (of 64
-        bits) that makes two examples near-duplicates.
-      near_duplicate_search: ``gathered``, every hash searched in one worker (25 bytes an
+        bits) of two whole frames that makes two examples near-duplicates.
+      near_duplicate_window_threshold: the largest distance between the whole frame of one
+        example and a centred window of the other (``catalog.window_search``) that makes them
+        near-duplicates: a crop and its original.
+      near_duplicate_search: ``gathered``, every hash searched in one worker (49 bytes an
         example, the least work), or ``bucketed``, chunk buckets searched on the engine's
-        workers (no worker holds every hash; 2(t+1) entries of 26 bytes an example cross a
-        shuffle, packed by bucket); ``auto`` is made one of them by ``resolve_search`` before
+        workers (no worker holds every hash; 42 entries of 50 bytes an example cross a
+        shuffle at the default thresholds, packed by bucket); ``auto`` is made one of them by ``resolve_search`` before
         the job starts (a graph built from ``auto`` gathers).
         The same pairs below ``MAX_REPORTED_PAIRS``.
       near_duplicate_bucket_entries: with the bucketed search, the most entries one bucket
@@ -204,10 +209,19 @@ class PipelineConfig:
             group="quality gates",
         ),
     )
+    near_duplicate_window_threshold: int = dataclasses.field(
+        default=DEFAULT_WINDOW_THRESHOLD,
+        metadata=flag(
+            help="largest Hamming distance between the whole frame of one example and a "
+            "centred window (95, 90 or 85 %%) of the other that makes them near-duplicates: "
+            f"a crop of up to 15 %% and its original, 0-{MAX_THRESHOLD} (%(default)s)",
+            group="quality gates",
+        ),
+    )
     near_duplicate_search: str = dataclasses.field(
         default="auto",
         metadata=flag(
-            help="where the near-duplicate search runs: gathered, every hash in one worker (25 "
+            help="where the near-duplicate search runs: gathered, every hash in one worker (49 "
             "bytes an example); bucketed, chunk buckets on the engine's workers, for datasets "
             "whose hashes do not fit one worker; auto, bucketed for a listing of "
             f"{AUTO_BUCKETED_FROM:,} inputs or more on a distributed runner, else gathered "
@@ -220,7 +234,7 @@ class PipelineConfig:
         default=DEFAULT_MAX_BUCKET_ENTRIES,
         metadata=flag(
             help="with --near_duplicate_search bucketed, the most entries one bucket search "
-            "holds (about 375 MB a worker at the default); a bigger bucket is searched in "
+            "holds (392,439 took 362 MB a worker); a bigger bucket is searched in "
             "blocks, each of its entries sent once per block (%(default)s)",
             group="quality gates",
         ),
@@ -265,12 +279,15 @@ class PipelineConfig:
             raise ValueError(
                 f"--leakage must be one of {', '.join(LEAKAGE_ACTIONS)}, got {self.leakage!r}"
             )
-        threshold = self.near_duplicate_threshold
-        if not isinstance(threshold, int) or not 0 <= threshold <= MAX_THRESHOLD:
-            raise ValueError(
-                f"--near_duplicate_threshold must be an int in [0, {MAX_THRESHOLD}] bits, "
-                f"got {threshold!r}"
-            )
+        for name in ("near_duplicate_threshold", "near_duplicate_window_threshold"):
+            threshold = getattr(self, name)
+            if isinstance(threshold, bool) or not isinstance(threshold, int):
+                threshold = None  # refused below, by value
+            if threshold is None or not 0 <= threshold <= MAX_THRESHOLD:
+                raise ValueError(
+                    f"--{name} must be an int in [0, {MAX_THRESHOLD}] bits, "
+                    f"got {getattr(self, name)!r}"
+                )
         entries = self.near_duplicate_bucket_entries
         if isinstance(entries, bool) or not isinstance(entries, int) or entries < 2:
             raise ValueError(
@@ -307,6 +324,13 @@ class PipelineConfig:
         """``gathered`` or ``bucketed``: how the graph searches (``auto`` unresolved gathers)."""
         return "bucketed" if self.near_duplicate_search == "bucketed" else "gathered"
 
+    @property
+    def near_duplicate_rule(self) -> WindowRule:
+        """When two examples are near-duplicates: the thresholds and the stored windows."""
+        return WindowRule(
+            self.near_duplicate_threshold, self.near_duplicate_window_threshold, WINDOW_SCALES
+        )
+
     def manifest_options(self) -> dict[str, Any]:
         """The options recorded in ``dataset.json``.
 
@@ -333,6 +357,9 @@ class PipelineConfig:
             # How the catalog's perceptual hashes are taken: an image option for reuse, so a
             # base whose hashes were taken otherwise is prepared again, not mixed in.
             "near_duplicate_features": phash.FEATURES,
+            # The windows hashed besides the whole frame (the catalog's window_phash): an image
+            # option too, so a base without them, or with others, is prepared again.
+            "near_duplicate_windows": list(WINDOW_SCALES),
             "validation_fraction": self.validation_fraction,
             "num_shards": self.num_shards,
             "target_shard_mb": self.target_shard_mb,
@@ -344,6 +371,7 @@ class PipelineConfig:
             "split_rule": self.split_rule,
             "leakage": self.leakage,
             "near_duplicate_threshold": self.near_duplicate_threshold,
+            "near_duplicate_window_threshold": self.near_duplicate_window_threshold,
             # Past MAX_REPORTED_PAIRS the two keep different pairs (see leakage.py).
             "near_duplicate_search": self.search_method,
         }

@@ -74,7 +74,9 @@ class CatalogMeta(NamedTuple):
 
     One flat tuple of plain values, made by the image step, so that it travels with the
     example (or with a small location of it) to the shard writer at little cost. ``None`` marks
-    a value that is not known (it becomes a null in the catalog).
+    a value that is not known (it becomes a null in the catalog). ``window_phash`` holds the
+    hashes of the centred windows after the whole frame (``catalog.window_hashes``, unsigned),
+    which pair a crop with its original.
     """
 
     label: int
@@ -87,6 +89,7 @@ class CatalogMeta(NamedTuple):
     source_height: int | None = None
     source_width: int | None = None
     phash: int | None = None
+    window_phash: tuple[int, ...] | None = None
 
 
 class PreparedRecord(NamedTuple):

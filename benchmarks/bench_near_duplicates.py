@@ -20,15 +20,18 @@ Cost rows:
   it, plus the window hashes of all the samples at once (``image_hash.window_hashes``, as the
   pipeline runs it per staging file), against the whole ``prepare_image`` (the pipeline's CPU
   per image is larger still, with Beam's own overhead: ``bench_pipeline``);
-* search: ``find_pairs`` over N uniform random hashes, CPU seconds (uniform hashes are the
-  worst case for chance pairs and a fair one for bucket sizes).
-* bucketed search (``--buckets``): the engine's search (``find_pairs_by_buckets``: every
-  bucket of ``bucket_layout`` searched with ``search_bucket``, as the Beam transform's workers
-  do, here one after another) over the same hashes, checked pair for pair against
-  ``find_pairs`` (up to ``--compare_up_to`` hashes); its CPU over all buckets, the largest
-  bucket, and a worker's memory and CPU: the peak RSS of a fresh process running the engine's
-  step (``SearchBuckets``) over the largest search, as packs (before and during the search). The
-  largest search is the largest bucket, or one block pair of it when it is over
+* search: the gathered search over N examples of uniform random window hashes (four a
+  example), CPU seconds and peak RSS growth in a fresh process: ``find_pairs`` on the whole
+  frames alone (the search before the window rule) and ``find_window_pairs`` under the
+  default rule (uniform hashes are the worst case for chance pairs and a fair one for bucket
+  sizes).
+* bucketed search (``--buckets``): the engine's search (``find_window_pairs_by_buckets``:
+  every bucket searched with ``search_window_bucket``, as the Beam transform's workers do,
+  here one after another) over the same examples, checked pair for pair against
+  ``find_window_pairs`` (up to ``--compare_up_to`` examples); its CPU over all buckets, the
+  largest bucket, and a worker's memory and CPU: the peak RSS of a fresh process running the
+  engine's step (``SearchBuckets``) over the largest search, as packs (before and during the
+  search). The largest search is the largest bucket, or one block pair of it when it is over
   ``--max_bucket_entries``.
 
 Usage::
@@ -55,13 +58,9 @@ from beam_pipelines.image import phash as image_hash
 from beam_pipelines.image import prepare as images
 from beam_pipelines.image.prepare import ImageOptions, prepare_image
 from beam_pipelines.samples import scene_rgb
-from catalog.near_duplicates import (
-    bucket_blocks,
-    bucket_layout,
-    bucket_values,
-    find_pairs,
-    find_pairs_by_buckets,
-)
+from catalog.near_duplicates import bucket_blocks, bucket_layout, bucket_values, find_pairs
+from catalog.window_buckets import chunk_kinds, entry_hashes, find_window_pairs_by_buckets
+from catalog.window_search import WindowRule, find_window_pairs
 
 VARIANTS = (
     "jpeg_q50",
@@ -200,60 +199,74 @@ def hash_cost(n: int, rounds: int = 5) -> tuple[float, float, float]:
     return per_image[0], per_image[1], per_image[2]
 
 
-def search_cost(n: int, threshold: int) -> tuple[float, int, float]:
-    """CPU seconds of ``find_pairs`` over ``n`` uniform random hashes, the pairs found, and how
-    much its search raised the peak RSS (MB), measured in a fresh process."""
+def search_cost(n: int, windows: bool) -> tuple[float, int, float]:
+    """CPU seconds of the gathered search over ``n`` examples of uniform random window
+    hashes (the whole frames alone, or the window rule), the pairs found, and how much its
+    search raised the peak RSS (MB), measured in a fresh process."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    worker = context.Process(target=_search_in_process, args=(n, threshold, queue))
+    worker = context.Process(target=_search_in_process, args=(n, windows, queue))
     worker.start()
     seconds, found, before, peak = queue.get()
     worker.join()
     return seconds, found, peak - before
 
 
-def _search_in_process(n: int, threshold: int, queue) -> None:
+def _search_in_process(n: int, windows: bool, queue) -> None:
     hashes = _uniform(n)
     before = _high_water_mb()
     start = time.process_time()
-    pairs = find_pairs(hashes, threshold)
+    pairs = find_window_pairs(hashes, WindowRule()) if windows else find_pairs(hashes[:, 0], 8)
     queue.put((time.process_time() - start, len(pairs), before, _high_water_mb()))
 
 
 def _uniform(n: int) -> np.ndarray:
+    """``(n, W)`` uniform random window hashes (the default rule's W)."""
     rng = np.random.default_rng(7)
-    return rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)
+    shape = (n, WindowRule().windows)
+    return rng.integers(0, 2**64 - 1, shape, dtype=np.uint64, endpoint=True)
 
 
-def _largest_bucket(hashes: np.ndarray, threshold: int) -> tuple[int, np.ndarray, np.ndarray]:
-    """``(chunk, rows, mirrored)`` of the bucket with the most entries."""
-    best: tuple[int, np.ndarray, np.ndarray] = (0, np.zeros(0, np.int64), np.zeros(0, bool))
-    n, layout = hashes.shape[0], bucket_layout(threshold)
+def _kind_values(hashes: np.ndarray, layout, chunk: int, kind: int) -> np.ndarray:
+    """Every example's bucket value on ``chunk`` for entries of ``kind``."""
+    column = entry_hashes(hashes, np.full(hashes.shape[0], kind, np.uint8))
+    return bucket_values(column, layout, chunk).astype(np.int64)
+
+
+def _largest_bucket(hashes: np.ndarray, rule: WindowRule):
+    """``(chunk, rows, kinds)`` of the bucket with the most entries (a kind at a time: at
+    10 M examples every entry at once would take gigabytes)."""
+    best = (0, np.zeros(0, np.int64), np.zeros(0, np.uint8))
+    layout = bucket_layout(rule.bucket_threshold)
     for chunk in range(len(layout)):
-        values = np.concatenate(
-            [bucket_values(hashes, layout, chunk, mirrored=m) for m in (False, True)]
+        kinds = chunk_kinds(rule, chunk).tolist()
+        size = 1 << layout[chunk][1]
+        counts = sum(
+            np.bincount(_kind_values(hashes, layout, chunk, k), minlength=size) for k in kinds
         )
-        top = np.bincount(values.astype(np.int64)).argmax()
-        members = np.flatnonzero(values == np.uint64(top))
-        if members.shape[0] > best[1].shape[0]:
-            best = (chunk, members % n, members >= n)
+        top = int(np.argmax(counts))
+        if counts[top] <= best[1].shape[0]:
+            continue
+        members = [np.flatnonzero(_kind_values(hashes, layout, chunk, k) == top) for k in kinds]
+        kind = [np.full(m.shape[0], k, np.uint8) for k, m in zip(kinds, members, strict=True)]
+        best = (chunk, np.concatenate(members), np.concatenate(kind))
     return best
 
 
-def _worker_memory(chunk: int, search: tuple[np.ndarray, ...], threshold: int, queue) -> None:
+def _worker_memory(chunk: int, search: tuple[np.ndarray, ...], queue) -> None:
     # A fresh process holding only its search's packs, as a worker does after the shuffle,
     # running the engine's step over them.
-    from beam_pipelines.graph.near_duplicate_search import ENTRY, SearchBucketFn
+    from beam_pipelines.graph.near_duplicate_search import SearchBucketFn, entry_dtype
 
-    hashes, keys, mirrored, block, split = search
-    rows = np.zeros(hashes.shape[0], ENTRY)
-    rows["key"], rows["phash"] = keys, hashes.view(np.int64)
-    rows["mirrored"], rows["block"] = mirrored, block
+    hashes, keys, kinds, block, split = search
+    rows = np.zeros(hashes.shape[0], entry_dtype(hashes.shape[1]))
+    rows["key"], rows["hashes"] = keys, hashes.view(np.int64)
+    rows["kind"], rows["block"] = kinds, block
     packs = [rows[i : i + 64].tobytes() for i in range(0, rows.shape[0], 64)]  # as shuffled
     del rows
     before = _high_water_mb()
     start = time.process_time()
-    fn = SearchBucketFn(threshold, True)
+    fn = SearchBucketFn(WindowRule())
     pairs = sum(1 for _ in fn.process(((chunk, 0, 0, 1 if split else 0), packs)))
     cpu = time.process_time() - start
     queue.put((int(hashes.shape[0]), before, _high_water_mb(), cpu, pairs))
@@ -269,34 +282,35 @@ def _high_water_mb() -> float:
     raise RuntimeError("no VmHWM in /proc/self/status: the worker memory row needs Linux")
 
 
-def bucket_cost(n: int, threshold: int, max_entries: int, compare: bool) -> dict:
-    """The bucketed search over ``n`` uniform hashes: with ``compare``, against ``find_pairs``
-    (equality, CPU seconds of both over every bucket); always, the largest bucket and the
-    largest search (a bucket, or one block pair of a bucket over ``max_entries``) run by the
-    engine's step in a fresh process: its peak RSS and CPU."""
-    hashes = _uniform(n)
+def bucket_cost(n: int, max_entries: int, compare: bool) -> dict:
+    """The bucketed search over ``n`` examples of uniform window hashes under the default
+    rule: with ``compare``, against ``find_window_pairs`` (equality, CPU seconds of both over
+    every bucket); always, the largest bucket and the largest search (a bucket, or one block
+    pair of a bucket over ``max_entries``) run by the engine's step in a fresh process: its
+    peak RSS and CPU."""
+    hashes, rule = _uniform(n), WindowRule()
     row: dict = {"pairs": None, "same": None, "exact_cpu": None, "bucket_cpu": None}
     if compare:
         start = time.process_time()
-        exact = find_pairs(hashes, threshold)
+        exact = find_window_pairs(hashes, rule)
         row["exact_cpu"] = time.process_time() - start
         start = time.process_time()
-        bucketed, _ = find_pairs_by_buckets(hashes, threshold, max_bucket_entries=max_entries)
+        bucketed, _ = find_window_pairs_by_buckets(hashes, rule, max_bucket_entries=max_entries)
         row["bucket_cpu"] = time.process_time() - start
         row["pairs"] = len(exact)
-        row["same"] = all(
-            np.array_equal(getattr(exact, f), getattr(bucketed, f))
+        row["same"] = np.array_equal(exact.window, bucketed.window) and all(
+            np.array_equal(getattr(exact.pairs, f), getattr(bucketed.pairs, f))
             for f in ("first", "second", "distance", "flipped")
         )
-    chunk, rows, mirrored = _largest_bucket(hashes, threshold)
+    chunk, rows, kinds = _largest_bucket(hashes, rule)
     row["largest"] = int(rows.shape[0])
     blocks = bucket_blocks(rows.shape[0], max_entries)
     block = rows % blocks
     picked = block <= 1  # block pair (0, 1) of a split bucket, or the whole bucket
-    search = (hashes[rows[picked]], rows[picked], mirrored[picked], block[picked], blocks > 1)
+    search = (hashes[rows[picked]], rows[picked], kinds[picked], block[picked], blocks > 1)
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    worker = context.Process(target=_worker_memory, args=(chunk, search, threshold, queue))
+    worker = context.Process(target=_worker_memory, args=(chunk, search, queue))
     worker.start()
     entries, before, peak, cpu, _pairs = queue.get()
     worker.join()
@@ -345,16 +359,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _bucket_rows(sizes: list[int], max_entries: int, compare_up_to: int) -> None:
     print(
-        "\nbucketed search (the engine's; uniform hashes, t=8, buckets split past "
-        f"{max_entries:,} entries; compared with find_pairs up to {compare_up_to:,} hashes):"
+        "\nbucketed search (the engine's; uniform window hashes, t=8, tw=7, buckets split past "
+        f"{max_entries:,} entries; compared with find_window_pairs up to {compare_up_to:,}):"
     )
     print(
-        "| hashes | pairs | equal to find_pairs | find_pairs CPU s | buckets CPU s "
+        "| examples | pairs | equal to gathered | gathered CPU s | buckets CPU s "
         "| largest bucket | blocks | largest search | its CPU s | worker RSS before / peak MB |"
     )
     print("|---:|---:|:---:|---:|---:|---:|---:|---:|---:|---:|")
     for n in sizes:
-        row = bucket_cost(n, 8, max_entries, compare=n <= compare_up_to)
+        row = bucket_cost(n, max_entries, compare=n <= compare_up_to)
 
         def cell(value, fmt):
             return "–" if value is None else format(value, fmt)
@@ -393,18 +407,19 @@ def _quality_and_cost(args) -> None:
 
 
 def _search_rows(sizes: list[int]) -> None:
-    print("\nsearch (find_pairs, uniform random hashes, flips on):")
+    print("\ngathered search (uniform random window hashes, flips on, t=8, windows tw=7):")
     print(
-        "| hashes | threshold | CPU s | pairs found | chance pairs expected "
-        "| peak RSS growth MB (B a hash) |"
+        "| examples | search | CPU s | pairs found | chance pairs, whole frames "
+        "| peak RSS growth MB (B an example) |"
     )
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|")
     for n in sizes:
-        for threshold in (8, 10):
-            seconds, found, growth = search_cost(n, threshold)
+        for windows in (False, True):
+            seconds, found, growth = search_cost(n, windows)
+            name = "window rule" if windows else "whole frames alone"
             print(
-                f"| {n:,} | {threshold} | {seconds:.1f} | {found:,} | "
-                f"{chance_pairs(n, threshold):,.0f} | {growth:,.0f} ({growth * 2**20 / n:,.0f}) |"
+                f"| {n:,} | {name} | {seconds:.1f} | {found:,} | {chance_pairs(n, 8):,.0f} | "
+                f"{growth:,.0f} ({growth * 2**20 / n:,.0f}) |"
             )
             sys.stdout.flush()
 

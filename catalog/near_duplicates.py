@@ -40,9 +40,13 @@ __all__ = [
     "bucket_layout",
     "bucket_values",
     "BucketPairs",
-    "search_bucket",
     "bucket_blocks",
-    "find_pairs_by_buckets",
+    "bucket_candidates",
+    "OwnedPairs",
+    "check_hashes",
+    "chunk_layout",
+    "probe_masks",
+    "expanded_runs",
 ]
 
 # Chosen from the measured recall/precision (README, "Near-duplicates"): 10 keeps every
@@ -82,7 +86,13 @@ class Pairs:
         )
 
 
-def _check(hashes: np.ndarray, threshold: int) -> np.ndarray:
+def check_hashes(hashes: np.ndarray, threshold: int) -> np.ndarray:
+    """``hashes`` as a 1-D uint64 array (signed int64 read as its bits), after checking them
+    and ``threshold``.
+
+    Raises:
+      TypeError, ValueError: naming the bad threshold, shape or dtype.
+    """
     if not isinstance(threshold, int) or isinstance(threshold, bool):
         raise TypeError(f"threshold must be an int, got {threshold!r}")
     if not 0 <= threshold <= MAX_THRESHOLD:
@@ -131,7 +141,7 @@ def brute_force_pairs(
     hashes: np.ndarray, threshold: int, *, flips: bool = True, max_pairs: int | None = None
 ) -> Pairs:
     """The same result as ``find_pairs`` by comparing all pairs: for small inputs and tests."""
-    h = _check(hashes, threshold)
+    h = check_hashes(hashes, threshold)
     n = h.shape[0]
     firsts, seconds, distances, flipped = [], [], [], []
     block = max(1, 4_000_000 // max(n, 1))
@@ -152,7 +162,9 @@ def brute_force_pairs(
     return _finish(firsts, seconds, distances, flipped, n, max_pairs)
 
 
-def _chunk_layout(n: int, chunks: int | None) -> list[tuple[int, int]]:
+def chunk_layout(n: int, chunks: int | None) -> list[tuple[int, int]]:
+    """``(low bit, width)`` of the multi-index chunks for ``n`` hashes (``chunks`` of them, or
+    about ``64 / log2(n)`` when None; 3 to 16)."""
     if chunks is None:
         # About log2(N) bits per chunk: buckets then hold ~1 hash each (Norouzi et al.).
         chunks = round(HASH_BITS / max(math.log2(max(n, 2)), 1.0))
@@ -171,7 +183,8 @@ def _even_chunks(chunks: int) -> list[tuple[int, int]]:
     return layout
 
 
-def _masks(width: int, radius: int) -> list[int]:
+def probe_masks(width: int, radius: int) -> list[int]:
+    """Every mask of at most ``radius`` set bits on a ``width``-bit chunk, 0 first."""
     masks = [0]
     for k in range(1, radius + 1):
         for bits in itertools.combinations(range(width), k):
@@ -240,13 +253,13 @@ def _expand(
 ) -> None:
     """Pairs each query (a sorted position) with the ``counts[i]`` sorted positions from
     ``starts[i]``, in bounded pieces."""
-    for query_positions, candidates in _expanded(queries, starts, counts):
+    for query_positions, candidates in expanded_runs(queries, starts, counts):
         out.add(sorted_hashes[query_positions], query_positions, candidates, sorted_hashes, order)
 
 
-def _expanded(queries, starts, counts):
+def expanded_runs(queries, starts, counts, limit: int = _EXPAND_LIMIT):
     """Yields ``(queries repeated, positions)``: each ``queries[i]`` beside the ``counts[i]``
-    positions from ``starts[i]``, at most about ``_EXPAND_LIMIT`` pairs at a time."""
+    positions from ``starts[i]``, at most about ``limit`` pairs at a time."""
     nonzero = np.flatnonzero(counts)
     queries, starts, counts = queries[nonzero], starts[nonzero], counts[nonzero]
     del nonzero
@@ -254,7 +267,7 @@ def _expanded(queries, starts, counts):
     begin = 0
     while begin < counts.shape[0]:
         base = totals[begin - 1] if begin else 0
-        stop = max(begin + 1, int(np.searchsorted(totals, base + _EXPAND_LIMIT, side="right")))
+        stop = max(begin + 1, int(np.searchsorted(totals, base + limit, side="right")))
         c = counts[begin:stop]
         ends = totals[begin:stop] - base
         positions = np.arange(ends[-1], dtype=np.int64)
@@ -292,13 +305,13 @@ def find_pairs(
     """
     if method not in ("auto", "index", "brute"):
         raise ValueError(f"method must be 'auto', 'index' or 'brute', got {method!r}")
-    h = _check(hashes, threshold)
+    h = check_hashes(hashes, threshold)
     n = h.shape[0]
     if max_pairs is not None and max_pairs < 1:
         raise ValueError(f"max_pairs must be >= 1 or None, got {max_pairs!r}")
     if method == "brute" or (method == "auto" and n < _BRUTE_FORCE_BELOW):
         return brute_force_pairs(h, threshold, flips=flips, max_pairs=max_pairs)
-    layout = _chunk_layout(n, chunks)
+    layout = chunk_layout(n, chunks)
     per_chunk, extra = divmod(threshold, len(layout))
     out = _Collector(threshold, flips, max_pairs)
     try:
@@ -325,14 +338,14 @@ def _search_chunk(
     index = _position_type(h.shape[0])
     keys = h >> np.uint64(low)
     keys &= np.uint64((1 << width) - 1)
-    keys = keys.astype(np.int32)  # a chunk is at most 22 bits wide (_chunk_layout)
+    keys = keys.astype(np.int32)  # a chunk is at most 22 bits wide (chunk_layout)
     order = np.argsort(keys, kind="stable").astype(index)
     sorted_keys = keys[order]
     del keys
     sorted_hashes = h[order]
     offsets = np.zeros((1 << width) + 1, index)
     np.cumsum(np.bincount(sorted_keys, minlength=1 << width), out=offsets[1:])
-    masks = set(_masks(width, radius))
+    masks = set(probe_masks(width, radius))
     if flips:
         mirror = (FLIP_MASK >> low) & ((1 << width) - 1)
         masks |= {mirror ^ m for m in masks}
@@ -442,7 +455,7 @@ def bucket_layout(threshold: int) -> list[tuple[int, int]]:
     Raises:
       ValueError, TypeError: for a threshold ``find_pairs`` refuses.
     """
-    _check(np.zeros(0, np.uint64), threshold)
+    check_hashes(np.zeros(0, np.uint64), threshold)
     return _even_chunks(threshold + 1)
 
 
@@ -458,14 +471,6 @@ def bucket_values(
 
 def _mask(width: int) -> np.uint64:
     return np.uint64((1 << width) - 1)
-
-
-def _chunk_equal(x: np.ndarray, layout: Sequence[tuple[int, int]]) -> np.ndarray:
-    """``(chunks, n)``: where the XOR ``x`` is zero on each chunk (the two hashes agree)."""
-    out = np.empty((len(layout), x.shape[0]), bool)
-    for j in range(len(layout)):
-        out[j] = bucket_values(x, layout, j) == 0
-    return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -487,100 +492,14 @@ class BucketPairs:
         return int(self.row_a.shape[0])
 
 
-def _owned(
-    a: np.ndarray,
-    b: np.ndarray,
-    h: np.ndarray,
-    mirrored: np.ndarray,
-    keys: np.ndarray,
-    chunk: int,
-    threshold: int,
-    flips: bool,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Which entry pairs ``(a, b)`` this bucket owns, and their distance and flip.
+def bucket_candidates(virtual: np.ndarray, threshold: int):
+    """Yields ``(rows a, rows b)``: every pair of a bucket's entries whose hashes (``virtual``,
+    uint64) are within ``threshold`` bits, each once, at most about ``_EXPAND_LIMIT`` at a time.
 
-    A pair of examples may meet in several buckets (plainly on one chunk, mirrored on another,
-    or mirrored in two buckets of one chunk). It is owned by the lowest chunk on which it meets
-    by a kind within the threshold; plainly if it can, else in the bucket of the smaller
-    ``(chunk value, key)`` of its two plain entries. Everything is a function of the two hashes
-    and keys, so each pair is emitted by exactly one bucket with no second shuffle.
+    Identical hashes are collapsed first: ``find_pairs`` finds the distinct values within the
+    threshold, and member pairs are expanded from them, so a bucket of many identical hashes
+    (blank images) costs one distinct value plus its pairs.
     """
-    ha, hb = h[a], h[b]
-    x0 = ha ^ hb
-    d = np.bitwise_count(x0).astype(np.int64)
-    plain_ok = d <= threshold
-    agree = _chunk_equal(x0, bucket_layout(threshold)) & plain_ok
-    if flips:
-        x1 = x0 ^ np.uint64(FLIP_MASK)
-        dm = np.bitwise_count(x1).astype(np.int64)
-        mirror_agree = _chunk_equal(x1, bucket_layout(threshold)) & (dm <= threshold)
-        first = np.argmax(agree | mirror_agree, axis=0)
-    else:
-        dm = np.full(d.shape, HASH_BITS + 1, np.int64)
-        first = np.argmax(agree, axis=0)
-    ma, mb = mirrored[a], mirrored[b]
-    plain_pair = ~ma & ~mb
-    keep = (first == chunk) & ~(ma & mb) & (keys[a] != keys[b])
-    keep &= np.where(plain_pair, agree[chunk], ~agree[chunk])
-    if flips:
-        # A mirrored meeting: one plain entry P, one mirrored M; owned by the bucket of the
-        # smaller (chunk value, key) of the two plain hashes.
-        layout = bucket_layout(threshold)
-        p, m = np.where(ma, b, a), np.where(ma, a, b)
-        pv, mv = bucket_values(h[p], layout, chunk), bucket_values(h[m], layout, chunk)
-        smaller = (pv < mv) | ((pv == mv) & (keys[p] < keys[m]))
-        keep &= plain_pair | smaller
-    distance = np.minimum(d, dm)
-    return keep, distance.astype(np.uint8), dm < d
-
-
-def search_bucket(
-    chunk: int,
-    hashes: np.ndarray,
-    keys: np.ndarray,
-    mirrored: np.ndarray,
-    threshold: int = DEFAULT_THRESHOLD,
-    *,
-    blocks: np.ndarray | None = None,
-    flips: bool = True,
-    max_pairs: int | None = None,
-) -> BucketPairs:
-    """The pairs one bucket of a bucketed search owns (``bucket_layout``), exactly.
-
-    A bucket holds the entries whose hash (or, for a ``mirrored`` entry, mirrored hash) has
-    one value on chunk ``chunk``. The entries' effective hashes (mirrored where ``mirrored``)
-    are collapsed to distinct values, ``find_pairs`` finds the distinct values within the
-    threshold, and member pairs are expanded in bounded pieces: a bucket of many identical
-    hashes (blank images) costs one distinct value plus its pairs. Over every bucket of a set
-    of hashes, the owned pairs are the pairs ``find_pairs`` finds, each exactly once.
-
-    Args:
-      chunk: the bucket's chunk index in ``bucket_layout(threshold)``.
-      hashes: uint64 hash of each entry's example (as is, never mirrored).
-      keys: int64 example ids, one entry per example and kind; pairs are ordered by them.
-      mirrored: bool, the entry stands for the mirrored hash.
-      threshold: as for ``find_pairs``.
-      blocks: when the bucket is one block pair of a split bucket, each entry's block: only
-        pairs across two blocks are owned (a block's own pairs are its pair with itself).
-      flips: as for ``find_pairs``.
-      max_pairs: keep only the first this many pairs in key order (None: all).
-
-    Returns:
-      ``BucketPairs`` sorted by key.
-
-    Raises:
-      ValueError: for a chunk outside the layout or arrays of different lengths.
-    """
-    h = _check(hashes, threshold)
-    keys = np.asarray(keys, np.int64)
-    mirrored = np.asarray(mirrored, bool)
-    if not 0 <= chunk <= threshold:
-        raise ValueError(f"chunk must be in [0, {threshold}] for threshold {threshold}: {chunk}")
-    if not h.shape == keys.shape == mirrored.shape:
-        raise ValueError(
-            f"hashes, keys, mirrored differ: {h.shape}, {keys.shape}, {mirrored.shape}"
-        )
-    virtual = np.where(mirrored, h ^ np.uint64(FLIP_MASK), h)
     unique, inverse = np.unique(virtual, return_inverse=True)
     inverse = inverse.ravel()
     near = find_pairs(unique, threshold, flips=False)
@@ -598,10 +517,9 @@ def search_bucket(
     q_near = np.repeat(offsets[g1], sizes[g1]) + _ranks(sizes[g1])
     s_near = np.repeat(offsets[g2], sizes[g1])
     c_near = np.repeat(sizes[g2], sizes[g1])
-    out = _Owned(h, mirrored, keys, chunk, threshold, flips, blocks, order, max_pairs)
     for queries, starts, counts in ((q_same, s_same, c_same), (q_near, s_near, c_near)):
-        _expand_rows(queries, starts, counts, out)
-    return out.result()
+        for grouped, partners in expanded_runs(queries, starts, counts):
+            yield order[grouped], order[partners]
 
 
 def _ranks(sizes: np.ndarray) -> np.ndarray:
@@ -611,49 +529,47 @@ def _ranks(sizes: np.ndarray) -> np.ndarray:
     return np.arange(total, dtype=np.int64) - starts
 
 
-def _expand_rows(queries, starts, counts, out: _Owned) -> None:
-    """Pairs each grouped position ``queries[i]`` with ``counts[i]`` positions from
-    ``starts[i]``, ``_EXPAND_LIMIT`` candidates at a time."""
-    for grouped, partners in _expanded(queries, starts, counts):
-        out.add(grouped, partners)
+class OwnedPairs:
+    """Collects the pairs one bucket owns, keeping at most ``max_pairs`` (the first in key
+    order) so that memory stays bounded however many pairs the bucket holds.
 
+    Args:
+      keys: int64 example id of each entry; pairs are ordered by them.
+      blocks: each entry's block when the bucket is one block pair of a split bucket (only
+        pairs across two blocks are owned), else None.
+      max_pairs: the most pairs kept (None: all).
+      owns: ``(rows a, rows b) -> (keep, *values)``: which candidate pairs the bucket owns,
+        and per candidate the values the result carries (distance, flip...).
+      empty: the values of no pair (empty arrays of their dtypes).
+    """
 
-class _Owned:
-    """Collects the owned pairs of one bucket, keeping at most ``max_pairs`` (the first in
-    key order) so that memory stays bounded however many pairs the bucket holds."""
-
-    def __init__(self, h, mirrored, keys, chunk, threshold, flips, blocks, order, max_pairs):
-        self._args = (h, mirrored, keys, chunk, threshold, flips)
-        self._keys, self._blocks, self._order = keys, blocks, order
-        self._max = max_pairs
-        self._parts: list[tuple[np.ndarray, ...]] = []
+    def __init__(self, keys: np.ndarray, blocks, max_pairs: int | None, owns, empty) -> None:
+        self._keys, self._blocks, self._max, self._owns = keys, blocks, max_pairs, owns
+        rows = np.zeros(0, np.int64)
+        self._parts: list[tuple[np.ndarray, ...]] = [(rows, rows, *empty)]
         self._held = 0
 
-    def add(self, grouped_a: np.ndarray, grouped_b: np.ndarray) -> None:
-        a, b = self._order[grouped_a], self._order[grouped_b]
+    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+        """Judges candidate pairs of rows ``a[i], b[i]``."""
         if self._blocks is not None:
             cross = self._blocks[a] != self._blocks[b]
             a, b = a[cross], b[cross]
-        keep, distance, flipped = _owned(a, b, *self._args)
+        keep, *values = self._owns(a, b)
         a, b = a[keep], b[keep]
         swap = self._keys[a] > self._keys[b]
         a, b = np.where(swap, b, a), np.where(swap, a, b)
-        self._parts.append((a, b, distance[keep], flipped[keep]))
+        self._parts.append((a, b, *(v[keep] for v in values)))
         self._held += a.shape[0]
         if self._max is not None and self._held > 2 * self._max:
-            self._parts = [self._sorted()]
+            self._parts = [self.result()]
             self._held = self._parts[0][0].shape[0]
 
-    def _sorted(self) -> tuple[np.ndarray, ...]:
-        if not self._parts:
-            empty = np.zeros(0, np.int64)
-            return empty, empty, np.zeros(0, np.uint8), np.zeros(0, bool)
-        a, b, distance, flipped = (np.concatenate(c) for c in zip(*self._parts, strict=True))
+    def result(self) -> tuple[np.ndarray, ...]:
+        """``(rows a, rows b, *values)``, sorted by ``(key a, key b)``, at most ``max_pairs``."""
+        columns = [np.concatenate(c) for c in zip(*self._parts, strict=True)]
+        a, b = columns[0], columns[1]
         order = np.lexsort((self._keys[b], self._keys[a]))[: self._max]
-        return a[order], b[order], distance[order], flipped[order]
-
-    def result(self) -> BucketPairs:
-        return BucketPairs(*self._sorted())
+        return tuple(c[order] for c in columns)
 
 
 def bucket_blocks(entries: int, max_bucket_entries: int) -> int:
@@ -665,59 +581,3 @@ def bucket_blocks(entries: int, max_bucket_entries: int) -> int:
     if entries <= max_bucket_entries:
         return 1
     return -(-2 * entries // max_bucket_entries)
-
-
-def find_pairs_by_buckets(
-    hashes: np.ndarray,
-    threshold: int = DEFAULT_THRESHOLD,
-    *,
-    flips: bool = True,
-    max_bucket_entries: int = 1 << 16,
-) -> tuple[Pairs, int]:
-    """``find_pairs`` as the bucketed search runs it on an engine, in one process.
-
-    Every hash goes to one bucket per chunk of ``bucket_layout`` (and, with ``flips``, to one
-    more for its mirrored hash); a bucket over ``max_bucket_entries`` is split into blocks by
-    position and searched as pairs of blocks; ``search_bucket`` searches each. For tests and
-    benchmarks: the engine's transform (``beam_pipelines.graph.near_duplicate_search``) runs
-    the same functions, keyed by a shuffle.
-
-    Returns:
-      ``(pairs, largest)``: the pairs, equal to ``find_pairs``' (sorted, complete), and the
-      most entries one search held.
-    """
-    h = _check(hashes, threshold)
-    layout = bucket_layout(threshold)
-    n = h.shape[0]
-    rows = np.arange(n, dtype=np.int64)
-    kinds = (False, True) if flips else (False,)
-    found: list[tuple[np.ndarray, ...]] = []
-    largest = 0
-    for chunk in range(len(layout)):
-        values = np.concatenate([bucket_values(h, layout, chunk, mirrored=m) for m in kinds])
-        entry_rows = np.tile(rows, len(kinds))
-        entry_mirrored = np.repeat(np.array(kinds), n)
-        order = np.argsort(values, kind="stable")
-        bounds = np.flatnonzero(np.diff(values[order])) + 1
-        for members in np.split(order, bounds):
-            r, m = entry_rows[members], entry_mirrored[members]
-            k = bucket_blocks(members.shape[0], max_bucket_entries)
-            block = r % k
-            for p, q in itertools.combinations_with_replacement(range(k), 2):
-                sel = (block == p) | (block == q)
-                largest = max(largest, int(sel.sum()))
-                got = search_bucket(
-                    chunk,
-                    h[r[sel]],
-                    r[sel],
-                    m[sel],
-                    threshold,
-                    blocks=block[sel] if p != q else None,
-                    flips=flips,
-                )
-                found.append((r[sel][got.row_a], r[sel][got.row_b], got.distance, got.flipped))
-    if not found:
-        return Pairs.empty(), largest
-    first, second, distance, flipped = (np.concatenate(c) for c in zip(*found, strict=True))
-    order = np.lexsort((second, first))
-    return Pairs(first[order], second[order], distance[order], flipped[order]), largest

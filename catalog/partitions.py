@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from catalog.table import COLUMNS, SCHEMA, check_schema
+from catalog.table import COLUMNS, SCHEMA, check_schema, readable_columns, upgrade
 from schemas.manifest import FileInfo, shard_number_width
 
 __all__ = [
@@ -161,11 +161,12 @@ def iter_catalog_batches(
             raise ValueError(f"{name}: not a readable Parquet file ({e})") from e
         check_schema(parquet.schema_arrow, name=name)
         try:
-            yield from parquet.iter_batches(
+            for batch in parquet.iter_batches(
                 batch_size=batch_size,
-                columns=list(columns) if columns is not None else None,
+                columns=readable_columns(parquet.schema_arrow, columns),
                 use_threads=False,
-            )
+            ):
+                yield upgrade(batch, columns)
         except (pa.ArrowInvalid, OSError) as e:
             raise ValueError(f"{name}: damaged Parquet data ({e})") from e
 

@@ -1,4 +1,4 @@
-"""The catalog: one Parquet row per example of a split, in shard order (schema v1).
+"""The catalog: one Parquet row per example of a split, in shard order (schema v2).
 
 ``catalog-<split>.parquet`` lists every example of a split in the order the shards hold them
 (shard order, then record order), so row ``i`` is the example a reader meets at position ``i``
@@ -23,6 +23,9 @@ of the split. Columns (``SCHEMA``):
 ``source_height``  int32     the source's height as declared in its header
 ``source_width``   int32     the source's width
 ``phash``          uint64    64-bit perceptual hash (``catalog.phash``), null when not computed
+``window_phash``   list      the hashes of the centred windows after the whole frame
+                   <uint64>  (``catalog.window_hashes``; their scales are in ``dataset.json``'s
+                             ``near_duplicate_windows``), null when not computed
 =================  ========  ==========================================================
 
 The location columns (``key`` to ``length``) are never null. The others are null where the
@@ -32,6 +35,9 @@ The bytes are a function of the rows alone: written from Arrow (no pandas metada
 fixed compression, dictionary columns and row-group size, and with row groups of exactly
 ``ROW_GROUP_SIZE`` rows however the rows arrive (``CatalogWriter``). Merging per-shard
 fragments therefore gives the same file as writing the whole table at once.
+
+Version 1 (before ``window_phash``) is still read: its tables come back with that column null
+(``upgrade``), so readers see one schema.
 """
 
 from __future__ import annotations
@@ -52,6 +58,8 @@ __all__ = [
     "build_table",
     "empty_table",
     "check_schema",
+    "readable_columns",
+    "upgrade",
     "write_table",
     "table_bytes",
     "read_table",
@@ -60,7 +68,7 @@ __all__ = [
     "merge_fragments",
 ]
 
-CATALOG_VERSION = 1
+CATALOG_VERSION = 2
 _VERSION_KEY = b"tfrecord_service.catalog_version"
 
 LOCATION_COLUMNS = ("key", "split", "index", "shard", "record", "offset", "length")
@@ -83,7 +91,10 @@ _FIELDS: tuple[tuple[str, pa.DataType], ...] = (
     ("source_height", pa.int32()),
     ("source_width", pa.int32()),
     ("phash", pa.uint64()),
+    ("window_phash", pa.list_(pa.uint64())),
 )
+# Columns a version-1 catalog lacks, filled with nulls when it is read.
+_ADDED_IN_2 = ("window_phash",)
 SCHEMA = pa.schema(
     [pa.field(name, kind, nullable=name not in LOCATION_COLUMNS) for name, kind in _FIELDS],
     metadata={_VERSION_KEY: str(CATALOG_VERSION).encode("ascii")},
@@ -146,26 +157,51 @@ def empty_table() -> pa.Table:
 
 
 def check_schema(schema: pa.Schema, *, name: str = "catalog") -> None:
-    """Checks that a table or file holds catalog schema v1 exactly (names, types, version).
+    """Checks that a table or file holds a catalog this build reads: schema v2 exactly, or v1
+    (v2 without ``window_phash``), names, types and version.
 
     Raises:
       ValueError: naming ``name`` and the first difference.
     """
     version = (schema.metadata or {}).get(_VERSION_KEY)
-    if version != str(CATALOG_VERSION).encode("ascii"):
+    expected = COLUMNS
+    if version == b"1":
+        expected = tuple(c for c in COLUMNS if c not in _ADDED_IN_2)
+    elif version != str(CATALOG_VERSION).encode("ascii"):
         raise ValueError(
             f"{name}: catalog version {version!r} is not supported; this build reads "
-            f"version {CATALOG_VERSION}"
+            f"versions 1 and {CATALOG_VERSION}"
         )
-    if tuple(schema.names) != COLUMNS:
+    if tuple(schema.names) != expected:
         raise ValueError(
-            f"{name}: columns {schema.names} differ from catalog v{CATALOG_VERSION}'s "
-            f"{list(COLUMNS)}"
+            f"{name}: columns {schema.names} differ from catalog v{version.decode()}'s "
+            f"{list(expected)}"
         )
-    for field in SCHEMA:
+    for field_name in expected:
+        field = SCHEMA.field(field_name)
         found = schema.field(field.name).type
         if found != field.type:
             raise ValueError(f"{name}: column {field.name!r} is {found}, expected {field.type}")
+
+
+def readable_columns(schema: pa.Schema, columns: Sequence[str] | None) -> list[str]:
+    """The columns to read from a catalog file of ``schema`` for ``columns`` (all when None):
+    a version-1 file's lacks those version 2 added (``upgrade`` adds them)."""
+    wanted = list(columns) if columns is not None else list(COLUMNS)
+    return [c for c in wanted if c in schema.names]
+
+
+def upgrade(rows: pa.Table | pa.RecordBatch, columns: Sequence[str] | None = None):
+    """Rows read from a catalog (``columns`` of it; all when None) with any column a
+    version-1 catalog lacks added, null, in the order asked for."""
+    wanted = list(columns) if columns is not None else list(COLUMNS)
+    missing = [c for c in wanted if c not in rows.schema.names]
+    if not missing:
+        return rows
+    for column in missing:
+        field = SCHEMA.field(column)
+        rows = rows.append_column(field, pa.nulls(rows.num_rows, field.type))
+    return rows.select(wanted).replace_schema_metadata(SCHEMA.metadata)
 
 
 def _writer(where: str | BinaryIO | pa.NativeFile) -> pq.ParquetWriter:
@@ -208,6 +244,7 @@ class CatalogWriter:
           ValueError: if ``rows`` do not have the catalog schema.
         """
         check_schema(rows.schema, name="rows to write")
+        rows = upgrade(rows)
         if isinstance(rows, pa.RecordBatch):
             rows = pa.Table.from_batches([rows])
         # Same names and types (checked); this also gives every piece the same field flags.
@@ -291,7 +328,8 @@ def read_table(
         if unknown:
             raise ValueError(f"unknown catalog columns {unknown}; the columns are {list(COLUMNS)}")
     try:
-        return parquet.read(columns=list(columns) if columns is not None else None)
+        table = parquet.read(columns=readable_columns(parquet.schema_arrow, columns))
+        return upgrade(table, columns)
     except (pa.ArrowInvalid, OSError) as e:
         raise ValueError(f"{label}: damaged Parquet data ({e})") from e
 

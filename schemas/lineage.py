@@ -50,6 +50,7 @@ NON_IMAGE_OPTIONS = frozenset(
         "label_conflicts",
         "leakage",
         "near_duplicate_threshold",
+        "near_duplicate_window_threshold",
         "near_duplicate_search",
     }
 )

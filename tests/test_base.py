@@ -72,6 +72,8 @@ def test_every_base_example_is_reused_byte_for_byte(built: Path) -> None:
         assert reused is not None and not reused.rewritten
         assert reused.serialized == _frame_payload(built, row)
         meta = reused.meta._asdict()
+        assert len(meta["window_phash"]) == 3  # the base's window hashes, no decode
+        meta["window_phash"] = list(meta["window_phash"])  # a list in the catalog's row
         assert meta == {name: row[name] for name in meta}
     assert (
         base.reuse("0" * 64, uri="x", label=0, text="cat", source_bytes=1) is None
@@ -376,3 +378,10 @@ def test_a_base_whose_hashes_were_taken_otherwise_is_not_reused(built: Path) -> 
                      tool_version=TOOL_VERSION)  # fmt: skip
     assert not base.reusable
     assert f"near_duplicate_features {FEATURES} -> source-96" in base.reason
+    # A base built before the window hashes (no near_duplicate_windows, catalog v1) is not
+    # reused either: its examples would have no window hashes to pair crops by.
+    assert current["near_duplicate_windows"] == [1.0, 0.95, 0.9, 0.85]
+    before = {k: v for k, v in current.items() if k != "near_duplicate_windows"}
+    base = open_base(str(built), options=before, tool_version=TOOL_VERSION)
+    assert not base.reusable
+    assert "near_duplicate_windows [1.0, 0.95, 0.9, 0.85] -> None" in base.reason

@@ -302,6 +302,7 @@ def test_the_near_duplicate_report_reads_each_partition_apart_with_the_same_byte
     a, b = numbers[:7] + [numbers[0]], numbers[15:8:-1] + [numbers[8]]
     found = {
         "a": a, "b": b, "distance": [i % 4 for i in range(8)], "flipped": [i % 3 == 0 for i in range(8)],
+        "window": [i % 4 for i in range(8)],
         "leakage": [i < 2 for i in range(8)], "cross_class": [i in (2, 5) for i in range(8)],
         "moved": [numbers[1]], "examples": 16, "complete": True,
     }  # fmt: skip
@@ -313,10 +314,11 @@ def test_the_near_duplicate_report_reads_each_partition_apart_with_the_same_byte
     assert keys == set(a) | set(b)
     assert [line["leakage"] for line in lines[:2]] == [True, True]
     assert sum(m["moved"] for line in lines for m in (line["a"], line["b"])) == 1
+    assert sum("crop 90%" in line["probably"] for line in lines) == 2  # window 2 of 8 pairs
     # Without a pair, or without any record, the report is empty and no catalog is needed.
     for name, search in (("none", {**found, **dict.fromkeys(("a", "b", "distance"), [])}),
                          ("nothing", None)):  # fmt: skip
-        nothing = {k: [] for k in ("flipped", "leakage", "cross_class", "moved")}
+        nothing = {k: [] for k in ("flipped", "window", "leakage", "cross_class", "moved")}
         search = {**search, **nothing} if search else None
         assert _near_duplicate_report(partitioned, tmp_path / name, search, 0) == b""
 

@@ -1,4 +1,5 @@
-"""Catalog schema v1: deterministic Parquet bytes, validation, and the streaming merge."""
+"""Catalog schema v2: deterministic Parquet bytes, validation, the streaming merge, and v1
+catalogs read as v2 (their window hashes null)."""
 
 from __future__ import annotations
 
@@ -54,13 +55,14 @@ def _bytes(table: pa.Table, **kwargs) -> bytes:
     return sink.getvalue()
 
 
-def test_schema_v1_columns_and_types():
+def test_schema_v2_columns_and_types():
     assert COLUMNS == (
         "key", "uri", "label", "text", "split", "index", "shard", "record", "offset",
         "length", "height", "width", "format", "source_format", "source_bytes",
-        "source_height", "source_width", "phash",
+        "source_height", "source_width", "phash", "window_phash",
     )  # fmt: skip
     assert SCHEMA.field("phash").type == pa.uint64() and SCHEMA.field("phash").nullable
+    assert SCHEMA.field("window_phash").type == pa.list_(pa.uint64())
     assert SCHEMA.field("height").type == pa.int32()
     assert not SCHEMA.field("offset").nullable
     assert catalog_filename("validation") == "catalog-validation.parquet"
@@ -162,3 +164,38 @@ def test_read_rejects_other_files_naming_them(tmp_path):
     truncated.write_bytes(truncated.read_bytes()[:-100])
     with pytest.raises(ValueError, match="truncated.parquet"):
         read_table(str(truncated))
+
+
+def test_a_version_1_catalog_is_read_with_null_window_hashes(tmp_path):
+    from catalog.partitions import iter_catalog_batches
+    from schemas.manifest import FileInfo
+
+    table = _rows(6).set_column(
+        COLUMNS.index("window_phash"),
+        SCHEMA.field("window_phash"),
+        pa.array([[1, 2, 2**64 - 1]] * 6, pa.list_(pa.uint64())),
+    )
+    assert read_table(pa.BufferReader(_bytes(table)))["window_phash"][0].as_py() == [
+        1,
+        2,
+        2**64 - 1,
+    ]
+    old = table.drop_columns(["window_phash"]).replace_schema_metadata(
+        {b"tfrecord_service.catalog_version": b"1"}
+    )
+    sink = io.BytesIO()
+    pq.write_table(old, sink)
+    data = sink.getvalue()
+    back = read_table(pa.BufferReader(data))
+    assert back.column_names == list(COLUMNS) and back["window_phash"].null_count == 6
+    assert back["phash"].equals(table["phash"])
+    some = read_table(pa.BufferReader(data), columns=["window_phash", "key"])
+    assert some.column_names == ["window_phash", "key"]
+    info = FileInfo("old.parquet", len(data), hashlib.sha256(data).hexdigest())
+    (batch,) = iter_catalog_batches([info], lambda _: data, columns=["key", "window_phash"])
+    assert batch.schema.names == ["key", "window_phash"] and batch.column(1).null_count == 6
+    merged = io.BytesIO()
+    merge_fragments([io.BytesIO(data)], merged, split=old["split"][0].as_py())
+    assert read_table(pa.BufferReader(merged.getvalue())).equals(
+        back.set_column(COLUMNS.index("index"), SCHEMA.field("index"), back["index"])
+    )

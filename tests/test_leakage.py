@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from beam_pipelines.config import PipelineConfig
-from beam_pipelines.graph.leakage import key_number, search_columns
+from beam_pipelines.graph.leakage import _COLUMN_TYPES, key_number, search_columns
 from beam_pipelines.image.prepare import ImageOptions, prepare_image
+from catalog.window_search import WindowRule
 
 
 def _report(output):
@@ -108,8 +109,11 @@ def test_move_to_train_on_a_base_built_with_report_reuses_every_example(sample_d
 
 
 def _columns(rows):
-    columns = (array.array("q"), array.array("q"), array.array("B"), array.array("q"))
+    """The gathered search's columns; each row's window hashes its whole frame repeated (as
+    ``hash_entry`` gives a record without them)."""
+    columns = tuple(array.array(code) for code in _COLUMN_TYPES)
     for row in rows:
+        row = (*row, *[row[1]] * (len(columns) - len(row)))
         for column, value in zip(columns, row, strict=True):
             column.append(value)
     return columns
@@ -128,17 +132,17 @@ def test_search_counts_each_content_once_and_leaves_label_conflicts_out():
         (_key("c"), 100, 1, 2),
         (_key("d"), -1, 1, 1),  # a hash above 2**63, carried signed: far from the rest
     ]
-    found = search_columns(_columns(rows), 8, move=True)
+    found = search_columns(_columns(rows), WindowRule(8, 7), move=True)
     assert found["examples"] == 3
     assert sorted([found["a"][0], found["b"][0]]) == sorted([_key("a"), _key("b")])
     assert found["leakage"] == [False]  # b was moved, so no leakage is left
     assert found["moved"] == [_key("b")]
-    reported = search_columns(_columns(rows), 8, move=False)
+    reported = search_columns(_columns(rows), WindowRule(8, 7), move=False)
     assert reported["leakage"] == [True] and reported["moved"] == []
 
 
 def test_empty_search():
-    found = search_columns(_columns([]), 8, move=True)
+    found = search_columns(_columns([]), WindowRule(8, 7), move=True)
     assert found["examples"] == 0 and found["a"] == [] and found["complete"]
 
 
@@ -148,6 +152,8 @@ def test_empty_search():
         ("leakage", "drop", "--leakage must be one of report, move_to_train"),
         ("near_duplicate_threshold", 17, r"--near_duplicate_threshold must be an int in \[0, 16\]"),
         ("near_duplicate_threshold", -1, "--near_duplicate_threshold"),
+        ("near_duplicate_window_threshold", 17, "--near_duplicate_window_threshold must be an"),
+        ("near_duplicate_window_threshold", True, "--near_duplicate_window_threshold"),
         ("near_duplicate_bucket_entries", 1, "--near_duplicate_bucket_entries must be an int"),
         ("near_duplicate_bucket_entries", True, "--near_duplicate_bucket_entries"),
     ],
@@ -172,6 +178,8 @@ def test_flags_parse(tmp_path):
             "move_to_train",
             "--near_duplicate_threshold",
             "6",
+            "--near_duplicate_window_threshold",
+            "5",
             "--near_duplicate_bucket_entries",
             "4096",
         ]
@@ -182,3 +190,78 @@ def test_flags_parse(tmp_path):
     # The same pairs at any cap: not an option of the dataset.
     assert "near_duplicate_bucket_entries" not in config.manifest_options()
     assert config.manifest_options()["near_duplicate_threshold"] == 6
+    assert config.near_duplicate_rule == WindowRule(6, 5, (1.0, 0.95, 0.9, 0.85))
+    assert config.manifest_options()["near_duplicate_window_threshold"] == 5
+    assert config.manifest_options()["near_duplicate_windows"] == [1.0, 0.95, 0.9, 0.85]
+
+
+def _crop_set(root) -> tuple[str, str]:
+    """Distinct scenes in two classes, and a 10 % crop of one whose bytes put it in validation
+    while the original is in train; returns (original, crop) file names."""
+    import io
+
+    from PIL import Image
+
+    from beam_pipelines.output.shards import assign_split
+    from beam_pipelines.samples import scene_rgb
+
+    def jpeg(image, quality=90) -> bytes:
+        out = io.BytesIO()
+        image.save(out, format="JPEG", quality=quality)
+        return out.getvalue()
+
+    def split(data: bytes) -> str:
+        return assign_split(hashlib.sha256(data).hexdigest(), 0.3)
+
+    original = crop = None
+    for seed in range(40):
+        name = ("cat", "dog")[seed % 2]
+        (root / name).mkdir(parents=True, exist_ok=True)
+        image = Image.fromarray(scene_rgb((500, 375), seed=seed))
+        data = jpeg(image)
+        (root / name / f"scene{seed}.jpg").write_bytes(data)
+        if original is None and split(data) == "train":
+            cropped = image.crop((25, 19, 475, 356))  # 10 % off each axis, centred
+            for quality in range(90, 60, -1):
+                copy = jpeg(cropped, quality)
+                if split(copy) == "validation":
+                    break
+            (root / name / "crop.jpg").write_bytes(copy)
+            original, crop = f"scene{seed}.jpg", "crop.jpg"
+    return original, crop
+
+
+@pytest.mark.slow
+def test_a_crop_in_validation_is_found_named_and_moved_and_a_base_keeps_its_windows(tmp_path):
+    """A 10 % crop of a train image, in validation: the window rule pairs it (the report says
+    ``crop 90%``), ``move_to_train`` moves it; a rebuild on that
+    dataset reuses every example with its window hashes (nothing prepared) and finds it too."""
+    from beam_pipelines import images_to_tfrecord
+
+    images = tmp_path / "images"
+    original, crop = _crop_set(images)
+    out = tmp_path / "moved"
+    common = ["--input", str(images), "--validation_fraction", "0.3", "--leakage", "move_to_train"]
+    summary = images_to_tfrecord.run([*common, "--output", str(out)])
+    assert summary.published, summary.describe()
+    (pair,) = _report(out)
+    assert {pair["a"]["uri"].rsplit("/", 1)[-1], pair["b"]["uri"].rsplit("/", 1)[-1]} == {
+        original,
+        crop,
+    }
+    assert pair["probably"] == "crop 90%" and pair["leakage"] is False
+    assert [m["uri"].endswith(crop) for m in (pair["a"], pair["b"]) if m["moved"]] == [True]
+    assert summary.near_duplicates["moved_to_train"] == 1
+    assert all(not uri.endswith(crop) for uri in _uris(out, "validation"))
+    catalog = pq.read_table(out / "catalog-train.parquet", columns=["uri", "window_phash"])
+    assert catalog["window_phash"].null_count == 0
+    assert {len(w) for w in catalog["window_phash"].to_pylist()} == {3}
+    options = json.loads((out / "dataset.json").read_text())["options"]
+    assert options["near_duplicate_windows"] == [1.0, 0.95, 0.9, 0.85]
+    assert options["near_duplicate_window_threshold"] == 7
+    rebuilt = tmp_path / "rebuilt"
+    again = images_to_tfrecord.run([*common, "--output", str(rebuilt), "--base", str(out)])
+    assert again.published and again.manifest.lineage["prepared"] == 0
+    assert again.near_duplicates["moved_to_train"] == 1
+    for name in ("catalog-train.parquet", "catalog-validation.parquet", "near_duplicates.jsonl"):
+        assert (rebuilt / name).read_bytes() == (out / name).read_bytes(), name

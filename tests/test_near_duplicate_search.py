@@ -1,6 +1,7 @@
 """The near-duplicate search on the engine (``SearchNearDuplicates``) against the gathered one.
 
-Random hashes with planted near pairs (plain and mirrored), a crowd of identical hashes (blank
+Random window hashes with planted crops (a whole frame near a window of another example),
+mirrored crops, whole-frame copies (plain and mirrored), a crowd of identical hashes (blank
 images) and label conflicts; at thresholds 0, 3 and the default; whole buckets and buckets
 split into blocks; on the in-process runner and on Dask. The bucketed search must give the
 gathered search's result exactly (``search_columns``: every hash in one place).
@@ -18,7 +19,7 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipelines.config import PipelineConfig, resolve_search
 from beam_pipelines.engines.runners import resolve_runner_aliases
-from beam_pipelines.graph.leakage import AUTO_BUCKETED_FROM, search_columns
+from beam_pipelines.graph.leakage import _COLUMN_TYPES, AUTO_BUCKETED_FROM, search_columns
 from beam_pipelines.graph.near_duplicate_search import (
     SearchNearDuplicates,
     pairs_result,
@@ -28,10 +29,11 @@ from catalog.near_duplicates import (
     DEFAULT_THRESHOLD,
     bucket_blocks,
     find_pairs,
-    find_pairs_by_buckets,
-    search_bucket,
 )
 from catalog.phash import FLIP_MASK
+from catalog.window_buckets import find_window_pairs_by_buckets
+from catalog.window_search import WindowRule
+from tests.test_window_search import planted_windows
 
 
 def _planted_hashes(n: int, seed: int) -> np.ndarray:
@@ -50,23 +52,25 @@ def _planted_hashes(n: int, seed: int) -> np.ndarray:
     return h
 
 
-def _entries(n: int, seed: int) -> list[tuple[int, int, int, int]]:
-    """``(key number, phash, split code, label)`` rows as ``FindNearDuplicates`` makes them,
-    with a byte-identical copy and a label conflict."""
+def _entries(n: int, seed: int) -> list[tuple[int, ...]]:
+    """``(key number, phash, split code, label, window 1, 2, 3)`` rows as
+    ``FindNearDuplicates`` makes them (``planted_windows``: crops, mirrored crops, copies and
+    a crowd), with a byte-identical copy and a label conflict."""
     rng = np.random.default_rng(seed + 1)
-    hashes = _planted_hashes(n, seed)
+    hashes = planted_windows(n, seed)
     keys = rng.integers(-(2**63), 2**63 - 1, n, dtype=np.int64)
     rows = [
-        (int(k), signed64(int(h)), int(rng.random() < 0.2), int(rng.integers(0, 3)))
+        (int(k), signed64(int(h[0])), int(rng.random() < 0.2), int(rng.integers(0, 3)),
+         *(signed64(int(w)) for w in h[1:]))
         for k, h in zip(keys, hashes, strict=True)
-    ]
+    ]  # fmt: skip
     rows.append(rows[7])  # the same content twice: one example
-    rows.append((rows[11][0], rows[11][1], rows[11][2], rows[11][3] + 1))  # two classes
+    rows.append((*rows[11][:3], rows[11][3] + 1, *rows[11][4:]))  # two classes
     return rows
 
 
 def _columns(rows) -> tuple[array.array, ...]:
-    columns = (array.array("q"), array.array("q"), array.array("B"), array.array("q"))
+    columns = tuple(array.array(code) for code in _COLUMN_TYPES)
     for row in rows:
         for column, value in zip(columns, row, strict=True):
             column.append(value)
@@ -74,13 +78,16 @@ def _columns(rows) -> tuple[array.array, ...]:
 
 
 def _run(options: PipelineOptions, rows, threshold: int, move: bool, max_entries: int) -> None:
-    expected = search_columns(_columns(rows), threshold, move)
+    rule = WindowRule(threshold, min(threshold, 7))
+    expected = search_columns(_columns(rows), rule, move)
     assert expected["a"], "the planted data must hold pairs"
+    if threshold:
+        assert any(expected["window"]) and any(expected["flipped"]), "crops and mirrors"
     with beam.Pipeline(options=options) as pipeline:
         found = (
             pipeline
             | beam.Create(rows)
-            | SearchNearDuplicates(threshold=threshold, move=move, max_bucket_entries=max_entries)
+            | SearchNearDuplicates(rule=rule, move=move, max_bucket_entries=max_entries)
         )
         assert_that(found, equal_to([expected]))
 
@@ -103,12 +110,20 @@ def test_packs_flushed_mid_bundle_and_split_into_slices_find_the_same_pairs(monk
     _run(PipelineOptions([]), _entries(400, seed=9), DEFAULT_THRESHOLD, True, 40)
 
 
-def test_an_entry_packs_to_26_bytes_and_back():
-    from beam_pipelines.graph.near_duplicate_search import ENTRY
+def test_an_entry_packs_to_50_bytes_and_back():
+    from beam_pipelines.graph.near_duplicate_search import entry_dtype
 
-    row = np.array([(-(2**63), 2**63 - 1, 1, 2**31 - 1, True, 479)], ENTRY)
-    back = np.frombuffer(row.tobytes(), ENTRY)
-    assert ENTRY.itemsize == 26 and back.tolist() == row.tolist()
+    entry = entry_dtype(4)
+    row = np.array([(-(2**63), 1, 2**31 - 1, 4, 479, (2**63 - 1, -1, 0, 5))], entry)
+    back = np.frombuffer(row.tobytes(), entry)
+    assert entry.itemsize == 50 and back["hashes"].tolist() == [[2**63 - 1, -1, 0, 5]]
+    assert [back[f].tolist() for f in ("key", "split", "label", "kind", "block")] == [
+        [-(2**63)],
+        [1],
+        [2**31 - 1],
+        [4],
+        [479],
+    ]
 
 
 @pytest.mark.slow
@@ -122,10 +137,15 @@ def test_bucketed_search_equals_the_gathered_one_on_dask(dask_cluster):
     [(0, 1 << 16), (0, 50), (1, 50), (5, 1 << 16), (8, 1 << 16), (8, 50), (16, 1 << 16)],
 )
 def test_every_bucket_together_finds_exactly_the_pairs_of_find_pairs(threshold, max_entries):
+    # Whole frames alone (a rule without windows): the pairs of find_pairs.
     hashes = _planted_hashes(1500, seed=threshold)
     expected = find_pairs(hashes, threshold)
-    got, largest = find_pairs_by_buckets(hashes, threshold, max_bucket_entries=max_entries)
-    assert len(expected) > 150
+    rule = WindowRule(threshold, threshold, (1.0,))
+    found, largest = find_window_pairs_by_buckets(
+        hashes[:, None], rule, max_bucket_entries=max_entries
+    )
+    got = found.pairs
+    assert len(expected) > 150 and not found.window.any()
     for field in ("first", "second", "distance", "flipped"):
         np.testing.assert_array_equal(getattr(got, field), getattr(expected, field), field)
     assert got.flipped.any() and (got.distance == 0).any()
@@ -133,31 +153,21 @@ def test_every_bucket_together_finds_exactly_the_pairs_of_find_pairs(threshold, 
         assert largest <= 2 * 50  # the crowd of 150 identical hashes was split into blocks
 
 
-def test_a_bucket_keeps_its_first_pairs_in_key_order():
-    hashes = np.full(60, 12345, np.uint64)  # 1,770 pairs of identical hashes
-    keys = np.arange(60, dtype=np.int64)[::-1].copy()
-    found = search_bucket(0, hashes, keys, np.zeros(60, bool), 4, max_pairs=100)
-    pairs = list(zip(keys[found.row_a].tolist(), keys[found.row_b].tolist(), strict=True))
-    assert pairs == [(a, b) for a in range(60) for b in range(a + 1, 60)][:100]
-
-
 def test_pairs_result_says_incomplete_at_the_cap(monkeypatch):
     from beam_pipelines.graph import near_duplicate_search
 
     monkeypatch.setattr(near_duplicate_search, "MAX_REPORTED_PAIRS", 2)
-    pairs = [(1, 2, 0, False, 0, 0, 1, 0), (1, 3, 1, True, 0, 0, 0, 1)]
+    pairs = [(1, 2, 0, False, 0, 0, 0, 1, 0), (1, 3, 1, True, 2, 0, 0, 0, 1)]
     found = pairs_result(3, pairs, move=True)
-    assert not found["complete"] and found["moved"] == [2]
+    assert not found["complete"] and found["moved"] == [2] and found["window"] == [0, 2]
     assert found["leakage"] == [False, False] and found["cross_class"] == [False, True]
 
 
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="--near_duplicate_threshold"):
-        SearchNearDuplicates(threshold=17)
+        WindowRule(threshold=17)
     with pytest.raises(ValueError, match="max_bucket_entries"):
         SearchNearDuplicates(max_bucket_entries=1)
-    with pytest.raises(ValueError, match="chunk must be in"):
-        search_bucket(9, np.zeros(2, np.uint64), np.arange(2), np.zeros(2, bool), 8)
     assert bucket_blocks(10, 10) == 1 and bucket_blocks(11, 10) == 3
 
 

@@ -98,4 +98,4 @@ def test_bad_samples_and_scales_are_refused():
         window_matrix(64, 1.2)
     with pytest.raises(ValueError, match="at least 32"):
         window_matrix(16, 1.0)
-    assert window_hashes_of_samples(np.zeros((0, 64, 64), np.uint8)).shape == (0, 5)
+    assert window_hashes_of_samples(np.zeros((0, 64, 64), np.uint8)).shape == (0, 4)

@@ -75,7 +75,10 @@ __all__ = [
 _log = logging.getLogger(__name__)
 _STAGING = ".staging"
 # Catalog columns a reused example copies into its own catalog row.
-_COPIED = ("height", "width", "format", "source_format", "source_height", "source_width", "phash")
+_COPIED = (
+    "height", "width", "format", "source_format", "source_height", "source_width", "phash",
+    "window_phash",
+)  # fmt: skip
 _LOOKUP_COLUMNS = ("key", "uri", "label", "text", "shard", "offset", "length", *_COPIED)
 
 
@@ -294,6 +297,9 @@ class BaseDataset:
             source_height=copied["source_height"],
             source_width=copied["source_width"],
             phash=copied["phash"],
+            # The base's near-duplicate features as they are: a base whose features were
+            # taken otherwise is not reused (near_duplicate_windows is an image option).
+            window_phash=None if copied["window_phash"] is None else tuple(copied["window_phash"]),
         )
 
 

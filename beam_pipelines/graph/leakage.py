@@ -1,11 +1,14 @@
 """Near-duplicates across the dataset at build time: the report, and moving leakage to train.
 
-Every example's perceptual hash (``CatalogMeta.phash``), as a few fixed-size numbers per
-example, is searched on the engine bucket by bucket (``near_duplicate_search``: chunks of
-multi-index hashing as shuffle keys), with the pairs ``catalog.near_duplicates.find_pairs``
-would find over all of them. What comes out:
+Every example's window hashes (``CatalogMeta.phash``, the whole frame, and
+``CatalogMeta.window_phash``), as a few fixed-size numbers per example, are searched by the
+window rule (``catalog.window_search``: whole frame to whole frame, and a whole frame to the
+centred windows of the other, which pairs a crop with its original), gathered in one worker
+or on the engine bucket by bucket (``near_duplicate_search``: chunks of multi-index hashing as
+shuffle keys), with the same pairs. What comes out:
 
-* ``near_duplicates.jsonl``: one line per pair within ``--near_duplicate_threshold`` bits,
+* ``near_duplicates.jsonl``: one line per pair the rule joins (``--near_duplicate_threshold``
+  bits between whole frames, ``--near_duplicate_window_threshold`` to a window),
   train-validation leakage first, then pairs joining two classes, then the rest; each line names
   both examples (key, URI, class, split as written) and the distance;
 * with ``--leakage move_to_train``, the validation examples joined to a train example through
@@ -18,7 +21,8 @@ two classes (a label conflict, already in ``duplicates.jsonl``) is left out.
 
 Memory: no step holds every hash; a bucket search holds at most about
 ``DEFAULT_MAX_BUCKET_ENTRIES`` entries, and the last step at most ``MAX_REPORTED_PAIRS`` pairs
-(the gathered search, kept as the reference, holds 25 bytes per example in one worker).
+(the gathered search holds 49 bytes per example in one worker: key, split, label and the
+four window hashes).
 Nothing else of a record is held back for the report. The report is written once the split
 catalogs are merged, and names the examples of each pair from them (the copy kept, in the split
 written): a second pass over every record, waiting for the search, would make the runner keep
@@ -52,13 +56,9 @@ from beam_pipelines.graph.near_duplicate_search import (
 from beam_pipelines.output.catalog_io import CatalogResult, read_catalog_batches
 from beam_pipelines.output.publish import write_text
 from beam_pipelines.output.shards import METRICS_NAMESPACE, TRAIN, VALIDATION
-from catalog.near_duplicates import (
-    DEFAULT_THRESHOLD,
-    classify,
-    find_pairs,
-    leakage_moves,
-    leakage_remedy,
-)
+from catalog.near_duplicates import classify, leakage_moves, leakage_remedy
+from catalog.window_hashes import WINDOW_SCALES
+from catalog.window_search import DEFAULT_RULE, WindowRule, find_window_pairs
 from cliflags import plural
 
 __all__ = [
@@ -88,8 +88,10 @@ LEAKAGE_ACTIONS = ("report", "move_to_train")
 # auto picks one before the job starts (config.resolve_search).
 SEARCH_METHODS = ("auto", "gathered", "bucketed")
 # auto searches by bucket from this many listed inputs on a distributed runner: the gathered
-# search's worker holds about 145 bytes an example while it searches (1.45 GB at 10 M), and its
-# time grows faster than the examples (one core for 12 minutes at 10 M, on Dask).
+# search's worker holds about 400 bytes an example while it searches by the window rule (its
+# 49-byte columns and 352 at the peak of the search: docs/benchmarks.md), and its time grows
+# faster than the examples (whole frames alone took one core for 12 minutes at 10 M, on Dask;
+# the window rule takes about 5 times as long).
 AUTO_BUCKETED_FROM = 10_000_000
 _MEMBER_COLUMNS = ("key", "uri", "label", "text", "source_width", "source_height")
 _SAME_ASPECT = 0.01  # relative: sources whose aspect ratios differ more were cropped
@@ -99,6 +101,7 @@ NOTHING_FOUND: dict[str, Any] = {
     "b": [],
     "distance": [],
     "flipped": [],
+    "window": [],
     "leakage": [],
     "cross_class": [],
     "moved": [],
@@ -146,11 +149,17 @@ class NearDuplicatePair(NamedTuple):
         )
 
 
+# The gathered search's columns: key number, phash, split code, label, then the hashes of
+# the windows after the whole frame (``hash_entry``).
+_COLUMN_TYPES = ("q", "q", "B", "q") + ("q",) * (len(WINDOW_SCALES) - 1)
+
+
 class _Columns(beam.CombineFn):
-    """``(key number, phash, split code, label) -> columns``: 25 bytes an example."""
+    """``(key number, phash, split code, label, windows...) -> columns``: 49 bytes an example
+    with four windows."""
 
     def create_accumulator(self):
-        return (array.array("q"), array.array("q"), array.array("B"), array.array("q"))
+        return tuple(array.array(code) for code in _COLUMN_TYPES)
 
     def add_input(self, acc, element):
         for column, value in zip(acc, element, strict=True):
@@ -168,26 +177,28 @@ class _Columns(beam.CombineFn):
         return acc
 
 
-def search_columns(columns, threshold: int, move: bool) -> dict[str, Any]:
+def search_columns(columns, rule: WindowRule, move: bool) -> dict[str, Any]:
     """Runs the search over all examples; returns the pairs (by key number) and the moves.
 
     Args:
-      columns: every example as four packed arrays, one entry each: key numbers (int64),
-        perceptual hashes (int64, carried signed), split codes (uint8: 0 train, 1 validation)
-        and labels (int64).
-      threshold: the largest Hamming distance that makes two examples near-duplicates.
+      columns: every example as packed arrays, one entry each: key numbers (int64),
+        perceptual hashes (int64, carried signed), split codes (uint8: 0 train, 1 validation),
+        labels (int64), then one array per window after the whole frame (int64, signed).
+      rule: when two examples are near-duplicates (``catalog.window_search``).
       move: also choose the validation examples to move to train (``move_to_train``).
 
     Returns:
       The search's result, shaped like ``NOTHING_FOUND``.
     """
     keys = np.frombuffer(columns[0], dtype=np.int64)
-    hashes = np.frombuffer(columns[1], dtype=np.int64).view(np.uint64)
+    windows = np.stack(
+        [np.frombuffer(c, dtype=np.int64) for c in (columns[1], *columns[4:])], axis=1
+    ).view(np.uint64)  # (N, W), whole frame first
     splits = np.frombuffer(columns[2], dtype=np.uint8)
     labels = np.frombuffer(columns[3], dtype=np.int64)
     # One example per content; contents under two classes (label conflicts) are left out.
     order = np.lexsort((labels, keys))
-    keys, hashes, splits, labels = keys[order], hashes[order], splits[order], labels[order]
+    keys, windows, splits, labels = keys[order], windows[order], splits[order], labels[order]
     first = np.ones(keys.shape[0], bool)
     first[1:] = keys[1:] != keys[:-1]
     group = np.cumsum(first) - 1
@@ -195,8 +206,9 @@ def search_columns(columns, threshold: int, move: bool) -> dict[str, Any]:
     np.logical_or.at(conflicted, group[1:], (labels[1:] != labels[:-1]) & ~first[1:])
     keep = first.copy()
     keep[first] = ~conflicted
-    keys, hashes, splits, labels = keys[keep], hashes[keep], splits[keep], labels[keep]
-    pairs = find_pairs(hashes, threshold, max_pairs=MAX_REPORTED_PAIRS)
+    keys, windows, splits, labels = keys[keep], windows[keep], splits[keep], labels[keep]
+    found = find_window_pairs(windows, rule, max_pairs=MAX_REPORTED_PAIRS)
+    pairs = found.pairs
     names = np.array([TRAIN, VALIDATION], dtype=object)[splits]
     moved = leakage_moves(pairs, names) if move else np.zeros(0, np.int64)
     written = names.copy()
@@ -207,6 +219,7 @@ def search_columns(columns, threshold: int, move: bool) -> dict[str, Any]:
         "b": keys[pairs.second].tolist(),
         "distance": pairs.distance.tolist(),
         "flipped": pairs.flipped.tolist(),
+        "window": found.window.tolist(),
         "leakage": leakage.tolist(),
         "cross_class": cross.tolist(),
         "moved": sorted(keys[moved].tolist()),
@@ -221,14 +234,20 @@ def _key_prefix(number: int) -> str:
 
 
 def guess_transformation(
-    flipped: bool, size_a: tuple[int, int] | None, size_b: tuple[int, int] | None
+    flipped: bool,
+    size_a: tuple[int, int] | None,
+    size_b: tuple[int, int] | None,
+    scale: float = 1.0,
 ) -> str:
     """Which transformation probably turned one source of a pair into the other, where the
-    hash and the source sizes can tell: ``mirror``, ``crop`` (aspect ratios differ), ``scale``
+    hash and the source sizes can tell: ``mirror``, ``crop N%`` (matched by a window: one shows
+    about the centred ``N`` % of the other's sides), ``crop`` (aspect ratios differ), ``scale``
     (one aspect, another size), ``re-encode or edit`` (the same size), joined by ``+``;
     ``unknown`` when the sizes are not recorded (an adopted dataset)."""
     parts = ["mirror"] if flipped else []
-    if size_a and size_b and all(size_a) and all(size_b):
+    if scale < 1:
+        parts.append(f"crop {round(scale * 100)}%")
+    elif size_a and size_b and all(size_a) and all(size_b):
         aspect_a, aspect_b = size_a[0] / size_a[1], size_b[0] / size_b[1]
         if abs(aspect_a - aspect_b) > _SAME_ASPECT * aspect_a:
             parts.append("crop")
@@ -331,9 +350,9 @@ class _PairMembersFn(beam.DoFn):
 
 
 class _WriteReportFn(beam.DoFn):
-    def __init__(self, output_dir: str, threshold: int, action: str) -> None:
+    def __init__(self, output_dir: str, rule: WindowRule, action: str) -> None:
         self._output_dir = output_dir
-        self._threshold = threshold
+        self._rule = rule
         self._action = action
 
     def process(self, _, found, per_catalog):
@@ -346,18 +365,20 @@ class _WriteReportFn(beam.DoFn):
             return written[number]._replace(moved=number in moved)
 
         lines = []
-        for a, b, distance, flipped, leak, cross in zip(
+        for a, b, distance, flipped, window, leak, cross in zip(
             found["a"],
             found["b"],
             found["distance"],
             found["flipped"],
+            found["window"],
             found["leakage"],
             found["cross_class"],
             strict=True,
         ):
             one, two = sorted((member(a), member(b)))
             rank = 0 if leak else 1 if cross else 2
-            probably = guess_transformation(flipped, sizes.get(a), sizes.get(b))
+            scale = self._rule.scales[window]
+            probably = guess_transformation(flipped, sizes.get(a), sizes.get(b), scale)
             lines.append(
                 NearDuplicatePair(rank, distance, one, two, flipped, leak, cross, probably)
             )
@@ -371,7 +392,8 @@ class _WriteReportFn(beam.DoFn):
         Metrics.counter(METRICS_NAMESPACE, "moved_to_train").inc(len(moved))
         yield {
             "file": NEAR_DUPLICATES_NAME,
-            "threshold": self._threshold,
+            "threshold": self._rule.threshold,
+            "window_threshold": self._rule.window_threshold,
             "action": self._action,
             "examples": found["examples"],
             "pairs": len(lines),
@@ -388,22 +410,24 @@ class FindNearDuplicates(beam.PTransform):
     Records are ``PreparedRecord`` or ``StagedRecord`` (anything with ``sha256`` and ``meta``).
     The dict holds the pairs by key number and ``moved``, the key numbers
     ``MoveLeakageToTrain`` moves; read it with ``found_side_input``, which stands in for an
-    empty search. Only 25 bytes per example leave this step's first map; nothing else of a
-    record is kept (``ReportNearDuplicates`` names the examples from the catalogs).
+    empty search. Only 49 bytes per example (four window hashes) leave this step's first map;
+    nothing else of a record is kept (``ReportNearDuplicates`` names the examples from the
+    catalogs).
 
     The search runs on the engine, bucket by bucket (``SearchNearDuplicates``); with
     ``gathered=True`` every hash is gathered in one worker and searched there
-    (``search_columns``). Both give the same result while the pairs stay under
+    (``search_columns``). Both search by the window rule, and give the same result while the
+    pairs stay under
     ``MAX_REPORTED_PAIRS``; past it the gathered search keeps the pairs its probe order met
     first, the bucketed one the first in key order. The pipeline gathers unless the input is
     a listing of ``AUTO_BUCKETED_FROM`` inputs or more on a distributed runner
     (``--near_duplicate_search auto``): bucketing sends 2(t+1) entries an example through a
-    shuffle, which Beam's in-process runner holds in memory (26 bytes an entry, packed: about
-    470 bytes an example at t = 8, against 25 gathered), while the gathered search's one
-    worker holds about 145 bytes an example while it searches.
+    shuffle, which Beam's in-process runner holds in memory (about 2 KB an example with four
+    windows, against 49 gathered), while the gathered search's one worker holds a few hundred
+    bytes an example while it searches (docs/benchmarks.md).
 
     Args:
-      threshold: the largest Hamming distance that makes a pair.
+      rule: when two examples are near-duplicates (thresholds and windows).
       action: ``"report"`` or ``"move_to_train"`` (one of ``LEAKAGE_ACTIONS``).
       gathered: search every hash in one worker instead of bucket by bucket.
       max_bucket_entries: the most entries one bucket search holds (bucket by bucket only).
@@ -415,7 +439,7 @@ class FindNearDuplicates(beam.PTransform):
     def __init__(
         self,
         *,
-        threshold: int = DEFAULT_THRESHOLD,
+        rule: WindowRule = DEFAULT_RULE,
         action: str = "report",
         gathered: bool = False,
         max_bucket_entries: int = DEFAULT_MAX_BUCKET_ENTRIES,
@@ -423,29 +447,29 @@ class FindNearDuplicates(beam.PTransform):
         super().__init__()
         if action not in LEAKAGE_ACTIONS:
             raise ValueError(f"--leakage must be one of {LEAKAGE_ACTIONS}, got {action!r}")
-        self._threshold = threshold
+        self._rule = rule
         self._action = action
         self._gathered = gathered
         self._max_bucket_entries = max_bucket_entries
 
     def expand(self, by_split):
-        threshold, move = self._threshold, self._action == "move_to_train"
+        rule, move = self._rule, self._action == "move_to_train"
         entries = (
             by_split
             | "HashEntries" >> beam.Map(hash_entry)
             | "WithHash" >> beam.Filter(lambda entry: entry is not None)
-            # (key number, phash, split code, label)
+            # (key number, phash, split code, label, window 1, ..., window W - 1)
         )
         if not self._gathered:
             return entries | "SearchByBucket" >> SearchNearDuplicates(
-                threshold=threshold, move=move, max_bucket_entries=self._max_bucket_entries
+                rule=rule, move=move, max_bucket_entries=self._max_bucket_entries
             )
         return (
             entries
             # Without defaults: a default would be injected through a side input, which the
             # in-process runner keeps (all the columns) until the pipeline ends.
             | "Columns" >> beam.CombineGlobally(_Columns()).without_defaults()
-            | "Search" >> beam.Map(search_columns, threshold, move)
+            | "Search" >> beam.Map(search_columns, rule, move)
             # {"a", "b", "distance", ..., "moved"}, one element (none without records)
         )
 
@@ -470,16 +494,16 @@ class ReportNearDuplicates(beam.PTransform):
       output_dir: the dataset directory: its catalogs name the examples of each pair, and the
         report goes there.
       found: the output of ``FindNearDuplicates``.
-      threshold, action: as given to ``FindNearDuplicates`` (recorded in the summary).
+      rule, action: as given to ``FindNearDuplicates`` (recorded in the summary).
     """
 
     def __init__(
-        self, output_dir: str, found, *, threshold: int = DEFAULT_THRESHOLD, action: str = "report"
+        self, output_dir: str, found, *, rule: WindowRule = DEFAULT_RULE, action: str = "report"
     ) -> None:
         super().__init__()
         self._output_dir = output_dir
         self._found = found
-        self._threshold = threshold
+        self._rule = rule
         self._action = action
 
     def expand(self, catalogs):
@@ -494,7 +518,7 @@ class ReportNearDuplicates(beam.PTransform):
             | "Once" >> beam.Create([None])
             | "WriteReport"
             >> beam.ParDo(
-                _WriteReportFn(self._output_dir, self._threshold, self._action),
+                _WriteReportFn(self._output_dir, self._rule, self._action),
                 found_side_input(self._found),
                 beam.pvalue.AsList(members),
             )

@@ -15,8 +15,6 @@ import hashlib
 from typing import Any
 
 import apache_beam as beam
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
@@ -37,7 +35,7 @@ from beam_pipelines.elements import (
     SourceFile,
     StagedRecord,
 )
-from beam_pipelines.engines.filesystems import read_with_retries
+from beam_pipelines.engines.filesystems import read_object
 from beam_pipelines.graph.leakage import (
     FindNearDuplicates,
     MoveLeakageToTrain,
@@ -46,7 +44,7 @@ from beam_pipelines.graph.leakage import (
 from beam_pipelines.graph.plan import PlanShards
 from beam_pipelines.graph.splits import AssignSplits
 from beam_pipelines.image.bounds import BoundedPreparer
-from beam_pipelines.image.phash import perceptual_hashes
+from beam_pipelines.image.phash import window_hashes
 from beam_pipelines.image.prepare import ImageOptions, RejectedImage, internal_error
 from beam_pipelines.inputs.sources import SKIPPED_TAG, LabelNames, ListSources, unpack_sources
 from beam_pipelines.output.catalog_io import MergeCatalogs
@@ -72,20 +70,16 @@ REJECTED_TAG = "rejected"
 
 
 def read_source(uri: str) -> bytes:
-    """Reads a whole input file through Beam FileSystems (any scheme), never decompressing.
+    """Reads a whole input file through the project's one storage layer (``objstore``, with the
+    ``--s3_*`` flags' settings; other schemes through Beam FileSystems), never decompressing.
 
     Raises:
       RejectedImage: ``unreadable``, naming the URI and the underlying error.
     """
-
-    def read() -> bytes:
-        with FileSystems.open(uri, compression_type=CompressionTypes.UNCOMPRESSED) as handle:
-            return handle.read()
-
     try:
         # Object stores fail transiently (503s, resets): retried, so they never reject an image.
-        return read_with_retries(uri, read)
-    except Exception as e:  # each FileSystem raises its own types
+        return read_object(uri)
+    except Exception as e:  # each store raises its own types
         raise RejectedImage("unreadable", f"cannot read {uri}: {type(e).__name__}: {e}") from e
 
 
@@ -132,15 +126,16 @@ class PrepareImageFn(beam.DoFn):
         self._preparer: BoundedPreparer | None = None
 
     def _with_hashes(self, records):
-        """Fills in ``meta.phash`` of the records whose luma samples wait, all at once."""
+        """Fills in ``meta.phash`` and ``meta.window_phash`` (the near-duplicate features) of
+        the records whose luma samples wait, all at once."""
         records = list(records)
         waiting = [i for i, r in enumerate(records) if (r.sha256, r.uri) in self._samples]
         if not waiting:
             return records
         samples = [self._samples.pop((records[i].sha256, records[i].uri)) for i in waiting]
-        for i, phash in zip(waiting, perceptual_hashes(samples), strict=True):
-            record = records[i]
-            records[i] = record._replace(meta=record.meta._replace(phash=phash))
+        for i, hashes in zip(waiting, window_hashes(samples).tolist(), strict=True):
+            meta = records[i].meta._replace(phash=hashes[0], window_phash=tuple(hashes[1:]))
+            records[i] = records[i]._replace(meta=meta)
         return records
 
     def _label_index(self, label_names: tuple[str, ...]) -> dict[str, int]:
@@ -445,9 +440,9 @@ class ImagesToShards(beam.PTransform):
             base_splits=base_splits,
         )
         # (split, StagedRecord)
-        near_threshold, leakage = config.near_duplicate_threshold, config.leakage
+        rule, leakage = config.near_duplicate_rule, config.leakage
         found = by_split | "FindNearDuplicates" >> FindNearDuplicates(
-            threshold=near_threshold,
+            rule=rule,
             action=leakage,
             gathered=config.search_method == "gathered",
             max_bucket_entries=config.near_duplicate_bucket_entries,
@@ -462,7 +457,7 @@ class ImagesToShards(beam.PTransform):
         catalogs = written["shards"] | "MergeCatalogs" >> MergeCatalogs(config.output)
         # CatalogResult, one per split
         near_summary = catalogs | "ReportNearDuplicates" >> ReportNearDuplicates(
-            config.output, found, threshold=near_threshold, action=leakage
+            config.output, found, rule=rule, action=leakage
         )
         # dict of counts, one element; near_duplicates.jsonl written
         return {

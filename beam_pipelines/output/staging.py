@@ -103,7 +103,11 @@ def _meta_to_json(meta: CatalogMeta | None) -> dict[str, Any] | None:
 
 
 def _meta_from_json(data: dict[str, Any] | None) -> CatalogMeta | None:
-    return None if data is None else CatalogMeta(**data)
+    if data is None:
+        return None
+    meta = CatalogMeta(**data)
+    windows = meta.window_phash  # a JSON list: the tuple CatalogMeta holds
+    return meta if windows is None else meta._replace(window_phash=tuple(windows))
 
 
 class RecordStager:

@@ -29,7 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from PIL import Image, ImageDraw, ImageFile
 
-from catalog.near_duplicates import DEFAULT_THRESHOLD, classify, find_pairs, leakage_remedy
+from catalog.near_duplicates import DEFAULT_THRESHOLD, classify, leakage_remedy
+from catalog.window_search import WindowRule, find_window_pairs
 from dataset_tools.foreign import ADOPTED_OPTION
 from schemas import Manifest, example_proto
 from schemas.framing import parse_frame
@@ -74,6 +75,7 @@ _CATALOG_COLUMNS = [
     "source_height",
     "source_width",
     "phash",
+    "window_phash",
 ]
 _READERS = 16  # ranged reads in flight (object stores answer each in tens of ms)
 
@@ -298,6 +300,22 @@ def _sample_rows(
     return chosen
 
 
+def _catalog_windows(options: dict[str, Any], rows: pa.Table) -> tuple[WindowRule, np.ndarray]:
+    """The build's window rule (``dataset.json``'s options) and the catalog rows' ``(N, W)``
+    window hashes; whole frames alone where the catalogs hold no window hashes (a dataset
+    built before them, or adopted)."""
+    threshold = int(options.get("near_duplicate_threshold", DEFAULT_THRESHOLD))
+    scales = tuple(options.get("near_duplicate_windows") or (1.0,))
+    whole = rows.column("phash").to_numpy(zero_copy_only=False).astype(np.uint64)[:, None]
+    column = rows.column("window_phash")
+    if len(scales) == 1 or column.null_count:
+        return WindowRule(threshold, threshold, (1.0,)), whole
+    window_threshold = int(options.get("near_duplicate_window_threshold", threshold))
+    others = pc.list_flatten(column).to_numpy(zero_copy_only=False).astype(np.uint64)
+    windows = np.concatenate([whole, others.reshape(whole.shape[0], -1)], axis=1)
+    return WindowRule(threshold, window_threshold, scales), windows
+
+
 def _near_pairs(files: DatasetFiles, table: pa.Table) -> tuple[list[dict[str, Any]], str, int]:
     """The pairs from ``near_duplicates.jsonl``, or computed here from the catalogs' hashes."""
     threshold = int(files.manifest.options.get("near_duplicate_threshold", DEFAULT_THRESHOLD))
@@ -309,7 +327,9 @@ def _near_pairs(files: DatasetFiles, table: pa.Table) -> tuple[list[dict[str, An
     if not known.any():
         return [], "none (no perceptual hashes in the catalogs)", threshold
     rows = table.filter(pa.array(known))
-    pairs = find_pairs(rows.column("phash").to_numpy(zero_copy_only=False), threshold)
+    rule, windows = _catalog_windows(files.manifest.options, rows)
+    found = find_window_pairs(windows, rule)
+    pairs = found.pairs
     splits = rows.column("split").to_numpy(zero_copy_only=False)
     labels = rows.column("label").to_numpy(zero_copy_only=False)
     leakage, cross = classify(pairs, splits, labels)
