@@ -7,7 +7,9 @@ workers' imports cancel out. Rows:
 
   * in-process DirectRunner;
   * Flink 1.19 session cluster, 1 TaskManager with 2 slots, ``--parallelism 2``;
-  * Spark 3.5 standalone cluster, 1 worker with 2 cores.
+  * Spark 3.5 standalone cluster, 1 worker with 2 cores;
+  * the floor the 2-worker rows are measured against: the per-image work as two plain loops
+    at once (``steady_state.pillow_loops_at_once``), what the machine gives two processes.
 
 CPU milliseconds per image count every process: this one, the launchers and what they started
 (job server, SDK workers), and the cluster's JVMs with the children they reaped (Spark
@@ -24,7 +26,7 @@ sampled every 0.2 s, and each one's growth from the smallest size to the largest
 
 Usage::
 
-  python -m benchmarks.bench_jvm_engines [--n 200] [--quick] [--engines in_process,flink,spark]
+  python -m benchmarks.bench_jvm_engines [--n 200] [--quick] [--engines in_process,flink,spark,loops_x2]
   python -m benchmarks.bench_jvm_engines --memory 16000,32000,64000 [--engines flink,spark]
 """
 
@@ -45,14 +47,35 @@ from pathlib import Path
 
 import psutil
 
-from beam_pipelines.engines.local_clusters import local_flink_cluster, local_spark_cluster
+from beam_pipelines.engines.local_clusters import (
+    FlinkCluster,
+    SparkCluster,
+    local_flink_cluster,
+    local_spark_cluster,
+)
 from benchmarks.bench_engines import Row, measure_engine
 from benchmarks.bench_scale import CLASSES, SMALL_RECORDS, write_noise_pngs
-from benchmarks.steady_state import add_size_flags, photo_sets, sizes_from_flags
+from benchmarks.steady_state import (
+    add_size_flags,
+    photo_sets,
+    pillow_loop,
+    pillow_loops_at_once,
+    sizes_from_flags,
+    steady_rate,
+)
 
-__all__ = ["ENGINES", "MEMORY_ROLES", "RolePeaks", "engine_cluster", "main", "process_role"]
+__all__ = [
+    "ENGINES",
+    "MEMORY_ROLES",
+    "RolePeaks",
+    "cluster_jvm_pids",
+    "engine_cluster",
+    "main",
+    "process_role",
+    "start_build",
+]
 
-ENGINES = ("in_process", "flink", "spark")
+ENGINES = ("in_process", "flink", "spark", "loops_x2")
 
 
 # Peak RSS per role, sampled across the launcher's process tree and the cluster's JVM trees.
@@ -100,6 +123,7 @@ class RolePeaks:
 
     Attributes:
       peaks: per role, the largest summed RSS seen in one sample, bytes.
+      largest: per role, the largest RSS of any one of its processes, bytes.
       counts: per role, the most processes seen at once.
       cpu: per process, (role, CPU seconds user + system at its last sample).
       peak_at: per role, when its peak was seen, as a fraction of the time sampled so far.
@@ -109,6 +133,7 @@ class RolePeaks:
         self._launcher = launcher_pid
         self._roots = [launcher_pid, *cluster_pids]
         self.peaks: dict[str, int] = {}
+        self.largest: dict[str, int] = {}
         self.counts: dict[str, int] = {}
         self.cpu: dict[int, tuple[str, float]] = {}
         self._peak_s: dict[str, float] = {}
@@ -138,7 +163,9 @@ class RolePeaks:
                 if role is None:
                     continue
                 with contextlib.suppress(psutil.Error):
-                    totals[role] = totals.get(role, 0) + proc.memory_info().rss
+                    rss = proc.memory_info().rss
+                    totals[role] = totals.get(role, 0) + rss
+                    self.largest[role] = max(self.largest.get(role, 0), rss)
                     counts[role] = counts.get(role, 0) + 1
                     times = proc.cpu_times()
                     self.cpu[proc.pid] = (role, times.user + times.system)
@@ -163,25 +190,64 @@ class RolePeaks:
         self._thread.join()
 
 
+def cluster_jvm_pids(cluster: FlinkCluster | SparkCluster) -> tuple[int, ...]:
+    """The long-lived JVMs of ``cluster``: those it started, and the job server it keeps."""
+    if isinstance(cluster, FlinkCluster):
+        pids = (*cluster.taskmanager_pids, cluster.jobmanager_pid)
+    else:
+        pids = (*cluster.worker_pids, cluster.master_pid)
+    return (*pids, cluster.job_server_pid) if cluster.job_server_pid else pids
+
+
 @contextlib.contextmanager
-def engine_cluster(engine: str, work: Path) -> Iterator[tuple[str, list[str], tuple[int, ...]]]:
+def engine_cluster(
+    engine: str, work: Path, *, spark_properties: Sequence[str] = ()
+) -> Iterator[tuple[str, list[str], tuple[int, ...]]]:
     """Starts ``engine``'s cluster for the block (none in-process); yields its row label, the
-    pipeline options that send a job to it, and its JVMs' pids."""
+    pipeline options that send a job to it, and its JVMs' pids. ``spark_properties`` go to the
+    Spark cluster's job server (the driver)."""
     if engine == "in_process":
         yield "in-process DirectRunner", [], ()
     elif engine == "flink":
         with local_flink_cluster(work / "flink", slots=2) as flink:
-            pids = (*flink.taskmanager_pids, flink.jobmanager_pid)
-            yield "Flink 1.19, 2 slots", flink.runner_args(), pids
+            yield "Flink 1.19, 2 slots", flink.runner_args(), cluster_jvm_pids(flink)
     else:
-        with local_spark_cluster(work / "spark", cores=2) as spark:
-            yield "Spark 3.5, 2 cores", spark.runner_args(), (*spark.worker_pids, spark.master_pid)
+        with local_spark_cluster(
+            work / "spark", cores=2, job_server_properties=spark_properties
+        ) as spark:
+            yield "Spark 3.5, 2 cores", spark.runner_args(), cluster_jvm_pids(spark)
+
+
+def _two_loops(paths_n: list[Path], paths_3n: list[Path], repeats: int) -> Row:
+    """The floor of the 2-worker rows: the per-image work as two plain loops at once, in two
+    fresh processes sharing nothing; what the machine gives two workers at the moment."""
+    pillow_loop(paths_n + paths_3n)  # page cache and Pillow's plugins
+    rate, cpu_ms, t_n, t_3n = steady_rate(
+        lambda: pillow_loops_at_once(paths_n), lambda: pillow_loops_at_once(paths_3n), repeats
+    )
+    return Row("two plain loops at once (the floor)", 2, rate, cpu_ms, t_n, t_3n)
 
 
 def _measure(engine: str, small: Path, large: Path, work: Path, repeats: int) -> Row:
     with engine_cluster(engine, work) as (label, runner_args, pids):
         workers = 1 if engine == "in_process" else 2
         return measure_engine(label, workers, small, large, work, runner_args, repeats, pids)
+
+
+def start_build(images: Path, out: Path, flags: Sequence[str], stderr) -> subprocess.Popen:
+    """Starts a build of ``images`` into ``out`` (no bad image allowed) with ``flags`` (the
+    record options, the runner's), in a fresh process of a session of its own."""
+    args = [
+        "--input", str(images), "--output", str(out), "--max_bad_fraction", "0", "--overwrite",
+        "--progress", "off", *flags,
+    ]  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "beam_pipelines.images_to_tfrecord", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        start_new_session=True,
+    )
 
 
 def _memory_run(engine: str, images: Path, work: Path) -> tuple[str, RolePeaks, float]:
@@ -192,19 +258,9 @@ def _memory_run(engine: str, images: Path, work: Path) -> tuple[str, RolePeaks, 
     """
     with engine_cluster(engine, work / f"{engine}-{images.name}") as (label, runner_args, pids):
         out, log = work / f"out-{engine}", work / f"{engine}-{images.name}.log"
-        args = [
-            "--input", str(images), "--output", str(out), "--max_bad_fraction", "0",
-            "--overwrite", "--progress", "off", *SMALL_RECORDS, *runner_args,
-        ]  # fmt: skip
         start = time.perf_counter()
         with log.open("wb") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "beam_pipelines.images_to_tfrecord", *args],
-                stdout=subprocess.DEVNULL,
-                stderr=stderr,
-                env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-                start_new_session=True,
-            )
+            proc = start_build(images, out, [*SMALL_RECORDS, *runner_args], stderr)
             sampler = RolePeaks(proc.pid, pids)
             code = proc.wait()
         sampler.stop()
@@ -309,12 +365,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--memory: expected comma-separated image counts, got {args.memory!r}")
         print(f"memory: tiny PNGs, 12 KB records (RAW 64x64); {_load()} at start", flush=True)
         with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
-            print(_memory(engines, sizes, Path(tmp)))
+            print(_memory([e for e in engines if e != "loops_x2"], sizes, Path(tmp)))
         print(f"{_load()} at end")
         return 0
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         work = Path(tmp)
-        _, _, mean_kb = photo_sets(work, n)
+        paths_n, paths_3n, mean_kb = photo_sets(work, n)
         print(
             f"{n} + {3 * n} ImageNet-like JPEGs, 500x375, mean {mean_kb:.0f} KB; "
             f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} at start",
@@ -322,7 +378,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         rows = []
         for engine in engines:
-            rows.append(_measure(engine, work / "n", work / "3n", work, repeats))
+            if engine == "loops_x2":
+                rows.append(_two_loops(paths_n, paths_3n, repeats))
+            else:
+                rows.append(_measure(engine, work / "n", work / "3n", work, repeats))
             print(f"  {rows[-1]}", flush=True)
     print()
     print(_table(rows, n))

@@ -20,12 +20,16 @@ graph is built. Nothing in the pipeline changes.
 Each build runs in a fresh process (``bench_scale.measured_run``): CPU seconds of the process
 and everything it reaped, peak RSS of the whole process tree and of each process. ``dask``
 builds start a scheduler and two one-thread workers inside that process tree
-(``tests/fixtures/dask_cluster.py``).
+(``tests/fixtures/dask_cluster.py``). ``flink`` and ``spark`` builds run on a local cluster (a
+fresh one per build, or the one ``--flink_cluster``/``--spark_cluster`` names), measured by
+process role with the disk their shuffles spill to (``benchmarks/metadata_on_engines.py``).
 
 Usage::
 
   python -m benchmarks.bench_metadata_scale --sizes 1000000,3000000 --modes inprocess,dask
   python -m benchmarks.bench_metadata_scale --sizes 20000 --modes inprocess   # smoke run
+  python -m benchmarks.bench_metadata_scale --sizes 1000000,3000000 --modes flink,spark \\
+      --work /big/disk --json rows.json
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from apache_beam.transforms.window import GlobalWindows
 from beam_pipelines.elements import CatalogMeta, SourceFile
 from beam_pipelines.inputs.sources import unpack_sources
 from beam_pipelines.output.staging import DEFAULT_FILE_BYTES, RecordStager
+from benchmarks.metadata_on_engines import ENGINE_MODES, engine_run
 from schemas.image_example import ImageRecord, serialize_record
 
 __all__ = ["SimulatedPrepareImages", "simulated_meta", "write_listing", "main"]
@@ -235,7 +240,10 @@ def _run(args: argparse.Namespace, work: Path, n: int, mode: str) -> dict:
         "--input", str(listing), "--output", str(out), "--overwrite", "--progress", "off",
         "--validation_fraction", "0.02", *args.pipeline_flag,
     ]  # fmt: skip
-    r = measured_run(flags, module="benchmarks.bench_metadata_scale", cwd=str(_REPO))
+    if mode in ENGINE_MODES:
+        r = engine_run(flags, mode, work / f"{mode}-{n}", n, getattr(args, f"{mode}_cluster"))
+    else:
+        r = measured_run(flags, module="benchmarks.bench_metadata_scale", cwd=str(_REPO))
     manifest = out / "dataset.json"
     data = json.loads(manifest.read_text())
     # Format version 2 counts shards in dataset.json; version 1 listed them inline.
@@ -250,7 +258,35 @@ def _run(args: argparse.Namespace, work: Path, n: int, mode: str) -> dict:
     return r
 
 
+def _json_rows(mode: str, n: int, r: dict, base: dict) -> list[dict]:
+    """The ``--json`` rows of one build: one per process role, its largest process's peak RSS;
+    ``cpu_us_per_image`` is the whole build's, ``role_cpu_us_per_image`` the role's (engines)."""
+    per_image = (r["cpu_s"] - base["cpu_s"]) / (n - base["images"]) * 1e6
+    rows = []
+    for role, mb in [("all processes", r["peak_mb"]), *r["each_mb"]]:
+        row = {"mode": mode, "images": n, "role": role, "peak_rss_mb": round(mb, 1),
+               "cpu_us_per_image": round(per_image, 1)}  # fmt: skip
+        if role in r.get("role_cpu_s", {}):
+            role_cpu = r["role_cpu_s"][role] - base.get("role_cpu_s", {}).get(role, 0.0)
+            row["role_cpu_us_per_image"] = round(role_cpu / (n - base["images"]) * 1e6, 1)
+        rows.append(row)
+    if "spill_mb" in r:
+        rows[0]["spill_disk_mb"] = round(r["spill_mb"], 1)
+    rows[0]["wall_s"] = round(r["wall_s"], 1)
+    rows[0]["load_at_end"] = os.getloadavg()[0]
+    return rows
+
+
+def _largest_per_role(each_mb: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    found: dict[str, float] = {}
+    for role, mb in each_mb:
+        found[role] = max(found.get(role, 0.0), mb)
+    return sorted(found.items(), key=lambda x: -x[1])
+
+
 def _measure(args: argparse.Namespace, work: Path) -> None:
+    import json
+
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = args.modes.split(",")
     print(
@@ -261,22 +297,36 @@ def _measure(args: argparse.Namespace, work: Path) -> None:
         "CPUs at start"
     )
     print("| images | mode | CPU µs/image | CPU s | wall s | peak RSS MB (all) | "
-          "largest process MB | shards | dataset.json KB | catalogs MB |")  # fmt: skip
-    print("|---:|---|---:|---:|---:|---:|---|---:|---:|---:|")
+          "largest process MB | shards | dataset.json KB | catalogs MB | spill MB |")  # fmt: skip
+    print("|---:|---|---:|---:|---:|---:|---|---:|---:|---:|---:|")
+    rows: list[dict] = []
     for mode in modes:
         base = _run(args, work, args.baseline, mode)
+        base["images"] = args.baseline
         for n in sizes:
             r = _run(args, work, n, mode)
+            r["each_mb"] = _largest_per_role(r["each_mb"])
             role, largest = r["each_mb"][0]
             marginal = (r["cpu_s"] - base["cpu_s"]) / (n - args.baseline) * 1e6
+            spill = f"{r['spill_mb']:,.0f}" if "spill_mb" in r else "-"
             print(
                 f"| {n:,} | {mode} | {marginal:,.0f} | {r['cpu_s']:,.0f} | {r['wall_s']:,.0f} | "
                 f"{r['peak_mb']:,.0f} | {role} {largest:,.0f} | {r['shards']:,} | "
-                f"{r['manifest_kb']:,.0f} | {r['catalog_mb']:,.1f} |",
+                f"{r['manifest_kb']:,.0f} | {r['catalog_mb']:,.1f} | {spill} |",
                 flush=True,
             )
-            each = ", ".join(f"{role} {mb:,.0f}" for role, mb in r["each_mb"][:5])
-            print(f"|   | each process's peak MB: {each} | | | | | | | | |", flush=True)
+            each = ", ".join(f"{role} {mb:,.0f}" for role, mb in r["each_mb"][:8])
+            print(f"|   | each role's largest process, MB: {each}; load "
+                  f"{os.getloadavg()[0]:.1f} |", flush=True)  # fmt: skip
+            if "role_cpu_s" in r:
+                cpu = ", ".join(
+                    f"{role} {(s - base['role_cpu_s'].get(role, 0.0)) / (n - args.baseline) * 1e6:,.0f}"
+                    for role, s in sorted(r["role_cpu_s"].items(), key=lambda x: -x[1])
+                )
+                print(f"|   | CPU µs/image by role: {cpu} |", flush=True)
+            rows += _json_rows(mode, n, r, base)
+            if args.json:  # after every build: a long run's finished rows survive its end
+                Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
     print(f"load {os.getloadavg()[0]:.1f} at end")
 
 
@@ -325,7 +375,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--buffers", action="store_true",
         help="instead: what the in-process runner holds between steps, per image",
     )  # fmt: skip
-    parser.add_argument("--modes", default="inprocess,dask")
+    parser.add_argument(
+        "--modes", default="inprocess,dask", help="inprocess, dask, flink, spark (comma-separated)"
+    )
+    for engine in ENGINE_MODES:
+        parser.add_argument(
+            f"--{engine}_cluster", metavar="DIR",
+            help=f"run the {engine} builds on the cluster that `scripts/engines/cluster.py start "
+            f"{engine} DIR` started (default: a fresh cluster for every build, in --work)",
+        )  # fmt: skip
+    parser.add_argument(
+        "--json", metavar="PATH",
+        help="also write the rows as JSON: one per mode, size and process role (its largest "
+        "process): mode, images, role, peak_rss_mb, cpu_us_per_image",
+    )  # fmt: skip
     parser.add_argument("--stand_in_bytes", type=int, default=64)
     parser.add_argument(
         "--dask_memory_limit", default="6GiB",

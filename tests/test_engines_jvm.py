@@ -12,6 +12,8 @@ in-process runner's. The option checks at the top need no cluster and no Java.
 from __future__ import annotations
 
 import contextlib
+import http.server
+import json
 import os
 import re
 import shutil
@@ -104,6 +106,81 @@ def test_a_cluster_asks_for_the_slots_of_its_running_taskmanagers_only(tmp_path)
     cluster = FlinkCluster(1, tmp_path, os.getpid(), (stopped.pid, os.getpid()), slots=2)
     assert cluster.runner_args()[-2:] == ["--parallelism", "2"]
     assert cluster.runner_args(parallelism=3)[-1] == "3"
+
+
+def test_a_cluster_sends_jobs_to_the_job_server_it_keeps_while_it_runs(tmp_path):
+    stopped = subprocess.Popen(["true"])
+    stopped.wait()
+    kept = FlinkCluster(
+        1, tmp_path, os.getpid(), (os.getpid(),), 2, job_server_port=7, job_server_pid=os.getpid()
+    )
+    assert kept.runner_args()[4:6] == ["--job_endpoint", "127.0.0.1:7"]
+    assert "--job_endpoint" not in kept.runner_args(kept_job_server=False)
+    gone = FlinkCluster(
+        1, tmp_path, os.getpid(), (os.getpid(),), 2, job_server_port=7, job_server_pid=stopped.pid
+    )
+    assert "--job_endpoint" not in gone.runner_args()
+    spark_kept = SparkCluster(1, 2, tmp_path, os.getpid(), (os.getpid(),), 2, job_server_port=7,
+                              job_server_pid=os.getpid(), job_server_ui_port=9)  # fmt: skip
+    args = spark_kept.runner_args()
+    assert args[-3:] == [
+        "--job_endpoint",
+        "127.0.0.1:7",
+        "--job_server_jvm_properties=-Dspark.ui.port=9",
+    ]
+    # The launcher then names the kept driver's web UI for the job link.
+    options = PipelineOptions(
+        ["--spark_master_url", "local[2]", "--spark_job_server_jar", _fake_jar(tmp_path), *args[4:]]
+    )
+    assert spark.prepare_spark_options(options) == "http://127.0.0.1:9"
+
+
+class _SparkDriverUi(http.server.BaseHTTPRequestHandler):
+    """A Spark driver's web UI as ``cancel_spark_jobs`` reads it: one application, its running
+    jobs, and the kill link, which ends the job it names."""
+
+    running = {3, 4}
+    killed: list[int] = []
+
+    def do_GET(self):
+        if self.path == "/api/v1/applications":
+            body = [{"id": "app-1"}]
+        elif self.path == "/api/v1/applications/app-1/jobs?status=running":
+            body = [{"jobId": j, "status": "RUNNING"} for j in sorted(self.running)]
+        else:
+            self.send_error(404)
+            return
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        job = int(self.path.rsplit("=", 1)[1])
+        type(self).killed.append(job)
+        type(self).running.discard(job)
+        self.send_response(302)
+        self.send_header("Location", "/jobs/")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_cancelling_on_a_kept_spark_driver_kills_its_running_jobs():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SparkDriverUi)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        ui = f"http://127.0.0.1:{server.server_address[1]}"
+        assert spark.cancel_spark_jobs(ui) == 2
+        assert sorted(_SparkDriverUi.killed) == [3, 4]
+        assert spark.cancel_spark_jobs(ui) == 0  # nothing left running
+    finally:
+        server.shutdown()
+    # No driver answering: nothing to cancel, no error.
+    assert spark.cancel_spark_jobs(f"http://127.0.0.1:{free_port()}", timeout_s=1) == 0
 
 
 def test_sdk_workers_run_as_one_process_per_slot_kept_for_the_job(tmp_path, monkeypatch):
@@ -236,6 +313,16 @@ def _engine_jobs_left(cluster: FlinkCluster | SparkCluster) -> tuple[list[str], 
         return [j["jid"] for j in jobs if j["state"] not in ("CANCELED", "FAILED", "FINISHED")], (
             jobs[-1]["state"] if jobs else "none"
         )
+    if cluster.job_server_ui_port:
+        # The cluster's kept job server is the driver of one application for every job: the
+        # application outlives the job, its Spark jobs may not.
+        ui = f"http://127.0.0.1:{cluster.job_server_ui_port}"
+        apps = portable.http_json(f"{ui}/api/v1/applications")
+        assert isinstance(apps, list) and apps, apps
+        jobs = portable.http_json(f"{ui}/api/v1/applications/{apps[0]['id']}/jobs")
+        assert isinstance(jobs, list), jobs
+        newest = max(jobs, key=lambda j: j["jobId"])["status"] if jobs else "none"
+        return [j["jobId"] for j in jobs if j["status"] == "RUNNING"], newest
     master = portable.http_json(f"{cluster.web_ui}/json/")
     assert isinstance(master, dict), master
     done = sorted(master["completedapps"], key=lambda a: a["starttime"])
@@ -296,8 +383,8 @@ _LINEAGE_COUNTS = re.compile(rb'"(?:prepared|reused)": \d+')  # in "lineage" onl
 @pytest.mark.jvm
 @pytest.mark.parametrize(
     ("engine", "how", "status", "ended"),
-    # Spark's application ends with its driver, the job server the launcher stops: FINISHED.
-    [("flink", "ctrl-c", 130, "CANCELED"), ("spark", "sigterm", 143, "FINISHED")],
+    # Spark: the kept job server's application stays; its Spark job was cancelled (FAILED).
+    [("flink", "ctrl-c", 130, "CANCELED"), ("spark", "sigterm", 143, "FAILED")],
 )
 def test_an_interrupted_engine_build_on_a_base_resumes_through_a_killed_worker_byte_identically(
     engine, how, status, ended, jvm_references, tmp_path, request, caplog

@@ -104,8 +104,7 @@ class FlinkRunner(flink_runner.FlinkRunner):
         portable.drop_launch_warnings()
         master = options.view_as(FlinkRunnerOptions).flink_master.strip()
         result = super().run_pipeline(pipeline, options)
-        if self._job_server is not None:
-            result = portable.stop_job_server_after(result, self._job_server)
+        result = portable.stop_job_server_after(result, self._job_server)
         beam_job_id = self._handle.job_id if self._handle else ""
         if master in _LOCAL:
             _log.info("Flink job of Beam job %s runs in an embedded Flink", beam_job_id)

@@ -10,6 +10,7 @@ cluster's work directory, and is found again through a ``cluster.json`` written 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import getpass
 import json
 import os
@@ -19,7 +20,7 @@ import socket
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -75,6 +76,13 @@ _JAVA17_OPENS = " ".join(
 LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 
 
+# The executor's heap (Spark's default 1g): it holds Beam's queues of the SDK workers' output
+# (about 1 GB for each task under way), as the TaskManager's does (see _flink_config); 1536m
+# failed at 1 M simulated images. The worker offers _SPARK_WORKER_MEMORY.
+_SPARK_EXECUTOR_MEMORY = "-Dspark.executor.memory=3g"
+_SPARK_WORKER_MEMORY = "4g"
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
@@ -100,6 +108,8 @@ class FlinkCluster:
     taskmanager_pids: tuple[int, ...]
     slots: int
     kind: str = field(default="flink")
+    job_server_port: int | None = None
+    job_server_pid: int | None = None
 
     @property
     def master(self) -> str:
@@ -111,17 +121,25 @@ class FlinkCluster:
         """The Flink web UI (the REST endpoint serves it)."""
         return f"http://{HOST}:{self.rest_port}"
 
-    def runner_args(self, parallelism: int | None = None) -> list[str]:
+    def runner_args(
+        self, parallelism: int | None = None, *, kept_job_server: bool = True
+    ) -> list[str]:
         """Pipeline options that send a pipeline to this cluster, one task per slot of the
         TaskManagers still running (``taskmanager_pids`` keeps those that were stopped: a job
-        asking for their slots too would wait for slots that never come)."""
+        asking for their slots too would wait for slots that never come).
+
+        With ``kept_job_server`` (and the cluster's job server running) the job goes through
+        the job server the cluster keeps (``--job_endpoint``); otherwise the launcher starts
+        one for the job, as it does for a cluster started elsewhere."""
         live = sum(1 for pid in self.taskmanager_pids if is_running(pid))
         slots = parallelism or self.slots * max(live, 1)
+        job_server = _job_server_args(self.job_server_port, self.job_server_pid)
         return [
             "--runner",
             "FlinkRunner",
             "--flink_master",
             self.master,
+            *(job_server if kept_job_server else []),
             f"--job_server_jvm_properties={LOCAL_JVM_OPTIONS}",
             "--parallelism",
             str(slots),
@@ -152,6 +170,9 @@ class SparkCluster:
     worker_pids: tuple[int, ...]
     cores: int
     kind: str = field(default="spark")
+    job_server_port: int | None = None
+    job_server_pid: int | None = None
+    job_server_ui_port: int | None = None
 
     @property
     def master_url(self) -> str:
@@ -163,9 +184,18 @@ class SparkCluster:
         """The master's web UI."""
         return f"http://{HOST}:{self.master_ui_port}"
 
-    def runner_args(self) -> list[str]:
+    def runner_args(self, *, kept_job_server: bool = True) -> list[str]:
         """Pipeline options that send a pipeline to this cluster. The job server runs the
-        Spark driver, which starts the executors with ``spark.executor.extraJavaOptions``."""
+        Spark driver, which starts the executors with ``spark.executor.extraJavaOptions``.
+
+        With ``kept_job_server`` (and the cluster's job server running) the job goes through
+        the job server the cluster keeps (``--job_endpoint``; its driver's web UI is named by
+        ``spark.ui.port``, which that job server was started with)."""
+        job_server = _job_server_args(self.job_server_port, self.job_server_pid)
+        if job_server and kept_job_server:
+            ui = f"--job_server_jvm_properties=-Dspark.ui.port={self.job_server_ui_port}"
+            return ["--runner", "SparkRunner", "--spark_master_url", self.master_url,
+                    *job_server, ui]  # fmt: skip
         return [
             "--runner",
             "SparkRunner",
@@ -173,6 +203,7 @@ class SparkCluster:
             self.master_url,
             f"--job_server_jvm_properties={LOCAL_JVM_OPTIONS}",
             f"--job_server_jvm_properties=-Dspark.executor.extraJavaOptions={LOCAL_JVM_OPTIONS}",
+            f"--job_server_jvm_properties={_SPARK_EXECUTOR_MEMORY}",
         ]
 
     def logs(self, tail: int = 3000) -> str:
@@ -183,6 +214,63 @@ class SparkCluster:
 def _log_tails(work_dir: Path, tail: int) -> str:
     logs = sorted(work_dir.glob("**/*.log")) + sorted(work_dir.glob("**/*.out"))
     return "\n".join(f"== {p}\n{p.read_text(errors='replace')[-tail:]}" for p in logs)
+
+
+def _job_server_args(port: int | None, pid: int | None) -> list[str]:
+    """``--job_endpoint`` of a cluster's kept job server, if it has one that still runs."""
+    if port is None or pid is None or not is_running(pid):
+        return []
+    return ["--job_endpoint", f"{HOST}:{port}"]
+
+
+def _port_open(port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=1):
+        return True
+    return False
+
+
+# Beam's Flink job server with an invoker that ships no jars with a job (the cluster's lib/ has
+# them): built by scripts/engines/install.sh from scripts/engines/java/ when javac is there.
+_SESSION_JOB_SERVER = "session-job-server.jar"
+_SESSION_JOB_SERVER_MAIN = "tfrecord.engines.FlinkJobServerForSessionCluster"
+
+
+def _flink_job_server_command() -> list[str]:
+    """How the kept Flink job server runs: the session-cluster driver when it was built."""
+    jar = versions.flink_job_server_jar()
+    session = jar.parent / _SESSION_JOB_SERVER
+    if session.exists():
+        return ["-cp", f"{session}{os.pathsep}{jar}", _SESSION_JOB_SERVER_MAIN]
+    return ["-jar", str(jar)]
+
+
+def _start_job_server(
+    work_dir: Path, main: list[str], engine_args: list[str], properties: list[str]
+) -> tuple[int, int]:
+    """Starts a Beam job server for the cluster in ``work_dir``, kept until the cluster stops.
+
+    A job server serves any number of jobs; one started per job (what Beam's runners do without
+    ``--job_endpoint``) costs every job its JVM's start, its classpath scan and a cold JIT.
+
+    Args:
+      main: what follows the JVM options: ``-jar JAR``, or ``-cp PATH CLASS``.
+
+    Returns:
+      ``(pid, job port)``, once the job port accepts connections.
+    """
+    from beam_pipelines.engines.portable import JAVA17_JOB_SERVER_OPENS
+
+    port = free_port()
+    artifacts = work_dir / "job-server-artifacts"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        "java", *JAVA17_JOB_SERVER_OPENS, LOCAL_JVM_OPTIONS, *properties, *main,
+        *engine_args, "--artifacts-dir", str(artifacts), "--job-port", str(port),
+        "--artifact-port", str(free_port()), "--expansion-port", str(free_port()),
+    ]  # fmt: skip
+    pid = _spawn(cmd, work_dir / "log" / "job-server.log", _java_env(), work_dir)
+    _wait(lambda: _port_open(port), [pid], "the job server", work_dir, 60.0)
+    return pid, port
 
 
 def _require(path: Path, what: str) -> None:
@@ -252,7 +340,20 @@ def _flink_config(work_dir: Path, *, rpc_port: int, rest_port: int, slots: int) 
         "taskmanager.bind-host": HOST,
         "taskmanager.host": HOST,
         "taskmanager.numberOfTaskSlots": slots,
-        "taskmanager.memory.process.size": "1600m",
+        # Beam's runner and an SDK worker exchange data over gRPC, and each side queues what
+        # the other has not taken yet: the TaskManager what a worker emits, on its heap (up to
+        # 100 messages of up to 10 MB for each bundle under way: about 1 GB a slot), and what
+        # it sends a worker, in Netty's direct buffers. With Flink's split of 1600m (a 322 MB
+        # heap, 128 MB of direct memory beside the network buffers), and again with a 1 GB
+        # heap, simulated builds of 1 M images failed with OutOfMemoryError ("Java heap space"
+        # as the workers' output arrived, "Direct buffer memory" as a stage's input left): their
+        # workers emit metadata faster than a stage writes it out. So 1280 MB of task heap a
+        # slot and 512 MB of task off-heap (direct) memory; the sorts of the batch shuffle use
+        # the managed memory and spill to io.tmp.dirs past it. Flink derives the process size:
+        # these + 256 network + 2 x 128 framework + 256 metaspace + the JVM's overhead.
+        "taskmanager.memory.task.heap.size": f"{1280 * slots}m",
+        "taskmanager.memory.task.off-heap.size": "512m",
+        "taskmanager.memory.managed.size": "512m",
         # Beam's batch translation has many blocking exchanges, and Flink's sort shuffle asks
         # 512 network buffers for each by default: more than a small TaskManager has.
         "taskmanager.memory.network.min": "256m",
@@ -362,7 +463,12 @@ def _flink_lib(work_dir: Path) -> None:
 
 
 def start_flink(
-    work_dir: Path, *, slots: int = 2, taskmanagers: int = 1, timeout_s: float = 90.0
+    work_dir: Path,
+    *,
+    slots: int = 2,
+    taskmanagers: int = 1,
+    timeout_s: float = 90.0,
+    job_server: bool = True,
 ) -> FlinkCluster:
     """Starts a Flink session cluster on 127.0.0.1 and waits until every slot is registered.
 
@@ -371,6 +477,8 @@ def start_flink(
       slots: task slots per TaskManager.
       taskmanagers: TaskManager processes.
       timeout_s: how long to wait for the cluster.
+      job_server: also start a Beam job server for the cluster, kept until it stops, which
+        ``runner_args`` sends jobs to.
 
     Returns:
       The running cluster; its ``cluster.json`` in ``work_dir`` lets ``stop_cluster`` find it.
@@ -419,6 +527,14 @@ def start_flink(
         work_dir,
         timeout_s,
     )
+    if job_server:
+        _require(versions.flink_job_server_jar(), f"The Flink {versions.FLINK_MINOR} job server")
+        pid, port = _start_job_server(
+            work_dir, _flink_job_server_command(), ["--flink-master", cluster.master], []
+        )
+        cluster = dataclasses.replace(cluster, job_server_port=port, job_server_pid=pid)
+        _write_state(dataclasses.replace(read_cluster(work_dir), job_server_port=port,
+                                         job_server_pid=pid))  # fmt: skip
     return cluster
 
 
@@ -428,6 +544,9 @@ def _spark_env(work_dir: Path) -> dict[str, str]:
         SPARK_HOME=str(versions.spark_home()),
         SPARK_LOCAL_IP=HOST,
         SPARK_LOG_DIR=str(work_dir / "log"),
+        # Where executors write shuffle files and spilled blocks: the cluster's directory, on a
+        # disk the caller chose, not /tmp.
+        SPARK_LOCAL_DIRS=str(work_dir / "local"),
         SPARK_NO_DAEMONIZE="1",
         SPARK_DAEMON_JAVA_OPTS=LOCAL_JVM_OPTIONS,  # the master and the workers
     )
@@ -460,7 +579,7 @@ def start_spark_worker(cluster: SparkCluster) -> int:
         "--cores",
         str(cluster.cores),
         "--memory",
-        "2g",
+        _SPARK_WORKER_MEMORY,
         "--work-dir",
         str(scratch),
     ]
@@ -470,13 +589,24 @@ def start_spark_worker(cluster: SparkCluster) -> int:
     return pid
 
 
-def start_spark(work_dir: Path, *, cores: int = 2, timeout_s: float = 90.0) -> SparkCluster:
+def start_spark(
+    work_dir: Path,
+    *,
+    cores: int = 2,
+    timeout_s: float = 90.0,
+    job_server: bool = True,
+    job_server_properties: Sequence[str] = (),
+) -> SparkCluster:
     """Starts a Spark standalone master and one worker on 127.0.0.1, waits for the worker.
 
     Args:
       work_dir: logs, worker scratch space and process ids go here (created if missing).
       cores: cores the worker offers (executors get one task per core).
       timeout_s: how long to wait for the worker to register.
+      job_server: also start a Beam job server (the Spark driver) for the cluster, kept until
+        it stops, which ``runner_args`` sends jobs to.
+      job_server_properties: more Spark settings for that driver (``-Dspark.NAME=VALUE``),
+        for example ``-Dspark.default.parallelism=N``.
 
     Returns:
       The running cluster; its ``cluster.json`` in ``work_dir`` lets ``stop_cluster`` find it.
@@ -491,7 +621,8 @@ def start_spark(work_dir: Path, *, cores: int = 2, timeout_s: float = 90.0) -> S
     home = versions.spark_home()
     _require(home / "bin" / "spark-class", f"Spark {versions.SPARK_VERSION}")
     work_dir = work_dir.resolve()
-    (work_dir / "log").mkdir(parents=True, exist_ok=True)
+    for sub in ("log", "local"):
+        (work_dir / sub).mkdir(parents=True, exist_ok=True)
     port, ui_port = free_port(), free_port()
     master = _spawn(
         [
@@ -519,7 +650,34 @@ def start_spark(work_dir: Path, *, cores: int = 2, timeout_s: float = 90.0) -> S
         work_dir,
         timeout_s,
     )
+    if job_server:
+        cluster = _start_spark_job_server(cluster, job_server_properties)
     return cluster
+
+
+def _start_spark_job_server(cluster: SparkCluster, more: Sequence[str]) -> SparkCluster:
+    """``cluster`` with a job server of its own: one Spark driver, and one Spark application
+    (its executors, their JIT and loaded classes) kept for every job it runs."""
+    jar = versions.spark_job_server_jar()
+    driver_ui = free_port()
+    properties = [
+        # What prepare_spark_options gives a job server started for one job (the executors
+        # load Beam's classes from the same install), and the driver's web UI.
+        f"-Dspark.executor.extraClassPath={jar.parent / 'lib'}/*",
+        f"-Dspark.executor.extraJavaOptions={LOCAL_JVM_OPTIONS}",
+        _SPARK_EXECUTOR_MEMORY,
+        f"-Dspark.ui.port={driver_ui}",
+        # Beam's Spark runner then keeps its SparkContext between jobs instead of starting a
+        # new application (and new executor JVMs) for each; the name is Beam's, from its tests.
+        "-Dbeam.spark.test.reuseSparkContext=true",
+        *more,
+    ]
+    engine_args = ["--spark-master-url", cluster.master_url]
+    _require(jar, "The Spark job server")
+    pid, port = _start_job_server(cluster.work_dir, ["-jar", str(jar)], engine_args, properties)
+    kept = dict(job_server_port=port, job_server_pid=pid, job_server_ui_port=driver_ui)
+    _write_state(dataclasses.replace(read_cluster(cluster.work_dir), **kept))
+    return dataclasses.replace(cluster, **kept)
 
 
 def _write_state(cluster: FlinkCluster | SparkCluster) -> None:
@@ -559,7 +717,9 @@ def stop_cluster(cluster: FlinkCluster | SparkCluster, *, extra_pids: tuple[int,
         pids = [*cluster.taskmanager_pids, cluster.jobmanager_pid]
     else:
         pids = [*cluster.worker_pids, cluster.master_pid]
-    pids = [*extra_pids, *pids]
+    # The job server first: it is the Spark driver, and a client of Flink's JobManager.
+    kept = [cluster.job_server_pid] if cluster.job_server_pid else []
+    pids = [*extra_pids, *kept, *pids]
     for pid in pids:
         _signal_group(pid, signal.SIGTERM)
     deadline = time.monotonic() + 10
@@ -571,9 +731,11 @@ def stop_cluster(cluster: FlinkCluster | SparkCluster, *, extra_pids: tuple[int,
 
 
 @contextlib.contextmanager
-def local_flink_cluster(work_dir: Path, *, slots: int = 2) -> Iterator[FlinkCluster]:
+def local_flink_cluster(
+    work_dir: Path, *, slots: int = 2, job_server: bool = True
+) -> Iterator[FlinkCluster]:
     """``start_flink`` for the block; stops the cluster (replacement TaskManagers too) after."""
-    cluster = start_flink(work_dir, slots=slots)
+    cluster = start_flink(work_dir, slots=slots, job_server=job_server)
     try:
         yield cluster
     finally:
@@ -581,9 +743,17 @@ def local_flink_cluster(work_dir: Path, *, slots: int = 2) -> Iterator[FlinkClus
 
 
 @contextlib.contextmanager
-def local_spark_cluster(work_dir: Path, *, cores: int = 2) -> Iterator[SparkCluster]:
+def local_spark_cluster(
+    work_dir: Path,
+    *,
+    cores: int = 2,
+    job_server: bool = True,
+    job_server_properties: Sequence[str] = (),
+) -> Iterator[SparkCluster]:
     """``start_spark`` for the block; stops the cluster (replacement workers too) after."""
-    cluster = start_spark(work_dir, cores=cores)
+    cluster = start_spark(
+        work_dir, cores=cores, job_server=job_server, job_server_properties=job_server_properties
+    )
     try:
         yield cluster
     finally:

@@ -321,11 +321,15 @@ class StopsJobServerResult(PipelineResult):
         # The job is over: its SDK workers would only print a traceback each when the job
         # server (with an embedded Flink, their data plane's other end) goes away.
         stop_sdk_workers()
-        self._job_server.stop()
+        if self._job_server is not None:  # None: a job server given by --job_endpoint, kept
+            self._job_server.stop()
 
 
 def stop_job_server_after(result: PipelineResult, job_server) -> StopsJobServerResult:
-    """``result``, stopping ``job_server`` as soon as the job ends (``StopsJobServerResult``)."""
+    """``result``, stopping ``job_server`` as soon as the job ends (``StopsJobServerResult``).
+
+    ``job_server`` None (the job went to a running job server, ``--job_endpoint``): only the
+    job's SDK workers are stopped, and the job server is left running for the next job."""
     return StopsJobServerResult(result, job_server)
 
 

@@ -14,6 +14,9 @@ from __future__ import annotations
 import logging
 import re
 import socket
+import time
+import urllib.error
+import urllib.request
 
 from apache_beam.options.pipeline_options import (
     JobServerOptions,
@@ -32,6 +35,7 @@ __all__ = [
     "SPARK_RUNNER",
     "SparkJobServer",
     "SparkRunner",
+    "cancel_spark_jobs",
     "prepare_spark_options",
 ]
 
@@ -72,8 +76,8 @@ def prepare_spark_options(options: PipelineOptions) -> str | None:
     """Fills in and checks the Spark options of a run, in place.
 
     Returns:
-      The web UI of the application (the job server is its driver), or None when
-      ``--job_server_jvm_properties`` already chose its port.
+      The web UI of the application (the job server is its driver, on this host), or None
+      when ``--job_server_jvm_properties`` chose a port that is not a number.
 
     Raises:
       ValueError: the job-server jar is missing (names ``--spark_job_server_jar`` and the
@@ -95,11 +99,11 @@ def prepare_spark_options(options: PipelineOptions) -> str | None:
         # every worker of a remote cluster).
         extra = f"-Dspark.executor.extraClassPath={installed.parent / 'lib'}/*"
         _add_jvm_property(options, extra)
-    ui = None
-    if not any(p.startswith("-Dspark.ui.port=") for p in _jvm_properties(options)):
-        port = free_port()
-        _add_jvm_property(options, f"-Dspark.ui.port={port}")
-        ui = f"http://127.0.0.1:{port}"
+    chosen = [p for p in _jvm_properties(options) if p.startswith("-Dspark.ui.port=")]
+    port = chosen[0].split("=", 1)[1] if chosen else str(free_port())
+    _add_jvm_property(options, f"-Dspark.ui.port={port}")
+    # The job server runs here, or is a local cluster's kept one (which names its UI port).
+    ui = f"http://127.0.0.1:{port}" if port.isdigit() else None
     portable.use_worker_processes(options, cores or DEFAULT_CORES)
     return ui
 
@@ -148,12 +152,59 @@ class SparkRunner(spark_runner.SparkRunner):
         portable.keep_ctrl_c_from_engine_processes()
         portable.drop_launch_warnings()
         result = super().run_pipeline(pipeline, options)
-        if self._job_server is not None:
-            result = portable.stop_job_server_after(result, self._job_server)
+        result = portable.stop_job_server_after(result, self._job_server)
         beam_job_id = self._handle.job_id if self._handle else ""
         if ui is not None:
             portable.watch_for_engine_job(lambda: _find_spark_app(ui), "Spark", beam_job_id)
+            _cancel_on_the_driver_too(result, ui)
         return result
+
+
+def _cancel_on_the_driver_too(result: PipelineResult, ui: str) -> None:
+    """Makes ``result.cancel()`` also cancel the Spark jobs still running, through the driver's
+    web UI.
+
+    Beam's cancel only stops the job server waiting for the job. A job server started for the
+    job is then stopped, and its application with it; a job server a cluster keeps
+    (``--job_endpoint``) keeps its application, whose running Spark jobs would go on
+    preparing images and writing staging files with no launcher.
+    """
+    beam_cancel = result.cancel
+
+    def cancel():
+        try:
+            return beam_cancel()
+        finally:
+            cancel_spark_jobs(ui)
+
+    result.cancel = cancel  # type: ignore[method-assign]  # the same call, one step more
+
+
+def cancel_spark_jobs(ui: str, timeout_s: float = 5.0) -> int:
+    """Cancels every running job of the application whose driver serves ``ui``, until none is
+    left running (at most ``timeout_s``: a job the runner submits meanwhile is cancelled
+    too); returns how many it cancelled."""
+    found = _find_spark_app(ui)
+    if found is None:
+        return 0
+    jobs_url = f"{ui}/api/v1/applications/{found[0]}/jobs?status=running"
+    cancelled, deadline = 0, time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        running = portable.http_json(jobs_url)
+        if not isinstance(running, list) or not running:
+            break
+        for job in running:
+            # Spark's own "kill" link of the job on its web UI (spark.ui.killEnabled).
+            kill = urllib.request.Request(f"{ui}/jobs/job/kill/?id={job['jobId']}", method="POST")
+            try:
+                urllib.request.urlopen(kill, timeout=3).close()
+            except urllib.error.HTTPError:
+                pass  # an answer: Spark redirects to its jobs page
+            except OSError:
+                continue  # the driver is gone, or did not answer
+            cancelled += 1
+        time.sleep(0.3)
+    return cancelled
 
 
 def _find_spark_app(ui: str) -> tuple[str, str] | None:

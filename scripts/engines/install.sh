@@ -5,7 +5,9 @@
 #                       apache-flink pins an old apache-beam, which must not reach the venv)
 #   spark-<v>/pyspark   SPARK_HOME: the pyspark package (bin/spark-class), Scala 2.12
 #   job-servers/        Beam's Flink and Spark job servers, assembled with Maven from Beam's
-#                       runner artifacts: lib/*.jar plus a jar whose manifest names them
+#                       runner artifacts: lib/*.jar plus a jar whose manifest names them;
+#                       for Flink also session-job-server.jar (scripts/engines/java/), which
+#                       a local cluster's kept job server runs
 # Idempotent: a stamp per part; a second run takes a second. Needs java (17) and mvn.
 # Usage: bash scripts/engines/install.sh [flink|spark|all]   (default all)
 set -euo pipefail
@@ -67,6 +69,22 @@ POM
   echo "$name job server: $jar"
 }
 
+# session_job_server JOB_SERVER_JAR: compiles scripts/engines/java/*.java (the Flink job server
+# a local cluster keeps, staging no jars with its jobs) against that job server's classpath into
+# session-job-server.jar beside it. Needs javac; without it the cluster runs Beam's own driver.
+session_job_server() {
+  local jar="$1" dir; dir="$(dirname "$1")"
+  local out="$dir/session-job-server.jar" src="scripts/engines/java"
+  local stamp="$dir/.session-$(cat "$src"/*.java | sha256sum | cut -c1-16)"
+  [ -f "$stamp" ] && [ -f "$out" ] && return 0
+  command -v javac >/dev/null || { echo "javac not found: the local Flink cluster's job server ships its classpath with every job"; return 0; }
+  local build; build="$(mktemp -d)"
+  javac -proc:none --release 17 -cp "$jar" -d "$build" "$src"/*.java
+  (cd "$build" && jar --create --file "$out" .)
+  rm -rf "$build" "$dir"/.session-* && touch "$stamp"
+  echo "session job server: $out"
+}
+
 beam_dep() {  # beam_dep ARTIFACT VERSION [EXCLUSIONS_XML]
   echo "<dependency><groupId>org.apache.beam</groupId><artifactId>$1</artifactId><version>$2</version><exclusions>${3:-}</exclusions></dependency>"
 }
@@ -84,6 +102,7 @@ if [ "$what" = all ] || [ "$what" = flink ]; then
   flink_deps="$flink_deps<dependency><groupId>org.slf4j</groupId><artifactId>slf4j-simple</artifactId><version>$SLF4J_VERSION</version></dependency>"
   job_server "flink-$FLINK_MINOR" org.apache.beam.runners.flink.FlinkJobServerDriver \
     "$FLINK_JOB_SERVER_JAR" "$flink_deps"
+  session_job_server "$FLINK_JOB_SERVER_JAR"
 fi
 
 if [ "$what" = all ] || [ "$what" = spark ]; then
