@@ -91,7 +91,8 @@ def test_an_interrupted_build_says_how_to_resume_and_resumes_byte_identically(
     argv = ["--input", str(images), "--output", str(output), *FLAGS, *runner]
     code, text, elapsed = run_in_terminal(
         ["-m", "beam_pipelines.images_to_tfrecord", *argv],
-        wait_for=str(output / ".staging" / "records" / "*"),
+        # A staging file counts as kept once its sidecar is written, just after the file.
+        wait_for=str(output / ".staging" / "records" / "*.json"),
         how=how,
         deadline_s=DEADLINE_S,
     )
