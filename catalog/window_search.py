@@ -167,8 +167,9 @@ def best_combinations(
     width = d.shape[1]
     score = np.where(within, d * width + np.arange(width)[None, :], np.iinfo(np.int64).max)
     column = score.argmin(axis=1) if width else np.zeros(0, np.int64)
-    ok = within.any(axis=1)
-    return ok, column, np.take_along_axis(d, column[:, None], 1)[:, 0]
+    ok: np.ndarray = np.asarray(within.any(axis=1))
+    distance: np.ndarray = np.take_along_axis(d, column[:, None], 1)[:, 0]
+    return ok, np.asarray(column), distance
 
 
 def column_window(column: np.ndarray) -> np.ndarray:

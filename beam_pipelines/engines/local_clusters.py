@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from beam_pipelines.engines import versions
 
@@ -675,7 +676,9 @@ def _start_spark_job_server(cluster: SparkCluster, more: Sequence[str]) -> Spark
     engine_args = ["--spark-master-url", cluster.master_url]
     _require(jar, "The Spark job server")
     pid, port = _start_job_server(cluster.work_dir, ["-jar", str(jar)], engine_args, properties)
-    kept = dict(job_server_port=port, job_server_pid=pid, job_server_ui_port=driver_ui)
+    kept: dict[str, Any] = dict(
+        job_server_port=port, job_server_pid=pid, job_server_ui_port=driver_ui
+    )
     _write_state(dataclasses.replace(read_cluster(cluster.work_dir), **kept))
     return dataclasses.replace(cluster, **kept)
 

@@ -327,14 +327,13 @@ def _near_pairs(files: DatasetFiles, table: pa.Table) -> tuple[list[dict[str, An
     if not known.any():
         return [], "none (no perceptual hashes in the catalogs)", threshold
     rows = table.filter(pa.array(known))
-    rule, windows = _catalog_windows(files.manifest.options, rows)
-    found = find_window_pairs(windows, rule)
-    pairs = found.pairs
+    rule, windows = _catalog_windows(dict(files.manifest.options), rows)
+    pairs = find_window_pairs(windows, rule).pairs
     splits = rows.column("split").to_numpy(zero_copy_only=False)
     labels = rows.column("label").to_numpy(zero_copy_only=False)
     leakage, cross = classify(pairs, splits, labels)
     members = rows.select(["key", "uri", "label", "text", "split"]).to_pylist()
-    found = [
+    found: list[dict[str, Any]] = [
         {
             "a": members[a],
             "b": members[b],
