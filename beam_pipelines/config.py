@@ -32,6 +32,8 @@ __all__ = [
     "ImagesToTFRecordOptions",
     "config_from_options",
     "resolve_search",
+    "resolve_image_threads",
+    "usable_cores",
 ]
 
 # The --help groups of the pipeline's flags, in the order they are listed.
@@ -70,6 +72,8 @@ class PipelineConfig:
       staging_file_mb: the image step commits its staging file (and hands its examples on)
         once it holds this many MiB, or 10 s after its first example (``staging``): smaller
         loses less work to a kill, larger makes fewer objects.
+      image_threads: images read and prepared at once in each process that runs the image
+        step; 0 (auto) is made a number by ``resolve_image_threads`` before the job starts.
       label_conflicts: what to do with byte-identical files under different classes, one of
         ``LABEL_CONFLICT_POLICIES``: keep the first copy (in URI order), drop every copy, or
         keep the first and refuse to publish.
@@ -183,6 +187,16 @@ class PipelineConfig:
             group="output",
         ),
     )
+    image_threads: int = dataclasses.field(
+        default=0,
+        metadata=flag(
+            help="images read and prepared at once in each process of the image step (Pillow "
+            "decodes, resizes and encodes outside Python's lock); 0: every core this process "
+            "may use on the in-process runner, 1 on the others, whose workers are processes "
+            "already. Each thread has its own --decode_memory_mb worker (%(default)s)",
+            group="image",
+        ),
+    )
     label_conflicts: str = dataclasses.field(
         default="keep_first",
         metadata=flag(
@@ -268,6 +282,11 @@ class PipelineConfig:
             raise ValueError(f"--target_shard_mb must be > 0, got {self.target_shard_mb!r}")
         if not self.staging_file_mb > 0:
             raise ValueError(f"--staging_file_mb must be > 0, got {self.staging_file_mb!r}")
+        threads = self.image_threads
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+            raise ValueError(
+                f"--image_threads must be an int >= 0 (0: one a core in-process), got {threads!r}"
+            )
         if not 0.0 <= self.max_bad_fraction <= 1.0:
             raise ValueError(f"--max_bad_fraction must be in [0, 1], got {self.max_bad_fraction!r}")
         if self.label_conflicts not in LABEL_CONFLICT_POLICIES:
@@ -399,6 +418,25 @@ def resolve_search(
     large = listed_inputs is not None and listed_inputs >= AUTO_BUCKETED_FROM
     method = "bucketed" if large and not in_process else "gathered"
     return dataclasses.replace(config, near_duplicate_search=method)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and ``taskset``
+    narrow), at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def resolve_image_threads(config: PipelineConfig, *, one_process: bool) -> PipelineConfig:
+    """``config`` with ``--image_threads 0`` made a number: ``usable_cores()`` when the whole
+    image step runs in this one process (the in-process runner's default mode), else 1 (a
+    distributed runner, or the in-process runner's worker processes, already runs one
+    image step a core)."""
+    if config.image_threads != 0:
+        return config
+    return dataclasses.replace(config, image_threads=usable_cores() if one_process else 1)
 
 
 class ImagesToTFRecordOptions(PipelineOptions):

@@ -49,9 +49,12 @@ from beam_pipelines.config import (
     ImagesToTFRecordOptions,
     PipelineConfig,
     config_from_options,
+    resolve_image_threads,
     resolve_search,
 )
 from beam_pipelines.engines.runners import (
+    FLINK_RUNNER,
+    SPARK_RUNNER,
     cancel_job,
     in_process_runner,
     private_temp_dir,
@@ -148,14 +151,23 @@ def _check_input(config: PipelineConfig) -> None:
     )
 
 
-def _choose_search(config: PipelineConfig, options: PipelineOptions) -> PipelineConfig:
+def _listed_inputs(config: PipelineConfig, options: PipelineOptions) -> int | None:
+    """About how many inputs a listing names, for a build on a distributed runner (what sizes
+    its search and its engine's tasks); None in-process, or for a directory (its size is
+    known only once the job lists it)."""
+    if in_process_runner(options) is not None or not is_listing(config.input):
+        return None
+    with contextlib.suppress(OSError):  # the job reads it, and names what is wrong
+        return estimate_records(config.input)
+    return None
+
+
+def _choose_search(
+    config: PipelineConfig, options: PipelineOptions, listed: int | None
+) -> PipelineConfig:
     """``--near_duplicate_search auto`` made a method, from the listing's size and the runner;
     says so only when that is the bucketed search (the gathered one is what it always was)."""
     in_process = in_process_runner(options) is not None
-    listed = None
-    if config.near_duplicate_search == "auto" and not in_process and is_listing(config.input):
-        with contextlib.suppress(OSError):  # the job reads it, and names what is wrong
-            listed = estimate_records(config.input)
     resolved = resolve_search(config, listed_inputs=listed, in_process=in_process)
     if config.near_duplicate_search == "auto" and resolved.near_duplicate_search == "bucketed":
         logging.getLogger(__name__).info(
@@ -165,6 +177,34 @@ def _choose_search(config: PipelineConfig, options: PipelineOptions) -> Pipeline
             f"{listed:,}",
         )
     return resolved
+
+
+def _size_engine_tasks(options: PipelineOptions, listed: int | None) -> None:
+    """Sizes Flink's tasks or Spark's partitions for a listing's inputs, in place: Beam's
+    runners on both hold a task's whole partition at once (docs/scale.md)."""
+    if listed is None:
+        return
+    runner = options.view_as(StandardOptions).runner
+    if runner == FLINK_RUNNER:
+        from beam_pipelines.engines import flink  # only for a Flink run
+
+        flink.size_parallelism(options, listed)
+    elif runner == SPARK_RUNNER:
+        from beam_pipelines.engines import spark  # only for a Spark run
+
+        spark.size_partitions(options, listed)
+
+
+def _one_process(options: PipelineOptions) -> bool:
+    """Whether the image step runs in this process alone: the in-process runner, one worker,
+    not in worker processes."""
+    runner = options.view_as(StandardOptions).runner
+    direct = options.view_as(DirectOptions)
+    return (
+        runner in (None, "DirectRunner", "PrismRunner")
+        and direct.direct_running_mode != "multi_processing"
+        and (direct.direct_num_workers or 1) <= 1
+    )
 
 
 def _progress_mode(progress: str, options: PipelineOptions) -> str:
@@ -391,7 +431,10 @@ def run(argv: Sequence[str] | None = None, *, progress: str | None = None) -> Ru
     FileSystems.set_options(options)
     config = config_from_options(options)
     _check_input(config)
-    config = _choose_search(config, options)
+    listed = _listed_inputs(config, options)
+    config = _choose_search(config, options, listed)
+    _size_engine_tasks(options, listed)
+    config = resolve_image_threads(config, one_process=_one_process(options))
     content = config.manifest_options()
     base = _open_base(config, content)
     # With --stratify_validation the base's examples keep their split: checked now.

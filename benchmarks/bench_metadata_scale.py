@@ -156,7 +156,8 @@ class SimulatedPrepareImages(beam.PTransform):
     stand_in_bytes = 64
 
     def __init__(self, options, label_names, progress=None, *, staging=None,
-                 staging_file_bytes=DEFAULT_FILE_BYTES, base=None, total=None) -> None:  # fmt: skip
+                 staging_file_bytes=DEFAULT_FILE_BYTES, base=None, total=None,
+                 threads=1) -> None:  # fmt: skip
         super().__init__()
         if staging is None or base is not None:
             raise ValueError("the simulation stages its stand-ins and takes no --base")

@@ -15,7 +15,7 @@ import multiprocessing
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from PIL import Image, ImageOps
@@ -36,6 +36,7 @@ __all__ = [
     "pipeline_run",
     "sizes_from_flags",
     "steady_rate",
+    "steady_rates",
 ]
 
 IMAGE_SIZE = 256  # the pipeline's default --image_size, which pillow_loop matches
@@ -218,18 +219,41 @@ def steady_rate(
     Raises:
       NoisyMeasurement: the 3N run was not slower than the N run (noise swamped the signal).
     """
-    best: dict[str, tuple[float, int, float]] = {}
+    found = steady_rates({"row": (run_n, run_3n)}, repeats, pids)["row"]
+    if isinstance(found, NoisyMeasurement):
+        raise found
+    return found
+
+
+def steady_rates(
+    rows: Mapping[str, tuple[Callable[[], int], Callable[[], int]]],
+    repeats: int,
+    pids: Sequence[int] = (),
+) -> dict[str, tuple[float, float, float, float] | NoisyMeasurement]:
+    """``steady_rate`` of several rows whose runs take turns: each repeat runs every row's N
+    and 3N once, so a machine whose speed drifts during the benchmark (other load, clocks)
+    slows every row alike instead of the rows measured last.
+
+    Returns:
+      per row, ``steady_rate``'s tuple, or the ``NoisyMeasurement`` it would raise.
+    """
+    best: dict[str, dict[str, tuple[float, int, float]]] = {name: {} for name in rows}
     for _ in range(repeats):
-        for size, fn in (("n", run_n), ("3n", run_3n)):
-            cpu = cpu_seconds(pids)
-            start = time.perf_counter()
-            done = fn()
-            elapsed = time.perf_counter() - start
-            cpu = cpu_seconds(pids) - cpu
-            if size not in best or elapsed < best[size][0]:
-                best[size] = (elapsed, done, cpu)
-    (t_n, done_n, cpu_n), (t_3n, done_3n, cpu_3n) = best["n"], best["3n"]
-    if t_3n <= t_n:
-        raise NoisyMeasurement(t_n, t_3n)
-    extra = done_3n - done_n
-    return extra / (t_3n - t_n), 1000 * (cpu_3n - cpu_n) / extra, t_n, t_3n
+        for name, (run_n, run_3n) in rows.items():
+            for size, fn in (("n", run_n), ("3n", run_3n)):
+                cpu = cpu_seconds(pids)
+                start = time.perf_counter()
+                done = fn()
+                elapsed = time.perf_counter() - start
+                cpu = cpu_seconds(pids) - cpu
+                if size not in best[name] or elapsed < best[name][size][0]:
+                    best[name][size] = (elapsed, done, cpu)
+    found: dict[str, tuple[float, float, float, float] | NoisyMeasurement] = {}
+    for name, sizes in best.items():
+        (t_n, done_n, cpu_n), (t_3n, done_3n, cpu_3n) = sizes["n"], sizes["3n"]
+        if t_3n <= t_n:
+            found[name] = NoisyMeasurement(t_n, t_3n)
+            continue
+        extra = done_3n - done_n
+        found[name] = (extra / (t_3n - t_n), 1000 * (cpu_3n - cpu_n) / extra, t_n, t_3n)
+    return found

@@ -79,7 +79,9 @@ def e2e(tmp_path_factory):
     images = root / "images"
     expected = _build_tree(images)
     output = root / "dataset"
-    summary = _run(images, output, "--max_bad_fraction", "0.5")
+    # Three image threads, whatever this machine's cores: reading and preparing ahead of the
+    # bundle's thread (test_one_image_thread_builds_the_same_dataset runs them one at a time).
+    summary = _run(images, output, "--max_bad_fraction", "0.5", "--image_threads", "3")
     return {"images": images, "output": output, "summary": summary, "expected": expected}
 
 
@@ -242,6 +244,16 @@ def test_second_run_on_the_multi_process_runner_through_the_cli_is_byte_identica
     assert _snapshot(output) == _snapshot(e2e["output"])
 
 
+def test_one_image_thread_builds_the_same_dataset(e2e, tmp_path):
+    # Every bad input, the duplicate, the odd formats (some through the decode worker): the
+    # threads' results are taken in input order, so the serial run stages, counts and
+    # publishes the same.
+    output = tmp_path / "serial"
+    summary = _run(e2e["images"], output, "--max_bad_fraction", "0.5", "--image_threads", "1")
+    assert _snapshot(output) == _snapshot(e2e["output"])
+    assert summary.metrics == e2e["summary"].metrics
+
+
 def test_a_pipeline_run_never_imports_tensorflow(e2e, tmp_path):
     # In-process, every step runs in this child: TensorFlow costs each worker seconds of CPU.
     code = (
@@ -401,6 +413,7 @@ def test_csv_listing_with_raw_center_crop(tmp_path):
             "validation_fraction",
         ),
         (["--input", "IN", "--output", "OUT", "--background", "white"], "'#ffffff'"),
+        (["--input", "IN", "--output", "OUT", "--image_threads", "-1"], "--image_threads"),
     ],
 )
 def test_bad_flags_are_reported_before_anything_runs(tmp_path, capsys, flags, message):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import apache_beam as beam
@@ -12,6 +13,7 @@ import tensorflow as tf
 from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from beam_pipelines.config import PipelineConfig, resolve_image_threads
 from beam_pipelines.elements import Duplicate, PreparedRecord, Rejection, ShardResult, SourceFile
 from beam_pipelines.graph.transforms import REJECTED_TAG, PrepareImages
 from beam_pipelines.image.prepare import ImageOptions
@@ -178,7 +180,8 @@ def test_list_sources_from_csv_and_jsonl_listings(tmp_path):
         )
 
 
-def test_prepare_images_routes_good_and_bad_inputs(tmp_path):
+@pytest.mark.parametrize("threads", [1, 3])
+def test_prepare_images_routes_good_and_bad_inputs(tmp_path, threads):
     good = tmp_path / "cat" / "good.jpg"
     good.parent.mkdir()
     good.write_bytes(jpeg_bytes((40, 30), seed=5))
@@ -202,7 +205,11 @@ def test_prepare_images_routes_good_and_bad_inputs(tmp_path):
 
     with test_pipeline.TestPipeline() as p:
         labels = p | "Labels" >> beam.Create([("ant", "cat")])
-        out = p | beam.Create(sources) | PrepareImages(ImageOptions(image_size=24), labels)
+        out = (
+            p
+            | beam.Create(sources)
+            | PrepareImages(ImageOptions(image_size=24), labels, threads=threads)
+        )
         assert_that(out.records, check_record, label="Records")
         assert_that(
             out[REJECTED_TAG] | beam.Map(lambda r: (r.uri, r.reason)),
@@ -369,3 +376,21 @@ def test_result_and_rejection_tuples_serialise():
     }
     result = ShardResult("train", 0, 1, "train-00000-of-00001.tfrecord", 1, 10, "0" * 64)
     assert ShardResult(**result._asdict()) == result
+
+
+@pytest.mark.parametrize(
+    "given, one_process, cores, expected",
+    [(0, True, 6, 6), (0, False, 6, 1), (4, False, 6, 4), (1, True, 6, 1), (0, True, 1, 1)],
+)
+def test_image_threads_auto_is_a_core_each_in_one_process_else_one(
+    monkeypatch, given, one_process, cores, expected
+):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    config = PipelineConfig(input="in", output="out", image_threads=given)
+    assert resolve_image_threads(config, one_process=one_process).image_threads == expected
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "2"])
+def test_image_threads_must_be_a_count(bad):
+    with pytest.raises(ValueError, match="--image_threads"):
+        PipelineConfig(input="in", output="out", image_threads=bad)

@@ -191,6 +191,11 @@ class BaseDataset:
     def reusable(self) -> bool:
         return self.index is not None
 
+    def may_hold(self, sha256: str) -> bool:
+        """Whether ``locate`` or ``reuse`` might find ``sha256``: False means surely not.
+        Reads the in-memory index only, so any thread may ask."""
+        return self.index is not None and len(self.index.rows(sha256)) > 0
+
     @property
     def spec(self) -> BaseSpec:
         """What a worker needs to open this base again (small, pickles cheaply)."""

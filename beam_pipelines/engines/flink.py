@@ -11,6 +11,7 @@ naming it; logs the Flink job id and its web UI page; and stops the job server w
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 import urllib.request
@@ -27,14 +28,19 @@ __all__ = [
     "FLINK_RUNNER",
     "FlinkJobServer",
     "FlinkRunner",
+    "IMAGES_PER_TASK",
     "cancel_flink_job",
     "prepare_flink_options",
+    "size_parallelism",
 ]
 
 _log = logging.getLogger(__name__)
 
 FLINK_RUNNER = "beam_pipelines.engines.flink.FlinkRunner"
 DEFAULT_PARALLELISM = 2
+# Beam's Flink runner hands each task's whole partition to an SDK worker as one bundle; a
+# bundle of 1.5 M images stalled for good in its Fn API buffering, 500 k ran (docs/scale.md).
+IMAGES_PER_TASK = 500_000
 _LOCAL = ("[local]", "[auto]")
 _START_COMMAND = "python scripts/engines/cluster.py start flink DIR"
 
@@ -68,6 +74,35 @@ def prepare_flink_options(options: PipelineOptions) -> None:
         )
     portable.add_job_server_opens(options)
     portable.use_worker_processes(options, flink.parallelism)
+
+
+def size_parallelism(options: PipelineOptions, images: int) -> None:
+    """Makes a build of about ``images`` inputs give each Flink task at most
+    ``IMAGES_PER_TASK`` of them, in place: ``--parallelism`` not given is raised to that (at
+    least ``DEFAULT_PARALLELISM``); one given below it is kept, with a warning naming the
+    value that would do."""
+    flink = options.view_as(FlinkRunnerOptions)
+    needed = math.ceil(images / IMAGES_PER_TASK)
+    if flink.parallelism in (None, -1):
+        flink.parallelism = max(DEFAULT_PARALLELISM, needed)
+        if needed > DEFAULT_PARALLELISM:
+            _log.info(
+                "Flink: --parallelism %d for about %s inputs (at most %s a task; Beam's Flink "
+                "runner stalls on much larger tasks)",
+                needed,
+                f"{images:,}",
+                f"{IMAGES_PER_TASK:,}",
+            )
+    elif flink.parallelism < needed:
+        _log.warning(
+            "Flink: --parallelism %d gives each task about %s of these %s inputs; Beam's Flink "
+            "runner stalled for good on tasks of 1.5 M images (docs/scale.md): pass "
+            "--parallelism %d or more",
+            flink.parallelism,
+            f"{math.ceil(images / flink.parallelism):,}",
+            f"{images:,}",
+            needed,
+        )
 
 
 class FlinkJobServer(portable.OwnProcessGroupJobServer, flink_runner.FlinkJarJobServer):

@@ -12,6 +12,7 @@ ends (a new one per run: Beam would otherwise keep one per process, stopped or n
 from __future__ import annotations
 
 import logging
+import math
 import re
 import socket
 import time
@@ -21,6 +22,7 @@ import urllib.request
 from apache_beam.options.pipeline_options import (
     JobServerOptions,
     PipelineOptions,
+    PortableOptions,
     SparkRunnerOptions,
 )
 from apache_beam.pipeline import Pipeline
@@ -32,11 +34,13 @@ from beam_pipelines.engines.local_clusters import free_port
 
 __all__ = [
     "DEFAULT_CORES",
+    "IMAGES_PER_PARTITION",
     "SPARK_RUNNER",
     "SparkJobServer",
     "SparkRunner",
     "cancel_spark_jobs",
     "prepare_spark_options",
+    "size_partitions",
 ]
 
 _log = logging.getLogger(__name__)
@@ -45,6 +49,10 @@ SPARK_RUNNER = "beam_pipelines.engines.spark.SparkRunner"
 DEFAULT_CORES = 2
 _MASTER = re.compile(r"^spark://(?P<host>[^:/\s]+):(?P<port>\d+)$")
 _START_COMMAND = "python scripts/engines/cluster.py start spark DIR"
+# Beam's Spark runner holds all of a task's outputs of a stage in the executor's heap until the
+# task ends: a 1 M-image build in 2 partitions ran a 3 GB heap out, 20 held (docs/scale.md).
+IMAGES_PER_PARTITION = 50_000
+_PARALLELISM = "-Dspark.default.parallelism="
 
 
 def _local_cores(master: str) -> int | None:
@@ -117,6 +125,50 @@ def _add_jvm_property(options: PipelineOptions, prop: str) -> None:
     properties = _jvm_properties(options)
     if not any(p.startswith(name) for p in properties):
         options.view_as(JobServerOptions).job_server_jvm_properties = [*properties, prop]
+
+
+def size_partitions(options: PipelineOptions, images: int) -> None:
+    """Makes a build of about ``images`` inputs give each Spark partition at most
+    ``IMAGES_PER_PARTITION`` of them, in place, where this run can: the job server started for
+    this job (its driver) gets ``spark.default.parallelism`` unless one is given; a given one
+    below that, or a running job server's (``--job_endpoint``, whose driver is set already),
+    gets a warning naming the value that would do."""
+    needed = math.ceil(images / IMAGES_PER_PARTITION)
+    if needed <= DEFAULT_CORES:
+        return
+    given = [p for p in _jvm_properties(options) if p.startswith(_PARALLELISM)]
+    value = given[0][len(_PARALLELISM) :] if given else ""
+    if options.view_as(PortableOptions).job_endpoint:
+        _log.warning(
+            "Spark: about %s inputs need spark.default.parallelism >= %d (at most %s a "
+            "partition; docs/scale.md): the job server at --job_endpoint has its own, set "
+            "where it was started (cluster.py start spark "
+            "--spark_property=-Dspark.default.parallelism=%d)",
+            f"{images:,}",
+            needed,
+            f"{IMAGES_PER_PARTITION:,}",
+            needed,
+        )
+    elif not given:
+        _add_jvm_property(options, f"{_PARALLELISM}{needed}")
+        _log.info(
+            "Spark: spark.default.parallelism %d for about %s inputs (at most %s a partition)",
+            needed,
+            f"{images:,}",
+            f"{IMAGES_PER_PARTITION:,}",
+        )
+    elif not value.isdigit() or int(value) < needed:
+        _log.warning(
+            "Spark: %s%s gives partitions of more than %s of these %s inputs; Beam's Spark "
+            "runner holds a partition's outputs in the executor's heap (docs/scale.md): pass "
+            "--job_server_jvm_properties=%s%d",
+            _PARALLELISM,
+            value,
+            f"{IMAGES_PER_PARTITION:,}",
+            f"{images:,}",
+            _PARALLELISM,
+            needed,
+        )
 
 
 class SparkJobServer(portable.OwnProcessGroupJobServer, spark_runner.SparkJarJobServer):

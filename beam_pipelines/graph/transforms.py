@@ -11,8 +11,11 @@ leaves the step, once the example's bytes are durable in ``DST/.staging/records/
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import hashlib
-from typing import Any
+import threading
+from typing import Any, NamedTuple
 
 import apache_beam as beam
 from apache_beam.metrics import Metrics
@@ -45,7 +48,12 @@ from beam_pipelines.graph.plan import PlanShards
 from beam_pipelines.graph.splits import AssignSplits
 from beam_pipelines.image.bounds import BoundedPreparer
 from beam_pipelines.image.phash import window_hashes
-from beam_pipelines.image.prepare import ImageOptions, RejectedImage, internal_error
+from beam_pipelines.image.prepare import (
+    ImageOptions,
+    PreparedImage,
+    RejectedImage,
+    internal_error,
+)
 from beam_pipelines.inputs.sources import SKIPPED_TAG, LabelNames, ListSources, unpack_sources
 from beam_pipelines.output.catalog_io import MergeCatalogs
 from beam_pipelines.output.shards import (
@@ -67,6 +75,20 @@ __all__ = [
 ]
 
 REJECTED_TAG = "rejected"
+# Images read and prepared ahead on the image threads, per thread: enough that none waits
+# while the bundle's thread stages the results in order.
+_AHEAD_PER_THREAD = 2
+
+
+class _ReadAhead(NamedTuple):
+    """What an image thread did for one source: its key, its size and the prepared image or
+    why it was rejected; or, where the base may hold the key, the bytes themselves (the
+    bundle's thread then decides whether to prepare them)."""
+
+    sha256: str
+    source_bytes: int
+    prepared: PreparedImage | Exception | None
+    data: bytes | None = None
 
 
 def read_source(uri: str) -> bytes:
@@ -93,6 +115,12 @@ class PrepareImageFn(beam.DoFn):
     dataset directory whose staging area receives the examples; None yields each
     ``PreparedRecord`` itself (tests, benchmarks). ``base``: a previous dataset whose stored
     example is reused, without decoding, for source bytes it holds (``beam_pipelines.builds.incremental``).
+
+    ``threads``: images read and prepared at once. Above 1, a pool reads and prepares up to
+    ``_AHEAD_PER_THREAD`` images a thread ahead (Pillow's decode, resample and encode release
+    the GIL), each thread with its own decode worker, while the bundle's thread takes the
+    results in input order: counters, reuse, staging and outputs stay on the bundle's thread
+    and come out as in a serial run, so the staged bytes and the dataset are the same.
     """
 
     def __init__(
@@ -103,7 +131,18 @@ class PrepareImageFn(beam.DoFn):
         staging: str | None = None,
         staging_file_bytes: int = DEFAULT_FILE_BYTES,
         base: BaseSpec | None = None,
+        threads: int = 1,
     ) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"--image_threads must be an int >= 1 here, got {threads!r}")
+        self._threads = threads
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+        # Made in setup (neither pickles): work read ahead, in input order; each image
+        # thread's own preparer.
+        self._ahead: collections.deque[tuple[SourceFile, dict[str, int], concurrent.futures.Future]]
+        self._ahead = collections.deque()
+        self._thread_state: threading.local | None = None
+        self._thread_preparers: list[BoundedPreparer] = []
         self._options = options
         self._progress = progress
         self._staging = staging
@@ -144,7 +183,14 @@ class PrepareImageFn(beam.DoFn):
             self._index = {name: i for i, name in enumerate(label_names)}
         return self._index
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.update(_pool=None, _ahead=collections.deque(), _thread_state=None)
+        state.update(_thread_preparers=[])
+        return state
+
     def setup(self) -> None:
+        self._thread_state = threading.local()
         if self._progress is not None:
             self._reporter = reporter_for(self._progress)
         if self._base_spec is not None:
@@ -159,17 +205,35 @@ class PrepareImageFn(beam.DoFn):
                 self._staging, max_file_bytes=self._staging_file_bytes, finalize=self._with_hashes
             )
         self._samples = {}  # a failed bundle's records were never emitted
+        self._drop_ahead()
 
     def finish_bundle(self):
+        while self._ahead:
+            for out in self._next_ahead():
+                if isinstance(out, beam.pvalue.TaggedOutput):
+                    yield beam.pvalue.TaggedOutput(out.tag, GlobalWindows.windowed_value(out.value))
+                else:
+                    yield GlobalWindows.windowed_value(out)
         if self._stager is not None:
             for staged in self._with_hashes(self._stager.flush()):
                 yield GlobalWindows.windowed_value(staged)
 
     def teardown(self) -> None:
+        self._drop_ahead()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
         if self._stager is not None:
             self._stager.close()
-        if self._preparer is not None:
-            self._preparer.close()
+        for preparer in [self._preparer, *self._thread_preparers]:
+            if preparer is not None:
+                preparer.close()
+        self._thread_preparers = []
+
+    def _drop_ahead(self) -> None:
+        # Work read ahead for a failed bundle, or left at teardown: never emitted.
+        while self._ahead:
+            self._ahead.popleft()[2].cancel()
 
     def process(
         self, element: SourceFile | bytes, label_names: tuple[str, ...], total: int | None = None
@@ -179,12 +243,51 @@ class PrepareImageFn(beam.DoFn):
             self._reporter.set_total(total)
         sources = unpack_sources(element) if isinstance(element, bytes) else [element]
         index = self._label_index(label_names)
+        if self._threads == 1:
+            for source in sources:
+                yield from self._process_one(source, index)
+            return
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(
+                self._threads, thread_name_prefix="prepare-image"
+            )
         for source in sources:
-            yield from self._process_one(source, index)
+            self._ahead.append((source, index, self._pool.submit(self._read_ahead, source)))
+            while len(self._ahead) > _AHEAD_PER_THREAD * self._threads:
+                yield from self._next_ahead()
 
-    def _process_one(self, source: SourceFile, index: dict[str, int]):
+    def _next_ahead(self):
+        source, index, future = self._ahead.popleft()
+        yield from self._process_one(source, index, future)
+
+    def _read_ahead(self, source: SourceFile) -> _ReadAhead | None:
+        """On an image thread: reads, hashes and prepares one source; None for a source
+        known bad without reading (``_prepare`` rejects it). Read errors raise (through the
+        future); errors of preparing are returned, so that the read is still counted."""
+        if source.problem is not None or source.label is None:
+            return None
+        data = read_source(source.uri)
+        sha256 = hashlib.sha256(data).hexdigest()
+        if self._base is not None and self._base.may_hold(sha256):
+            return _ReadAhead(sha256, len(data), None, data)
+        preparer = getattr(self._thread_state, "preparer", None)
+        if preparer is None:
+            preparer = self._thread_state.preparer = BoundedPreparer(self._options)
+            self._thread_preparers.append(preparer)
         try:
-            record = self._prepare(source, index)
+            return _ReadAhead(sha256, len(data), preparer.prepare(data))
+        except Exception as e:  # rejected on the bundle's thread, in order
+            return _ReadAhead(sha256, len(data), e)
+
+    def _process_one(
+        self,
+        source: SourceFile,
+        index: dict[str, int],
+        ahead: concurrent.futures.Future | None = None,
+    ):
+        try:
+            early = None if ahead is None else ahead.result()
+            record = self._prepare(source, index, early)
         except BaseDamagedError:
             raise  # a damaged base fails the build: never a rejection, never a silent rebuild
         except Exception as error:  # per-image work never takes the job down
@@ -206,19 +309,26 @@ class PrepareImageFn(beam.DoFn):
                 self._stager.add(record.sha256, record.uri, record.serialized, record.meta)
             )
 
-    def _prepare(self, source: SourceFile, index: dict[str, int]) -> PreparedRecord | StagedRecord:
+    def _prepare(
+        self, source: SourceFile, index: dict[str, int], early: _ReadAhead | None = None
+    ) -> PreparedRecord | StagedRecord:
         # read bytes -> sha256 -> decide (reuse an example made before, or prepare) -> staged
         # by the caller. Inputs a resumed build staged before never get here (SplitReusable).
+        # ``early``: what an image thread already read and prepared (``_read_ahead``).
         if source.problem is not None:  # a bad listing line or class name, known unread
             raise RejectedImage(*source.problem)
         if source.label is None:
             raise RejectedImage(
                 "no_label", "the file is not inside a class directory (<class name>/<image file>)"
             )
-        data = read_source(source.uri)
+        data = b""
+        if early is None:
+            data = read_source(source.uri)
+            sha256, source_bytes = hashlib.sha256(data).hexdigest(), len(data)
+        else:
+            sha256, source_bytes = early.sha256, early.source_bytes
         self._read.inc()
-        self._bytes_read.inc(len(data))
-        sha256 = hashlib.sha256(data).hexdigest()
+        self._bytes_read.inc(source_bytes)
         # The source as the new build names it, for looking it up in the base.
         named: dict[str, Any] = {
             "uri": source.uri,
@@ -226,17 +336,16 @@ class PrepareImageFn(beam.DoFn):
             "text": source.label,
         }
         if self._base is not None and self._staging is not None:
-            located = self._base.locate(sha256, **named, source_bytes=len(data))
+            located = self._base.locate(sha256, **named, source_bytes=source_bytes)
             if located is not None:  # the very example a clean build writes: not even read
                 self._reused.inc()
                 return located
         if self._base is not None:
-            reused = self._base.reuse(sha256, **named, source_bytes=len(data))
+            reused = self._base.reuse(sha256, **named, source_bytes=source_bytes)
             if reused is not None:  # the base's stored example, relabelled if need be: no decode
                 self._reused.inc()
                 return PreparedRecord(sha256, source.uri, reused.serialized, reused.meta)
-        self._preparer = self._preparer or BoundedPreparer(self._options)
-        prepared = self._preparer.prepare(data)
+        prepared = self._prepared_image(source, data, early)
         Metrics.counter(METRICS_NAMESPACE, f"source_format_{prepared.source_format}").inc()
         for event in prepared.events:  # icc_converted, high_bit_depth_*, cropped_out_of_bounds
             Metrics.counter(METRICS_NAMESPACE, event).inc()
@@ -264,13 +373,27 @@ class PrepareImageFn(beam.DoFn):
             width=record.width,
             format=record.format,
             source_format=prepared.source_format,
-            source_bytes=len(data),
+            source_bytes=source_bytes,
             source_height=prepared.source_size[1],
             source_width=prepared.source_size[0],
         )
         if prepared.luma_sample is not None:
             self._samples[(sha256, source.uri)] = prepared.luma_sample
         return PreparedRecord(sha256, source.uri, serialize_record(record), meta)
+
+    def _prepared_image(
+        self, source: SourceFile, data: bytes, early: _ReadAhead | None
+    ) -> PreparedImage:
+        # What the image thread prepared, or (serial, or a key the base turned out not to
+        # serve) prepared here, on the bundle's thread.
+        if early is not None and early.prepared is not None:
+            if isinstance(early.prepared, Exception):
+                raise early.prepared
+            return early.prepared
+        if early is not None and early.data is not None:  # the base may have held it, did not
+            data = early.data
+        self._preparer = self._preparer or BoundedPreparer(self._options)
+        return self._preparer.prepare(data)
 
 
 class PrepareImages(beam.PTransform):
@@ -286,6 +409,7 @@ class PrepareImages(beam.PTransform):
       base: a previous dataset to reuse examples from (``--base``).
       total: a one-element PCollection holding how many inputs the step receives, for the
         progress bar's total and time left; None: the bar counts without a total.
+      threads: images read and prepared at once by each instance (``PrepareImageFn``).
     """
 
     def __init__(
@@ -298,6 +422,7 @@ class PrepareImages(beam.PTransform):
         staging_file_bytes: int = DEFAULT_FILE_BYTES,
         base: BaseSpec | None = None,
         total=None,
+        threads: int = 1,
     ):
         super().__init__()
         self._options = options
@@ -307,6 +432,7 @@ class PrepareImages(beam.PTransform):
         self._staging_file_bytes = staging_file_bytes
         self._base = base
         self._total = total
+        self._threads = threads
 
     def expand(self, sources):
         total = {} if self._total is None else {"total": beam.pvalue.AsSingleton(self._total)}
@@ -317,6 +443,7 @@ class PrepareImages(beam.PTransform):
                 staging=self._staging,
                 staging_file_bytes=self._staging_file_bytes,
                 base=self._base,
+                threads=self._threads,
             ),
             beam.pvalue.AsSingleton(self._label_names),
             **total,
@@ -397,6 +524,7 @@ class ImagesToShards(beam.PTransform):
             staging_file_bytes=int(config.staging_file_mb * 2**20),
             base=self._base,
             total=self._progress_total(counted),
+            threads=config.image_threads or 1,  # a graph built from 0 (auto) runs one
         )
         # StagedRecord, and Rejection on the rejected output
         records = prepared.records

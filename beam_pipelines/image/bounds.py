@@ -51,6 +51,7 @@ from PIL import Image
 
 from beam_pipelines.image.formats import sniff_format
 from beam_pipelines.image.options import ImageOptions
+from beam_pipelines.image.pillow_blocks import keep_freed_blocks
 from beam_pipelines.image.prepare import PreparedImage, RejectedImage, prepare_image
 
 __all__ = ["IN_PROCESS_FORMATS", "BoundedPreparer", "serve"]
@@ -284,6 +285,8 @@ class BoundedPreparer:
         self._in_process = options.max_pixels * _BYTES_PER_PIXEL <= (
             options.decode_memory_mb << 20
         ) and (pillow_limit is None or options.max_pixels <= 2 * pillow_limit)
+        if self._in_process:
+            keep_freed_blocks()  # images prepared here reuse the pixel memory of the last ones
 
     def prepare(self, data: bytes) -> PreparedImage:
         """``prepare_image(data, options)``, within the budgets.
