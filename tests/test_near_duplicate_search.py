@@ -242,16 +242,21 @@ def test_the_launcher_chooses_from_the_listings_size_and_the_runner(tmp_path, mo
     dask = PipelineOptions(resolve_runner_aliases(["--runner", "DaskRunner"]))
     in_process = PipelineOptions([])
     monkeypatch.setattr(config_module, "AUTO_BUCKETED_FROM", 5)
+
+    def choose(config, options):
+        listed = images_to_tfrecord._listed_inputs(config, options)
+        return images_to_tfrecord._choose_search(config, options, listed)
+
     with caplog.at_level(logging.INFO, logger="beam_pipelines.images_to_tfrecord"):
-        assert images_to_tfrecord._choose_search(config, dask).search_method == "bucketed"
+        assert choose(config, dask).search_method == "bucketed"
     assert "near-duplicate search: bucketed" in caplog.text and "about 5 inputs" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="beam_pipelines.images_to_tfrecord"):
-        assert images_to_tfrecord._choose_search(config, in_process).search_method == "gathered"
+        assert choose(config, in_process).search_method == "gathered"
         monkeypatch.setattr(config_module, "AUTO_BUCKETED_FROM", 6)
-        assert images_to_tfrecord._choose_search(config, dask).search_method == "gathered"
+        assert choose(config, dask).search_method == "gathered"
         # A listing that cannot be read is left to the job, which names the problem.
         (tmp_path / "dir.csv").mkdir()
         unreadable = dataclasses.replace(config, input=str(tmp_path / "dir.csv"))
-        assert images_to_tfrecord._choose_search(unreadable, dask).search_method == "gathered"
+        assert choose(unreadable, dask).search_method == "gathered"
     assert caplog.text == ""  # the gathered search is not announced

@@ -67,13 +67,27 @@ def prepare_flink_options(options: PipelineOptions) -> None:
         flink.parallelism = DEFAULT_PARALLELISM
     if flink.parallelism < 1:
         raise ValueError(f"--parallelism {flink.parallelism} must be >= 1")
+    workers = flink.parallelism
     if flink.flink_master.strip() not in _LOCAL:
         rest = _rest_url(flink.flink_master)
         portable.check_reachable(
             f"{rest}/config", "--flink_master", flink.flink_master, _START_COMMAND
         )
+        # More tasks than a TaskManager's slots run in turns on them: an SDK worker a slot.
+        workers = min(workers, _slots_per_taskmanager(rest) or workers)
     portable.add_job_server_opens(options)
-    portable.use_worker_processes(options, flink.parallelism)
+    portable.use_worker_processes(options, workers)
+
+
+def _slots_per_taskmanager(rest: str) -> int | None:
+    """The task slots of one TaskManager of the cluster (its REST overview), or None."""
+    overview = portable.http_json(f"{rest}/overview")
+    if not isinstance(overview, dict):
+        return None
+    slots, taskmanagers = overview.get("slots-total"), overview.get("taskmanagers")
+    if not isinstance(slots, int) or not isinstance(taskmanagers, int) or taskmanagers < 1:
+        return None
+    return max(1, slots // taskmanagers)
 
 
 def size_parallelism(options: PipelineOptions, images: int) -> None:
