@@ -26,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from beam_pipelines.engines.local_clusters import FlinkCluster, SparkCluster, read_cluster
+from beam_pipelines.engines.spark import IMAGES_PER_PARTITION
 from benchmarks.bench_jvm_engines import RolePeaks, cluster_jvm_pids, engine_cluster
 
 __all__ = [
@@ -41,7 +42,7 @@ ENGINE_MODES = ("flink", "spark")
 _REPO = Path(__file__).resolve().parents[1]
 _DISK_EVERY_S = 1.0
 _NOT_DATA = ("blobStore", "blobStorage")
-IMAGES_PER_SPARK_PARTITION = 50_000
+IMAGES_PER_SPARK_PARTITION = IMAGES_PER_PARTITION  # the launcher's rule (engines.spark)
 
 
 def spill_dirs(cluster: FlinkCluster | SparkCluster) -> list[Path]:
@@ -115,11 +116,20 @@ def _cluster(
 ) -> Iterator[tuple[list[str], FlinkCluster | SparkCluster]]:
     if existing:
         cluster = read_cluster(Path(existing))
-        yield cluster.runner_args(), cluster
+        yield _launcher_sized(cluster.runner_args()), cluster
         return
     spark = [f"-Dspark.default.parallelism={spark_partitions(images)}"]
     with engine_cluster(mode, work, spark_properties=spark) as (_, runner_args, _):
-        yield runner_args, read_cluster(work / mode)
+        yield _launcher_sized(runner_args), read_cluster(work / mode)
+
+
+def _launcher_sized(runner_args: list[str]) -> list[str]:
+    """A cluster's runner flags without ``--parallelism``: the launcher sizes Flink's tasks
+    from the listing (``flink.size_parallelism``), as for a user who passes none."""
+    if "--parallelism" not in runner_args:
+        return runner_args
+    at = runner_args.index("--parallelism")
+    return runner_args[:at] + runner_args[at + 2 :]
 
 
 def engine_run(

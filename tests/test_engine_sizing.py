@@ -80,3 +80,26 @@ def test_the_launcher_sizes_only_the_engine_it_runs_on_and_only_for_a_listing(ru
     assert _parallelism(options) == (6 if runner == FLINK_RUNNER else -1)
     spark_sized = ["-Dspark.default.parallelism=60"] if runner == SPARK_RUNNER else []
     assert _properties(options) == spark_sized
+
+
+def test_flink_refuses_more_tasks_than_the_clusters_slots():
+    # Beam's Flink runner asks for all of a batch job's slots at once: more would wait forever.
+    overview = {"taskmanagers": 1, "slots-total": 2}
+    with pytest.raises(ValueError, match=r"--parallelism 6 is more than the 2 task slots") as e:
+        flink._check_slots(6, overview, "127.0.0.1:8081")
+    assert "--slots 6" in str(e.value) and "--parallelism 2" in str(e.value)
+    flink._check_slots(2, overview, "127.0.0.1:8081")  # as many as the slots: runs
+    flink._check_slots(6, None, "127.0.0.1:8081")  # no overview at hand: not checked
+
+
+@pytest.mark.parametrize(
+    "overview, expected",
+    [
+        ({"taskmanagers": 3, "slots-total": 6}, 2),
+        ({"taskmanagers": 1, "slots-total": 6}, 6),
+        ({"taskmanagers": 0, "slots-total": 0}, None),
+        (None, None),
+    ],
+)
+def test_flink_runs_an_sdk_worker_a_slot_of_each_taskmanager(overview, expected):
+    assert flink._slots_per_taskmanager(overview) == expected

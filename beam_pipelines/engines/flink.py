@@ -73,15 +73,34 @@ def prepare_flink_options(options: PipelineOptions) -> None:
         portable.check_reachable(
             f"{rest}/config", "--flink_master", flink.flink_master, _START_COMMAND
         )
-        # More tasks than a TaskManager's slots run in turns on them: an SDK worker a slot.
-        workers = min(workers, _slots_per_taskmanager(rest) or workers)
+        overview = portable.http_json(f"{rest}/overview")
+        _check_slots(flink.parallelism, overview, flink.flink_master)
+        # An SDK worker a slot of each TaskManager: the job's tasks are spread over them.
+        workers = min(workers, _slots_per_taskmanager(overview) or workers)
     portable.add_job_server_opens(options)
     portable.use_worker_processes(options, workers)
 
 
-def _slots_per_taskmanager(rest: str) -> int | None:
+def _check_slots(parallelism: int, overview: object, master: str) -> None:
+    """Refuses a ``--parallelism`` above the cluster's task slots (its REST overview): Beam's
+    Flink runner asks for all of a batch job's slots at once (pipelined exchanges), and such a
+    job waits for slots that never come (a 300-image build at 6 on 2 slots: nothing in 10
+    minutes). A cluster whose overview is not at hand is not checked."""
+    slots = overview.get("slots-total") if isinstance(overview, dict) else None
+    if not isinstance(slots, int) or slots < 1 or parallelism <= slots:
+        return
+    raise ValueError(
+        f"--parallelism {parallelism} is more than the {slots} task slots of --flink_master "
+        f"{master}: Beam's Flink runner runs every task of a job at once, so the job would wait "
+        f"for slots. Give the cluster {parallelism} slots (more TaskManagers, or "
+        f"taskmanager.numberOfTaskSlots; here: cluster.py start flink DIR --slots "
+        f"{parallelism}), or pass --parallelism {slots}: then each task takes 1/{slots} of "
+        f"the inputs, and Beam's runner stalled on tasks of 1.5 M images (docs/scale.md)"
+    )
+
+
+def _slots_per_taskmanager(overview: object) -> int | None:
     """The task slots of one TaskManager of the cluster (its REST overview), or None."""
-    overview = portable.http_json(f"{rest}/overview")
     if not isinstance(overview, dict):
         return None
     slots, taskmanagers = overview.get("slots-total"), overview.get("taskmanagers")
@@ -94,7 +113,8 @@ def size_parallelism(options: PipelineOptions, images: int) -> None:
     """Makes a build of about ``images`` inputs give each Flink task at most
     ``IMAGES_PER_TASK`` of them, in place: ``--parallelism`` not given is raised to that (at
     least ``DEFAULT_PARALLELISM``); one given below it is kept, with a warning naming the
-    value that would do."""
+    value that would do. The cluster needs that many task slots: ``prepare_flink_options``
+    refuses a job with more tasks than slots, which would wait for them."""
     flink = options.view_as(FlinkRunnerOptions)
     needed = math.ceil(images / IMAGES_PER_TASK)
     if flink.parallelism in (None, -1):
