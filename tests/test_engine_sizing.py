@@ -26,7 +26,7 @@ def _properties(options: PipelineOptions) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "images, expected", [(10_000, 2), (1_000_000, 2), (1_000_001, 3), (3_000_000, 6)]
+    "images, expected", [(10_000, 2), (1_000_000, 2), (1_004_000, 2), (1_100_000, 3), (3_000_000, 6)]
 )
 def test_flink_parallelism_not_given_gives_a_task_at_most_500k_images(images, expected):
     options = PipelineOptions(["--runner", FLINK_RUNNER])
@@ -103,3 +103,18 @@ def test_flink_refuses_more_tasks_than_the_clusters_slots():
 )
 def test_flink_runs_an_sdk_worker_a_slot_of_each_taskmanager(overview, expected):
     assert flink._slots_per_taskmanager(overview) == expected
+
+
+def test_flink_parallelism_not_given_stops_at_the_clusters_slots(monkeypatch, caplog):
+    monkeypatch.setattr(flink, "_cluster_slots", lambda master: 4)
+    options = PipelineOptions(["--flink_master", "127.0.0.1:8081"])
+    with caplog.at_level(logging.WARNING):
+        flink.size_parallelism(options, 3_000_069)  # an estimate: 6 tasks, not 7
+    assert _parallelism(options) == 4
+    assert "want 6 tasks" in caplog.text and "4 task slots" in caplog.text
+    assert "give it 6 slots" in caplog.text
+    caplog.clear()
+    fits = PipelineOptions(["--flink_master", "127.0.0.1:8081"])
+    with caplog.at_level(logging.WARNING):
+        flink.size_parallelism(fits, 1_500_000)
+    assert _parallelism(fits) == 3 and not caplog.text

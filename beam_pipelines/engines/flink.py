@@ -111,32 +111,64 @@ def _slots_per_taskmanager(overview: object) -> int | None:
 
 def size_parallelism(options: PipelineOptions, images: int) -> None:
     """Makes a build of about ``images`` inputs give each Flink task at most
-    ``IMAGES_PER_TASK`` of them, in place: ``--parallelism`` not given is raised to that (at
-    least ``DEFAULT_PARALLELISM``); one given below it is kept, with a warning naming the
-    value that would do. The cluster needs that many task slots: ``prepare_flink_options``
-    refuses a job with more tasks than slots, which would wait for them."""
+    ``IMAGES_PER_TASK`` of them where the cluster allows, in place.
+
+    ``--parallelism`` not given becomes that many tasks (at least ``DEFAULT_PARALLELISM``), or
+    the cluster's task slots if it has fewer (a job with more tasks than slots would wait for
+    them: ``prepare_flink_options`` refuses it), with a warning that names the slots it needs.
+    One given below the rule is kept, with a warning naming the value that would do.
+    """
     flink = options.view_as(FlinkRunnerOptions)
-    needed = math.ceil(images / IMAGES_PER_TASK)
-    if flink.parallelism in (None, -1):
-        flink.parallelism = max(DEFAULT_PARALLELISM, needed)
-        if needed > DEFAULT_PARALLELISM:
-            _log.info(
-                "Flink: --parallelism %d for about %s inputs (at most %s a task; Beam's Flink "
-                "runner stalls on much larger tasks)",
-                needed,
+    # ``images`` is an estimate (a listing's size over its first lines): within 1 % of a
+    # multiple of the rule, that multiple.
+    needed = max(1, math.ceil(images / IMAGES_PER_TASK - 0.01))
+    if flink.parallelism not in (None, -1):
+        if flink.parallelism < needed:
+            _log.warning(
+                "Flink: --parallelism %d gives each task about %s of these %s inputs; Beam's "
+                "Flink runner stalled for good on tasks of 1.5 M images (docs/scale.md): pass "
+                "--parallelism %d or more",
+                flink.parallelism,
+                f"{math.ceil(images / flink.parallelism):,}",
                 f"{images:,}",
-                f"{IMAGES_PER_TASK:,}",
+                needed,
             )
-    elif flink.parallelism < needed:
-        _log.warning(
-            "Flink: --parallelism %d gives each task about %s of these %s inputs; Beam's Flink "
-            "runner stalled for good on tasks of 1.5 M images (docs/scale.md): pass "
-            "--parallelism %d or more",
-            flink.parallelism,
-            f"{math.ceil(images / flink.parallelism):,}",
+        return
+    chosen = max(DEFAULT_PARALLELISM, needed)
+    slots = _cluster_slots(flink.flink_master)
+    if slots is not None and chosen > slots:
+        chosen = slots
+        if needed > slots:
+            _log.warning(
+                "Flink: about %s inputs want %d tasks of at most %s images, and the cluster has "
+                "%d task slots: each task takes about %s (Beam's Flink runner stalled for good "
+                "on tasks of 1.5 M images; docs/scale.md); give it %d slots",
+                f"{images:,}",
+                needed,
+                f"{IMAGES_PER_TASK:,}",
+                slots,
+                f"{math.ceil(images / slots):,}",
+                needed,
+            )
+    flink.parallelism = chosen
+    if chosen > DEFAULT_PARALLELISM:
+        _log.info(
+            "Flink: --parallelism %d for about %s inputs (at most %s a task; Beam's Flink "
+            "runner stalls on much larger tasks)",
+            chosen,
             f"{images:,}",
-            needed,
+            f"{IMAGES_PER_TASK:,}",
         )
+
+
+def _cluster_slots(master: str) -> int | None:
+    """The task slots of the session cluster at ``master`` (its REST overview); None for an
+    embedded Flink or a cluster that does not answer."""
+    if master.strip() in _LOCAL:
+        return None
+    overview = portable.http_json(f"{_rest_url(master)}/overview")
+    slots = overview.get("slots-total") if isinstance(overview, dict) else None
+    return slots if isinstance(slots, int) and slots >= 1 else None
 
 
 class FlinkJobServer(portable.OwnProcessGroupJobServer, flink_runner.FlinkJarJobServer):

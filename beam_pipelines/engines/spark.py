@@ -133,7 +133,8 @@ def size_partitions(options: PipelineOptions, images: int) -> None:
     this job (its driver) gets ``spark.default.parallelism`` unless one is given; a given one
     below that, or a running job server's (``--job_endpoint``, whose driver is set already),
     gets a warning naming the value that would do."""
-    needed = math.ceil(images / IMAGES_PER_PARTITION)
+    # ``images`` is an estimate: within 1 % of a multiple of the rule, that multiple.
+    needed = math.ceil(images / IMAGES_PER_PARTITION - 0.01)
     if needed <= DEFAULT_CORES:
         return
     given = [p for p in _jvm_properties(options) if p.startswith(_PARALLELISM)]
