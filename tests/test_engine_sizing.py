@@ -26,7 +26,8 @@ def _properties(options: PipelineOptions) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "images, expected", [(10_000, 2), (1_000_000, 2), (1_004_000, 2), (1_100_000, 3), (3_000_000, 6)]
+    "images, expected",
+    [(10_000, 2), (1_000_000, 2), (1_004_000, 2), (1_100_000, 3), (3_000_000, 6)],
 )
 def test_flink_parallelism_not_given_gives_a_task_at_most_500k_images(images, expected):
     options = PipelineOptions(["--runner", FLINK_RUNNER])
