@@ -270,9 +270,12 @@ class PrepareImageFn(beam.DoFn):
         sha256 = hashlib.sha256(data).hexdigest()
         if self._base is not None and self._base.may_hold(sha256):
             return _ReadAhead(sha256, len(data), None, data)
-        preparer = getattr(self._thread_state, "preparer", None)
+        state = self._thread_state
+        if state is None:  # made in setup, which Beam calls before any bundle
+            raise RuntimeError("PrepareImageFn.setup was not called")
+        preparer = getattr(state, "preparer", None)
         if preparer is None:
-            preparer = self._thread_state.preparer = BoundedPreparer(self._options)
+            preparer = state.preparer = BoundedPreparer(self._options)
             self._thread_preparers.append(preparer)
         try:
             return _ReadAhead(sha256, len(data), preparer.prepare(data))
