@@ -349,14 +349,11 @@ def _flink_config(work_dir: Path, *, rpc_port: int, rest_port: int, slots: int) 
         # heap, simulated builds of 1 M images failed with OutOfMemoryError ("Java heap space"
         # as the workers' output arrived, "Direct buffer memory" as a stage's input left): their
         # workers emit metadata faster than a stage writes it out. So 1280 MB of task heap a
-        # slot and 256 MB a slot of task off-heap (direct) memory; the sorts of the batch shuffle use
+        # slot and 512 MB of task off-heap (direct) memory; the sorts of the batch shuffle use
         # the managed memory and spill to io.tmp.dirs past it. Flink derives the process size:
         # these + 256 network + 2 x 128 framework + 256 metaspace + the JVM's overhead.
         "taskmanager.memory.task.heap.size": f"{1280 * slots}m",
-        # Off-heap (direct) memory is the TaskManager's, shared by its slots: with 512m for 6
-        # slots a 3 M-image build's bucketed search failed (OutOfMemoryError: Direct buffer
-        # memory); 256m a slot.
-        "taskmanager.memory.task.off-heap.size": f"{256 * slots}m",
+        "taskmanager.memory.task.off-heap.size": "512m",
         "taskmanager.memory.managed.size": "512m",
         # Beam's batch translation has many blocking exchanges, and Flink's sort shuffle asks
         # 512 network buffers for each by default: more than a small TaskManager has.
