@@ -22,6 +22,7 @@
 from __future__ import annotations
 
 import ast
+import collections
 import json
 import os
 import subprocess
@@ -458,7 +459,9 @@ def test_pipeline_runs_without_tensorflow_against_a_faulty_bucket(
     )
     output = tmp_path / "dataset"
     argv = ["--input", str(listing), "--output", str(output), "--num_shards", "2"]
-    argv += ["--image_size", "24", "--max_bad_fraction", "0.5"]
+    # One image thread: the proxy draws its faults in request order, which threads would make
+    # vary from run to run.
+    argv += ["--image_size", "24", "--max_bad_fraction", "0.5", "--image_threads", "1"]
 
     done = _run_blocked(
         "import json\n"
@@ -492,5 +495,7 @@ def test_pipeline_runs_without_tensorflow_against_a_faulty_bucket(
         assert any(real in row["detail"].lower() for real in ("not found", "no such file")), row
     # The bucket's missing object was asked for once (plus the certain first-try fault): a
     # permanent error is not retried.
-    gone = [n for k, n in proxy.stats.attempts_by_request.items() if "gone.jpg" in k]
-    assert gone and max(gone) <= 2, proxy.stats.attempts_by_request
+    # Counted as the attempts that reached the bucket (the proxy's injected faults left out).
+    faults = collections.Counter(key for _, key in proxy.stats.fault_log)
+    gone = {k: n - faults[k] for k, n in proxy.stats.attempts_by_request.items() if "gone.jpg" in k}
+    assert gone and max(gone.values()) <= 1, (gone, proxy.stats.fault_log)
