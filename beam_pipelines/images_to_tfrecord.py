@@ -195,16 +195,18 @@ def _size_engine_tasks(options: PipelineOptions, listed: int | None) -> None:
         spark.size_partitions(options, listed)
 
 
-def _one_process(options: PipelineOptions) -> bool:
-    """Whether the image step runs in this process alone: the in-process runner, one worker,
-    not in worker processes."""
+def _in_this_process(options: PipelineOptions) -> bool:
+    """Whether the image step runs in this process: the in-process runner, not its worker
+    processes."""
     runner = options.view_as(StandardOptions).runner
-    direct = options.view_as(DirectOptions)
-    return (
-        runner in (None, "DirectRunner", "PrismRunner")
-        and direct.direct_running_mode != "multi_processing"
-        and (direct.direct_num_workers or 1) <= 1
-    )
+    mode = options.view_as(DirectOptions).direct_running_mode
+    return runner in (None, "DirectRunner", "PrismRunner") and mode != "multi_processing"
+
+
+def _one_process(options: PipelineOptions) -> bool:
+    """Whether the image step runs in this process alone: in it, with one worker."""
+    workers = options.view_as(DirectOptions).direct_num_workers or 1
+    return _in_this_process(options) and workers <= 1
 
 
 def _progress_mode(progress: str, options: PipelineOptions) -> str:
@@ -212,10 +214,7 @@ def _progress_mode(progress: str, options: PipelineOptions) -> str:
     # and standard error is a terminal; log lines everywhere else.
     if progress != "auto":
         return progress
-    runner = options.view_as(StandardOptions).runner
-    mode = options.view_as(DirectOptions).direct_running_mode
-    in_process = runner in (None, "DirectRunner", "PrismRunner") and mode != "multi_processing"
-    return "bar" if in_process and sys.stderr.isatty() else "log"
+    return "bar" if _in_this_process(options) and sys.stderr.isatty() else "log"
 
 
 def publish_anyway_fraction(bad_fraction: float) -> float:

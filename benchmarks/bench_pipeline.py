@@ -118,8 +118,12 @@ def _measure(
     rows: dict[str, dict[str, float]] = {}
     for name, found in steady_rates(runs, repeats).items():
         if isinstance(found, NoisyMeasurement):
-            rows[name] = {"rate": math.nan, "cpu_ms": math.nan, "t_n": found.t_n}
-            rows[name]["t_3n"] = found.t_3n
+            rows[name] = {
+                "rate": math.nan,
+                "cpu_ms": math.nan,
+                "t_n": found.t_n,
+                "t_3n": found.t_3n,
+            }
             continue
         rate, cpu_ms, t_n, t_3n = found
         rows[name] = {"rate": rate, "cpu_ms": cpu_ms, "t_n": t_n, "t_3n": t_3n}

@@ -26,15 +26,13 @@ from pathlib import Path
 import psutil
 
 from beam_pipelines.engines.local_clusters import FlinkCluster, SparkCluster, read_cluster
-from beam_pipelines.engines.spark import IMAGES_PER_PARTITION
+from beam_pipelines.engines.spark import partitions_for
 from benchmarks.bench_jvm_engines import RolePeaks, cluster_jvm_pids, engine_cluster
 
 __all__ = [
     "ENGINE_MODES",
-    "IMAGES_PER_SPARK_PARTITION",
     "SpillDisk",
     "engine_run",
-    "spark_partitions",
     "spill_dirs",
 ]
 
@@ -42,7 +40,6 @@ ENGINE_MODES = ("flink", "spark")
 _REPO = Path(__file__).resolve().parents[1]
 _DISK_EVERY_S = 1.0
 _NOT_DATA = ("blobStore", "blobStorage")
-IMAGES_PER_SPARK_PARTITION = IMAGES_PER_PARTITION  # the launcher's rule (engines.spark)
 
 
 def spill_dirs(cluster: FlinkCluster | SparkCluster) -> list[Path]:
@@ -101,15 +98,6 @@ def _cpu(pids: Sequence[int]) -> dict[int, float]:
     return found
 
 
-def spark_partitions(images: int) -> int:
-    """The Spark default parallelism for a build of ``images``: one partition per
-    ``IMAGES_PER_SPARK_PARTITION`` images, at least 2. Beam's Spark runner holds all of a
-    partition's outputs of a stage in the executor's heap until the stage's bundle ends
-    (``SparkExecutableStageFunction``), so partitions must grow with the images for the
-    executor's memory to stay flat."""
-    return max(2, -(-images // IMAGES_PER_SPARK_PARTITION))
-
-
 @contextlib.contextmanager
 def _cluster(
     mode: str, work: Path, existing: str | None, images: int
@@ -118,7 +106,8 @@ def _cluster(
         cluster = read_cluster(Path(existing))
         yield _launcher_sized(cluster.runner_args()), cluster
         return
-    spark = [f"-Dspark.default.parallelism={spark_partitions(images)}"]
+    # The launcher's rule (engines.spark): the kept job server is the driver, started here.
+    spark = [f"-Dspark.default.parallelism={partitions_for(images)}"]
     with engine_cluster(mode, work, spark_properties=spark) as (_, runner_args, _):
         yield _launcher_sized(runner_args), read_cluster(work / mode)
 

@@ -87,10 +87,10 @@ def test_flink_refuses_more_tasks_than_the_clusters_slots():
     # Beam's Flink runner asks for all of a batch job's slots at once: more would wait forever.
     overview = {"taskmanagers": 1, "slots-total": 2}
     with pytest.raises(ValueError, match=r"--parallelism 6 is more than the 2 task slots") as e:
-        flink._check_slots(6, overview, "127.0.0.1:8081")
+        flink._check_slots(6, flink._total_slots(overview), "127.0.0.1:8081")
     assert "--slots 6" in str(e.value) and "--parallelism 2" in str(e.value)
-    flink._check_slots(2, overview, "127.0.0.1:8081")  # as many as the slots: runs
-    flink._check_slots(6, None, "127.0.0.1:8081")  # no overview at hand: not checked
+    flink._check_slots(2, flink._total_slots(overview), "127.0.0.1:8081")  # as many: runs
+    flink._check_slots(6, flink._total_slots(None), "127.0.0.1:8081")  # no overview: unchecked
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_flink_runs_an_sdk_worker_a_slot_of_each_taskmanager(overview, expected)
 
 
 def test_flink_parallelism_not_given_stops_at_the_clusters_slots(monkeypatch, caplog):
-    monkeypatch.setattr(flink, "_cluster_slots", lambda master: 4)
+    monkeypatch.setattr(flink, "_overview", lambda master: {"taskmanagers": 1, "slots-total": 4})
     options = PipelineOptions(["--flink_master", "127.0.0.1:8081"])
     with caplog.at_level(logging.WARNING):
         flink.size_parallelism(options, 3_000_069)  # an estimate: 6 tasks, not 7

@@ -73,21 +73,34 @@ def prepare_flink_options(options: PipelineOptions) -> None:
         portable.check_reachable(
             f"{rest}/config", "--flink_master", flink.flink_master, _START_COMMAND
         )
-        overview = portable.http_json(f"{rest}/overview")
-        _check_slots(flink.parallelism, overview, flink.flink_master)
+        overview = _overview(flink.flink_master)
+        _check_slots(flink.parallelism, _total_slots(overview), flink.flink_master)
         # An SDK worker a slot of each TaskManager: the job's tasks are spread over them.
         workers = min(workers, _slots_per_taskmanager(overview) or workers)
     portable.add_job_server_opens(options)
     portable.use_worker_processes(options, workers)
 
 
-def _check_slots(parallelism: int, overview: object, master: str) -> None:
-    """Refuses a ``--parallelism`` above the cluster's task slots (its REST overview): Beam's
-    Flink runner asks for all of a batch job's slots at once (pipelined exchanges), and such a
-    job waits for slots that never come (a 300-image build at 6 on 2 slots: nothing in 10
-    minutes). A cluster whose overview is not at hand is not checked."""
+def _overview(master: str) -> object | None:
+    """The REST overview of the session cluster at ``master``; None for an embedded Flink or
+    a cluster that does not answer."""
+    if master.strip() in _LOCAL:
+        return None
+    return portable.http_json(f"{_rest_url(master)}/overview")
+
+
+def _total_slots(overview: object) -> int | None:
+    """The task slots of every TaskManager together, from a REST overview, or None."""
     slots = overview.get("slots-total") if isinstance(overview, dict) else None
-    if not isinstance(slots, int) or slots < 1 or parallelism <= slots:
+    return slots if isinstance(slots, int) and slots >= 1 else None
+
+
+def _check_slots(parallelism: int, slots: int | None, master: str) -> None:
+    """Refuses a ``--parallelism`` above the cluster's task ``slots``: Beam's Flink runner asks
+    for all of a batch job's slots at once (pipelined exchanges), and such a job waits for
+    slots that never come (a 300-image build at 6 on 2 slots: nothing in 10 minutes). A
+    cluster whose slots are not known (None) is not checked."""
+    if slots is None or parallelism <= slots:
         return
     raise ValueError(
         f"--parallelism {parallelism} is more than the {slots} task slots of --flink_master "
@@ -101,10 +114,9 @@ def _check_slots(parallelism: int, overview: object, master: str) -> None:
 
 def _slots_per_taskmanager(overview: object) -> int | None:
     """The task slots of one TaskManager of the cluster (its REST overview), or None."""
-    if not isinstance(overview, dict):
-        return None
-    slots, taskmanagers = overview.get("slots-total"), overview.get("taskmanagers")
-    if not isinstance(slots, int) or not isinstance(taskmanagers, int) or taskmanagers < 1:
+    slots = _total_slots(overview)
+    taskmanagers = overview.get("taskmanagers") if isinstance(overview, dict) else None
+    if slots is None or not isinstance(taskmanagers, int) or taskmanagers < 1:
         return None
     return max(1, slots // taskmanagers)
 
@@ -135,7 +147,7 @@ def size_parallelism(options: PipelineOptions, images: int) -> None:
             )
         return
     chosen = max(DEFAULT_PARALLELISM, needed)
-    slots = _cluster_slots(flink.flink_master)
+    slots = _total_slots(_overview(flink.flink_master))
     if slots is not None and chosen > slots:
         chosen = slots
         if needed > slots:
@@ -159,16 +171,6 @@ def size_parallelism(options: PipelineOptions, images: int) -> None:
             f"{images:,}",
             f"{IMAGES_PER_TASK:,}",
         )
-
-
-def _cluster_slots(master: str) -> int | None:
-    """The task slots of the session cluster at ``master`` (its REST overview); None for an
-    embedded Flink or a cluster that does not answer."""
-    if master.strip() in _LOCAL:
-        return None
-    overview = portable.http_json(f"{_rest_url(master)}/overview")
-    slots = overview.get("slots-total") if isinstance(overview, dict) else None
-    return slots if isinstance(slots, int) and slots >= 1 else None
 
 
 class FlinkJobServer(portable.OwnProcessGroupJobServer, flink_runner.FlinkJarJobServer):

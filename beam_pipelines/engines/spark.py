@@ -39,6 +39,7 @@ __all__ = [
     "SparkJobServer",
     "SparkRunner",
     "cancel_spark_jobs",
+    "partitions_for",
     "prepare_spark_options",
     "size_partitions",
 ]
@@ -127,14 +128,20 @@ def _add_jvm_property(options: PipelineOptions, prop: str) -> None:
         options.view_as(JobServerOptions).job_server_jvm_properties = [*properties, prop]
 
 
+def partitions_for(images: int) -> int:
+    """The partitions a build of about ``images`` inputs wants: at most
+    ``IMAGES_PER_PARTITION`` each, at least ``DEFAULT_CORES``."""
+    # ``images`` may be an estimate: within 1 % of a multiple of the rule, that multiple.
+    return max(DEFAULT_CORES, math.ceil(images / IMAGES_PER_PARTITION - 0.01))
+
+
 def size_partitions(options: PipelineOptions, images: int) -> None:
     """Makes a build of about ``images`` inputs give each Spark partition at most
     ``IMAGES_PER_PARTITION`` of them, in place, where this run can: the job server started for
     this job (its driver) gets ``spark.default.parallelism`` unless one is given; a given one
     below that, or a running job server's (``--job_endpoint``, whose driver is set already),
     gets a warning naming the value that would do."""
-    # ``images`` is an estimate: within 1 % of a multiple of the rule, that multiple.
-    needed = math.ceil(images / IMAGES_PER_PARTITION - 0.01)
+    needed = partitions_for(images)
     if needed <= DEFAULT_CORES:
         return
     given = [p for p in _jvm_properties(options) if p.startswith(_PARALLELISM)]
