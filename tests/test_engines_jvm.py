@@ -24,11 +24,14 @@ import time
 from pathlib import Path
 
 import pytest
-from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import JobServerOptions, PipelineOptions
+from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
+from beam_pipelines.command_line import parse_command_line
 from beam_pipelines.engines import flink, portable, spark
 from beam_pipelines.engines.local_clusters import (
     LOCAL_JVM_OPTIONS,
+    SPARK_KRYO,
     FlinkCluster,
     SparkCluster,
     free_port,
@@ -76,6 +79,10 @@ def test_a_missing_job_server_names_the_install_command_and_the_flag(tmp_path, m
         flink.prepare_flink_options(PipelineOptions(["--flink_job_server_jar", missing]))
 
 
+def _properties_of(options: PipelineOptions) -> list[str]:
+    return list(options.view_as(JobServerOptions).job_server_jvm_properties or [])
+
+
 def _fake_jar(tmp_path: Path) -> str:
     jar = tmp_path / "job-server.jar"
     jar.write_bytes(b"")
@@ -96,6 +103,44 @@ def test_an_unreachable_cluster_is_named_with_the_command_that_starts_one(tmp_pa
     options = PipelineOptions(["--spark_master_url", "yarn", "--spark_job_server_jar", jar])
     with pytest.raises(ValueError, match="'yarn' is not a Spark master"):
         spark.prepare_spark_options(options)
+
+
+def test_spark_caches_spill_to_disk_unless_a_storage_level_is_given(tmp_path):
+    # Beam's Spark runner caches what two steps read at MEMORY_ONLY unless told: at 1 M images
+    # what did not fit was computed again (1.6x the CPU per image). The level travels to the
+    # job server among the pipeline options, as Beam's portable runner encodes them.
+    jar = _fake_jar(tmp_path)
+    options = PipelineOptions(["--spark_master_url", "local[2]", "--spark_job_server_jar", jar])
+    spark.prepare_spark_options(options)
+    sent = JobServiceHandle.encode_pipeline_options(options.get_all_options())
+    assert sent["beam:option:storage_level:v1"] == "MEMORY_AND_DISK"
+    # Spilling needs Kryo in the driver: Java serialization refuses Beam's RawUnionValue.
+    assert SPARK_KRYO in _properties_of(options)
+    # A running job server's driver is set already: Beam's default stays unless given, and
+    # the local cluster, whose driver runs Kryo, gives it.
+    running = PipelineOptions(
+        ["--spark_master_url", "local[2]", "--spark_job_server_jar", jar, "--job_endpoint",
+         "127.0.0.1:7"]
+    )  # fmt: skip
+    spark.prepare_spark_options(running)
+    assert running.view_as(spark.SparkStorageOptions).storage_level is None
+    assert SPARK_KRYO not in _properties_of(running)
+    kept = SparkCluster(1, 2, tmp_path, os.getpid(), (os.getpid(),), 2, job_server_port=7,
+                        job_server_pid=os.getpid(), job_server_ui_port=9)  # fmt: skip
+    assert "--storage_level=MEMORY_AND_DISK" in kept.runner_args()
+    given = PipelineOptions(
+        ["--spark_master_url", "local[2]", "--spark_job_server_jar", jar, "--storage_level",
+         "MEMORY_ONLY"]
+    )  # fmt: skip
+    spark.prepare_spark_options(given)
+    assert given.view_as(spark.SparkStorageOptions).storage_level == "MEMORY_ONLY"
+    # The command line knows the flag, and still refuses a misspelling of it.
+    _, beam_argv = parse_command_line(
+        ["--input", "in", "--output", "out", "--storage_level=DISK_ONLY"]
+    )
+    assert "--storage_level=DISK_ONLY" in beam_argv
+    with pytest.raises(SystemExit):
+        parse_command_line(["--input", "in", "--output", "out", "--storage_levels=DISK_ONLY"])
 
 
 def test_a_cluster_asks_for_the_slots_of_its_running_taskmanagers_only(tmp_path):
@@ -123,7 +168,7 @@ def test_a_cluster_sends_jobs_to_the_job_server_it_keeps_while_it_runs(tmp_path)
     spark_kept = SparkCluster(1, 2, tmp_path, os.getpid(), (os.getpid(),), 2, job_server_port=7,
                               job_server_pid=os.getpid(), job_server_ui_port=9)  # fmt: skip
     args = spark_kept.runner_args()
-    assert args[-3:] == [
+    assert args[-4:-1] == [
         "--job_endpoint",
         "127.0.0.1:7",
         "--job_server_jvm_properties=-Dspark.ui.port=9",

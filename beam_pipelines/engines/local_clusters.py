@@ -81,6 +81,11 @@ LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 # (about 1 GB for each task under way), as the TaskManager's does (see _flink_config); 1536m
 # failed at 1 M simulated images. The worker offers _SPARK_WORKER_MEMORY.
 _SPARK_EXECUTOR_MEMORY = "-Dspark.executor.memory=3g"
+# Beam's Spark runner spills the datasets it caches (``--storage_level MEMORY_AND_DISK``) with
+# the driver's serializer; Java serialization refuses Beam's RawUnionValue, which failed a
+# 1 M-image build as soon as a block went to disk. Kryo writes it.
+SPARK_KRYO = "-Dspark.serializer=org.apache.spark.serializer.KryoSerializer"
+SPARK_SPILLING_STORAGE = "MEMORY_AND_DISK"
 _SPARK_WORKER_MEMORY = "4g"
 
 
@@ -195,8 +200,9 @@ class SparkCluster:
         job_server = _job_server_args(self.job_server_port, self.job_server_pid)
         if job_server and kept_job_server:
             ui = f"--job_server_jvm_properties=-Dspark.ui.port={self.job_server_ui_port}"
+            # That driver runs Kryo (SPARK_KRYO), so Beam's caches may spill.
             return ["--runner", "SparkRunner", "--spark_master_url", self.master_url,
-                    *job_server, ui]  # fmt: skip
+                    *job_server, ui, f"--storage_level={SPARK_SPILLING_STORAGE}"]  # fmt: skip
         return [
             "--runner",
             "SparkRunner",
@@ -349,11 +355,15 @@ def _flink_config(work_dir: Path, *, rpc_port: int, rest_port: int, slots: int) 
         # heap, simulated builds of 1 M images failed with OutOfMemoryError ("Java heap space"
         # as the workers' output arrived, "Direct buffer memory" as a stage's input left): their
         # workers emit metadata faster than a stage writes it out. So 1280 MB of task heap a
-        # slot and 512 MB of task off-heap (direct) memory; the sorts of the batch shuffle use
-        # the managed memory and spill to io.tmp.dirs past it. Flink derives the process size:
-        # these + 256 network + 2 x 128 framework + 256 metaspace + the JVM's overhead.
+        # slot. Direct memory: the runner sends a worker up to 100 messages before it checks
+        # that the worker keeps up (Beam's DirectStreamObserver), and a message holds at least
+        # one element: a bucket of the near-duplicate search, about N / 25,000 entries of 50 B
+        # (6 MB at 3 M images; --near_duplicate_bucket_entries caps it). A 3 M build on 6
+        # slots ran out with 256 MB a slot, so 768 MB a slot (docs/scale.md). The sorts of the
+        # batch shuffle use the managed memory and spill to io.tmp.dirs past it. Flink derives
+        # the process size: these + 256 network + 2 x 128 framework + 256 metaspace + overhead.
         "taskmanager.memory.task.heap.size": f"{1280 * slots}m",
-        "taskmanager.memory.task.off-heap.size": "512m",
+        "taskmanager.memory.task.off-heap.size": f"{768 * slots}m",
         "taskmanager.memory.managed.size": "512m",
         # Beam's batch translation has many blocking exchanges, and Flink's sort shuffle asks
         # 512 network buffers for each by default: more than a small TaskManager has.
@@ -667,6 +677,7 @@ def _start_spark_job_server(cluster: SparkCluster, more: Sequence[str]) -> Spark
         f"-Dspark.executor.extraClassPath={jar.parent / 'lib'}/*",
         f"-Dspark.executor.extraJavaOptions={LOCAL_JVM_OPTIONS}",
         _SPARK_EXECUTOR_MEMORY,
+        SPARK_KRYO,
         f"-Dspark.ui.port={driver_ui}",
         # Beam's Spark runner then keeps its SparkContext between jobs instead of starting a
         # new application (and new executor JVMs) for each; the name is Beam's, from its tests.

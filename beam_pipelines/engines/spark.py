@@ -30,7 +30,7 @@ from apache_beam.runners.portability import spark_runner
 from apache_beam.runners.runner import PipelineResult
 
 from beam_pipelines.engines import portable, versions
-from beam_pipelines.engines.local_clusters import free_port
+from beam_pipelines.engines.local_clusters import SPARK_KRYO, SPARK_SPILLING_STORAGE, free_port
 
 __all__ = [
     "DEFAULT_CORES",
@@ -38,6 +38,7 @@ __all__ = [
     "SPARK_RUNNER",
     "SparkJobServer",
     "SparkRunner",
+    "SparkStorageOptions",
     "cancel_spark_jobs",
     "partitions_for",
     "prepare_spark_options",
@@ -54,6 +55,27 @@ _START_COMMAND = "python scripts/engines/cluster.py start spark DIR"
 # task ends: a 1 M-image build in 2 partitions ran a 3 GB heap out, 20 held (docs/scale.md).
 IMAGES_PER_PARTITION = 50_000
 _PARALLELISM = "-Dspark.default.parallelism="
+
+
+class SparkStorageOptions(PipelineOptions):
+    """Beam's Spark runner option ``storageLevel``, which the Python SDK's ``SparkRunnerOptions``
+    does not carry: ``--storage_level`` reaches the job server as ``storage_level`` (Beam's
+    portable options travel in snake case, read back as ``storageLevel``)."""
+
+    @classmethod
+    def _add_argparse_args(cls, parser):
+        parser.add_argument(
+            "--storage_level",
+            default=None,
+            help=(
+                "Spark: the storage level of the datasets Beam caches because two steps read "
+                "them (a Spark StorageLevel name). A job server started for the job gets "
+                f"{SPARK_SPILLING_STORAGE} and Kryo unless given, so what does not fit the "
+                "executors' memory spills to their disk instead of being computed again; one "
+                "at --job_endpoint keeps Beam's MEMORY_ONLY unless given (spilling needs its "
+                f"driver started with {SPARK_KRYO})"
+            ),
+        )
 
 
 def _local_cores(master: str) -> int | None:
@@ -114,6 +136,14 @@ def prepare_spark_options(options: PipelineOptions) -> str | None:
     # The job server runs here, or is a local cluster's kept one (which names its UI port).
     ui = f"http://127.0.0.1:{port}" if port.isdigit() else None
     portable.use_worker_processes(options, cores or DEFAULT_CORES)
+    # Beam's Spark runner caches every PCollection that two steps read, at its storageLevel
+    # (MEMORY_ONLY unless told): what did not fit the executor's storage memory was dropped and
+    # computed again for its second reader (a 1 M-image build's CPU per image 1.6x a 300 k
+    # one's). A driver started here spills them instead, with Kryo (SPARK_KRYO).
+    storage = options.view_as(SparkStorageOptions)
+    if not options.view_as(PortableOptions).job_endpoint:
+        _add_jvm_property(options, SPARK_KRYO)
+        storage.storage_level = storage.storage_level or SPARK_SPILLING_STORAGE
     return ui
 
 
