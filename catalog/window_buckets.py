@@ -158,7 +158,8 @@ def search_window_bucket(
     owner = _WindowOwner(chunk, h, keys, kinds, effective, rule)
     empty = (np.zeros(0, np.uint8), np.zeros(0, bool), np.zeros(0, np.int8))
     out = OwnedPairs(keys, blocks, max_pairs, owner, empty)
-    for a, b in bucket_candidates(effective, rule.bucket_threshold):
+    shared = bucket_layout(rule.bucket_threshold)[chunk]  # every entry's bits alike there
+    for a, b in bucket_candidates(effective, rule.bucket_threshold, shared):
         out.add(a, b)
     return WindowBucketPairs(*out.result())
 

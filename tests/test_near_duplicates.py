@@ -8,9 +8,11 @@ import pytest
 from catalog.near_duplicates import (
     DEFAULT_THRESHOLD,
     brute_force_pairs,
+    bucket_layout,
     classify,
     find_pairs,
     leakage_moves,
+    without_chunk,
 )
 from catalog.phash import FLIP_MASK
 
@@ -158,3 +160,30 @@ def test_the_report_guesses_the_transformation(flipped, a, b, expected):
     from beam_pipelines.graph.leakage import guess_transformation
 
     assert guess_transformation(flipped, a, b) == expected
+
+
+def test_a_buckets_shared_chunk_is_cut_out_and_its_pairs_stay_the_same():
+    # Every entry of a bucket holds its chunk's bits alike; left in, they fill part of one of
+    # the index's chunks with bits that never differ (15x the time at 120,000 entries).
+    rng = np.random.default_rng(5)
+    hashes = rng.integers(0, 2**64 - 1, 3000, dtype=np.uint64, endpoint=True)
+    low, width = bucket_layout(8)[3]
+    shared = (hashes & ~np.uint64(((1 << width) - 1) << low)) | np.uint64(0b1011001 << low)
+    near = shared[:40] ^ (np.uint64(1) << rng.integers(0, 64, 40).astype(np.uint64))
+    near &= ~np.uint64(((1 << width) - 1) << low)  # planted pairs keep the chunk too
+    near |= np.uint64(0b1011001 << low)
+    both = np.concatenate([shared, near])
+    cut = without_chunk(both, low, width)
+    assert cut is not None and int(cut.max()) < 2 ** (64 - width)
+    rows = rng.integers(0, both.shape[0], (500, 2))
+    distances = np.bitwise_count(both[rows[:, 0]] ^ both[rows[:, 1]])
+    assert (np.bitwise_count(cut[rows[:, 0]] ^ cut[rows[:, 1]]) == distances).all()
+    expected = find_pairs(both, 8, flips=False)
+    assert len(expected.first) >= 40
+    found = find_pairs(cut, 8, flips=False, bits=64 - width)
+    assert found.first.tolist() == expected.first.tolist()
+    assert found.second.tolist() == expected.second.tolist()
+    # Bits that differ are never cut, and fewer bits make no sense with mirrored pairs.
+    assert without_chunk(hashes, low, width) is None
+    with pytest.raises(ValueError, match="bits must be"):
+        find_pairs(cut, 8, flips=True, bits=57)
