@@ -59,13 +59,14 @@ def beam_option_parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The parser Beam builds of every pipeline option (``PipelineOptions.get_all_options``),
     ours hidden from its help.
 
-    Option classes register themselves when their module is imported; the Dask runner's and
-    the Spark storage level's are imported here when ``argv`` uses them.
+    Option classes register themselves when their module is imported: the Spark storage
+    level's always (a misspelling of it then gets its suggestion), the Dask runner's when
+    ``argv`` uses them (Dask's import is heavy).
     """
+    import beam_pipelines.engines.spark  # noqa: F401  (registers SparkStorageOptions)
+
     if any(arg.startswith("--dask_") for arg in argv):
         import apache_beam.runners.dask.dask_runner  # noqa: F401  (registers DaskOptions)
-    if any(arg.startswith("--storage_level") for arg in argv):
-        import beam_pipelines.engines.spark  # noqa: F401  (registers SparkStorageOptions)
     built: list[argparse.ArgumentParser] = []
     # PipelineOptions() calls logging.basicConfig(): the command sets up logging itself, later,
     # and a handler left here would give its log lines Python's default format instead.

@@ -105,7 +105,7 @@ def test_an_unreachable_cluster_is_named_with_the_command_that_starts_one(tmp_pa
         spark.prepare_spark_options(options)
 
 
-def test_spark_caches_spill_to_disk_unless_a_storage_level_is_given(tmp_path):
+def test_spark_caches_spill_to_disk_unless_a_storage_level_is_given(tmp_path, capsys):
     # Beam's Spark runner caches what two steps read at MEMORY_ONLY unless told: at 1 M images
     # what did not fit was computed again (1.6x the CPU per image). The level travels to the
     # job server among the pipeline options, as Beam's portable runner encodes them.
@@ -140,7 +140,8 @@ def test_spark_caches_spill_to_disk_unless_a_storage_level_is_given(tmp_path):
     )
     assert "--storage_level=DISK_ONLY" in beam_argv
     with pytest.raises(SystemExit):
-        parse_command_line(["--input", "in", "--output", "out", "--storage_levels=DISK_ONLY"])
+        parse_command_line(["--input", "in", "--output", "out", "--storage_levl=DISK_ONLY"])
+    assert "--storage_level" in capsys.readouterr().err  # the closest known flag, suggested
 
 
 def test_a_cluster_asks_for_the_slots_of_its_running_taskmanagers_only(tmp_path):
