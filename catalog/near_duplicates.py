@@ -502,7 +502,7 @@ class BucketPairs:
         return int(self.row_a.shape[0])
 
 
-def bucket_candidates(virtual: np.ndarray, threshold: int, shared: tuple[int, int] | None = None):
+def bucket_candidates(virtual: np.ndarray, threshold: int, shared: tuple[int, int]):
     """Yields ``(rows a, rows b)``: every pair of a bucket's entries whose hashes (``virtual``,
     uint64) are within ``threshold`` bits, each once, at most about ``_EXPAND_LIMIT`` at a time.
 
@@ -516,7 +516,7 @@ def bucket_candidates(virtual: np.ndarray, threshold: int, shared: tuple[int, in
     unique, inverse = np.unique(virtual, return_inverse=True)
     inverse = inverse.ravel()
     bits = HASH_BITS
-    if shared is not None and unique.shape[0] > 1:
+    if unique.shape[0] > 1:
         cut = without_chunk(unique, *shared)
         if cut is not None:
             unique, bits = cut, HASH_BITS - shared[1]

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import pytest
-from apache_beam.options.pipeline_options import JobServerOptions, PipelineOptions
+from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.runners.portability.portable_runner import JobServiceHandle
 
 from beam_pipelines.command_line import parse_command_line
@@ -45,6 +45,7 @@ from beam_pipelines.images_to_tfrecord import JobFailedError, run
 from benchmarks.profile_jvm_engines import stack_categories, task_thread_states
 from tests.fixtures.images import make_image_tree
 from tests.fixtures.processes import run_in_terminal
+from tests.test_engine_sizing import _properties
 from tests.test_engines import _PIPELINE_FLAGS, _dataset_files, engine_input  # noqa: F401
 from tests.test_interrupts import FEW_SECONDS, _snapshot
 
@@ -79,10 +80,6 @@ def test_a_missing_job_server_names_the_install_command_and_the_flag(tmp_path, m
         flink.prepare_flink_options(PipelineOptions(["--flink_job_server_jar", missing]))
 
 
-def _properties_of(options: PipelineOptions) -> list[str]:
-    return list(options.view_as(JobServerOptions).job_server_jvm_properties or [])
-
-
 def _fake_jar(tmp_path: Path) -> str:
     jar = tmp_path / "job-server.jar"
     jar.write_bytes(b"")
@@ -115,7 +112,7 @@ def test_spark_caches_spill_to_disk_unless_a_storage_level_is_given(tmp_path, ca
     sent = JobServiceHandle.encode_pipeline_options(options.get_all_options())
     assert sent["beam:option:storage_level:v1"] == "MEMORY_AND_DISK"
     # Spilling needs Kryo in the driver: Java serialization refuses Beam's RawUnionValue.
-    assert SPARK_KRYO in _properties_of(options)
+    assert SPARK_KRYO in _properties(options)
     # A running job server's driver is set already: Beam's default stays unless given, and
     # the local cluster, whose driver runs Kryo, gives it.
     running = PipelineOptions(
@@ -124,7 +121,7 @@ def test_spark_caches_spill_to_disk_unless_a_storage_level_is_given(tmp_path, ca
     )  # fmt: skip
     spark.prepare_spark_options(running)
     assert running.view_as(spark.SparkStorageOptions).storage_level is None
-    assert SPARK_KRYO not in _properties_of(running)
+    assert SPARK_KRYO not in _properties(running)
     kept = SparkCluster(1, 2, tmp_path, os.getpid(), (os.getpid(),), 2, job_server_port=7,
                         job_server_pid=os.getpid(), job_server_ui_port=9)  # fmt: skip
     assert "--storage_level=MEMORY_AND_DISK" in kept.runner_args()

@@ -140,9 +140,9 @@ def prepare_spark_options(options: PipelineOptions) -> str | None:
     # (MEMORY_ONLY unless told): what did not fit the executor's storage memory was dropped and
     # computed again for its second reader (a 1 M-image build's CPU per image 1.6x a 300 k
     # one's). A driver started here spills them instead, with Kryo (SPARK_KRYO).
-    storage = options.view_as(SparkStorageOptions)
     if not options.view_as(PortableOptions).job_endpoint:
         _add_jvm_property(options, SPARK_KRYO)
+        storage = options.view_as(SparkStorageOptions)
         storage.storage_level = storage.storage_level or SPARK_SPILLING_STORAGE
     return ui
 
