@@ -186,10 +186,10 @@ def test_a_buckets_shared_chunk_is_cut_out_and_its_pairs_stay_the_same():
     # The top chunk too (a shift by the whole word), and the bottom one.
     for low, width in (bucket_layout(8)[-1], bucket_layout(8)[0]):
         alike = hashes & ~np.uint64(((1 << width) - 1) << low)
-        top = without_chunk(alike, low, width)
-        assert top is not None and int(top.max()) < 2 ** (64 - width)
+        kept = without_chunk(alike, low, width)
+        assert kept is not None and int(kept.max()) < 2 ** (64 - width)
         assert (
-            np.bitwise_count(top[1:] ^ top[:-1]) == np.bitwise_count(alike[1:] ^ alike[:-1])
+            np.bitwise_count(kept[1:] ^ kept[:-1]) == np.bitwise_count(alike[1:] ^ alike[:-1])
         ).all()
     # Bits that differ are never cut, and fewer bits make no sense with mirrored pairs.
     assert without_chunk(hashes, low, width) is None
