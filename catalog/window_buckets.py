@@ -40,6 +40,7 @@ from catalog.near_duplicates import (
 from catalog.phash import FLIP_MASK
 from catalog.window_search import (
     DEFAULT_RULE,
+    JUDGED_PER_PASS,
     WindowPairs,
     WindowRule,
     best_combinations,
@@ -110,12 +111,25 @@ class _WindowOwner:
         self._layout = bucket_layout(rule.bucket_threshold)
 
     def __call__(self, a: np.ndarray, b: np.ndarray):
+        keep = np.zeros(a.shape[0], bool)
+        distance = np.zeros(a.shape[0], np.uint8)
+        flipped = np.zeros(a.shape[0], bool)
+        window = np.zeros(a.shape[0], np.int8)
+        # An example's own entries (its whole frames and windows) are near one another, so
+        # they are most of a bucket's candidates, and never a pair: left out before the rule is
+        # applied, and the rest judged a bounded number at a time.
+        other = np.flatnonzero(self._keys[a] != self._keys[b])
+        for start in range(0, other.shape[0], JUDGED_PER_PASS):
+            at = other[start : start + JUDGED_PER_PASS]
+            keep[at], distance[at], flipped[at], window[at] = self._judge(a[at], b[at])
+        return keep, distance, flipped, window
+
+    def _judge(self, a: np.ndarray, b: np.ndarray):
         swap = self._keys[a] > self._keys[b]
         a, b = np.where(swap, b, a), np.where(swap, a, b)
         ok, column, distance = best_combinations(self._hashes[a], self._hashes[b], self._rule)
         kind_a, kind_b = _canonical_kinds(column)
-        keep = ok & (self._keys[a] != self._keys[b])
-        keep &= (self._kinds[a] == kind_a) & (self._kinds[b] == kind_b)
+        keep = ok & (self._kinds[a] == kind_a) & (self._kinds[b] == kind_b)
         x = self._effective[a] ^ self._effective[b]
         agree = np.stack([bucket_values(x, self._layout, c) == 0 for c in range(self._chunk + 1)])
         keep &= np.argmax(agree, axis=0) == self._chunk  # the first chunk they agree on

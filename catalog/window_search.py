@@ -53,6 +53,7 @@ __all__ = [
     "check_windows",
     "find_window_pairs",
     "brute_force_window_pairs",
+    "JUDGED_PER_PASS",
 ]
 
 # Judging every pair costs N**2 / 2 window distances: the index is cheaper from about 150
@@ -205,15 +206,16 @@ def check_windows(windows: np.ndarray, rule: WindowRule) -> np.ndarray:
 # Candidates checked per numpy pass of the window index: each costs about 50 bytes while it
 # is checked (``find_pairs`` takes 8 M at a time; here every query probes three windows each).
 _CANDIDATES = 1 << 21
-# Pairs judged per numpy pass: ``combination_distances`` holds 8 (2 + 4 (W - 1)) bytes a pair.
-_JUDGED = 1 << 18
+# Pairs judged per numpy pass: ``combination_distances`` holds 8 (2 + 4 (W - 1)) bytes a pair,
+# and ``best_combinations`` about 300 bytes a pair in all while it judges them.
+JUDGED_PER_PASS = 1 << 18
 
 
 def _judged(first: np.ndarray, second: np.ndarray, h: np.ndarray, rule: WindowRule):
     """``(first, second, column, distance)`` of the pairs the rule joins among candidates."""
     parts = []
-    for start in range(0, first.shape[0], _JUDGED):
-        a, b = first[start : start + _JUDGED], second[start : start + _JUDGED]
+    for start in range(0, first.shape[0], JUDGED_PER_PASS):
+        a, b = first[start : start + JUDGED_PER_PASS], second[start : start + JUDGED_PER_PASS]
         ok, column, distance = best_combinations(h[a], h[b], rule)
         parts.append((a[ok], b[ok], column[ok], distance[ok]))
     if not parts:

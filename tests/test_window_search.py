@@ -19,6 +19,7 @@ from catalog.phash import FLIP_MASK
 from catalog.window_buckets import find_window_pairs_by_buckets, search_window_bucket
 from catalog.window_search import (
     WindowRule,
+    best_combinations,
     brute_force_window_pairs,
     combination_distances,
     find_window_pairs,
@@ -141,6 +142,31 @@ def test_a_bucket_keeps_its_first_pairs_in_key_order():
     found = search_window_bucket(0, h, keys, np.zeros(60, np.uint8), max_pairs=100)
     pairs = list(zip(keys[found.row_a].tolist(), keys[found.row_b].tolist(), strict=True))
     assert pairs == [(a, b) for a in range(60) for b in range(a + 1, 60)][:100]
+
+
+def test_a_bucket_judges_pairs_of_two_examples_a_bounded_number_at_a_time(monkeypatch):
+    # 30 examples, each in the bucket as its whole frame and three windows equal to it (as a
+    # photo's windows are near its whole frame): its own entries are one another's candidates.
+    rng = np.random.default_rng(5)
+    whole = rng.integers(0, 2**63, 30, dtype=np.uint64)
+    whole[10:20] = whole[:10] ^ np.uint64(1 << 63)  # ten copies one bit off, outside chunk 0
+    h = np.repeat(np.repeat(whole[:, None], 4, axis=1), 4, axis=0)
+    keys = np.repeat(np.arange(30, dtype=np.int64), 4)
+    kinds = np.tile(np.array([0, 2, 3, 4], np.uint8), 30)
+    judged: list[int] = []
+
+    def recording(a, b, rule):
+        assert not (a == b).all(axis=1).any(), "an example's own entries were judged"
+        judged.append(a.shape[0])
+        return best_combinations(a, b, rule)
+
+    monkeypatch.setattr("catalog.window_buckets.best_combinations", recording)
+    monkeypatch.setattr("catalog.window_buckets.JUDGED_PER_PASS", 7)
+    found = search_window_bucket(0, h, keys, kinds)
+    pairs = sorted(zip(keys[found.row_a].tolist(), keys[found.row_b].tolist(), strict=True))
+    assert pairs == [(i, i + 10) for i in range(10)]
+    assert found.distance.tolist() == [1] * 10 and not found.window.any()
+    assert len(judged) > 1 and max(judged) <= 7
 
 
 def test_bad_rules_and_inputs_are_named():
