@@ -54,6 +54,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindows
 
+from beam_pipelines.graph.heap import release_freed_memory
 from beam_pipelines.output.shards import METRICS_NAMESPACE, TRAIN, VALIDATION
 from catalog.near_duplicates import (
     Pairs,
@@ -195,6 +196,7 @@ class _PackingFn(beam.DoFn):
         held = np.array(self._held, np.int64)
         self._held = []
         yield from self._pack(held, *self._side)
+        release_freed_memory()  # a bundle can be a whole partition: minutes of packs
 
     def _pack(self, held: np.ndarray, *side):
         raise NotImplementedError
@@ -326,6 +328,7 @@ class SearchBucketFn(beam.DoFn):
             b["label"].tolist(),
             strict=True,
         )
+        release_freed_memory()  # a bundle can be a whole partition: hundreds of buckets
 
 
 def pairs_result(examples: int, pairs: list[tuple], move: bool) -> dict[str, Any]:
