@@ -31,7 +31,7 @@ FENCE = "beam_pipelines/engines/beam_internals.py"
 # finder (which names what it looks for).
 NOT_COUNTED = {FENCE, "tests/test_beam_internals.py", "tests/beam_private_uses.py"}
 # Accessors and helpers of the fence that are not themselves a private use.
-HELPERS = {"BeamInternalChanged", "beam_version", "changed"}
+HELPERS = {"BeamInternalChanged", "beam_version", "changed", "WORKER_CHANNEL_OPTIONS"}
 
 
 def _project_sources() -> dict[str, str]:
@@ -214,6 +214,40 @@ def _start_loopback_workers_in_own_process_group(tmp_path: Path) -> None:
         raise ValueError(f"the worker {pid} ran in process group {group}, not its own")
 
 
+def _with_worker_channel_options(tmp_path: Path) -> None:
+    from apache_beam.portability.api import beam_fn_api_pb2, endpoints_pb2
+    from apache_beam.runners.worker import worker_pool_main
+
+    # The command Beam's pool starts a LOOPBACK SDK worker with, as this module rewrites it.
+    started: list = []
+    pool = worker_pool_main.BeamFnExternalWorkerPoolServicer(use_process=True)
+    popen = subprocess.Popen
+    subprocess.Popen = lambda command, *a, **k: started.append(command)  # type: ignore[assignment,misc]
+    try:
+        beam_internals.start_loopback_workers_in_own_process_group()
+        endpoint = endpoints_pb2.ApiServiceDescriptor(url="localhost:1")
+        request = beam_fn_api_pb2.StartWorkerRequest(worker_id="w", control_endpoint=endpoint)
+        pool.StartWorker(request, None)
+    finally:
+        subprocess.Popen = popen  # type: ignore[misc]
+    command = started[0] if started else []
+    if len(command) != 3 or "DEFAULT_OPTIONS.extend" not in str(command[2]):
+        raise ValueError(f"the worker's command was not rewritten: {command}")
+    # The rewritten code's options reach the channels the harness opens.
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        str(command[2]).split("from apache_beam.runners.worker.sdk_worker")[0]
+        + "\nimport grpc\nseen = []\n"
+        + "grpc.insecure_channel = lambda target, options=None: seen.append(options)\n"
+        + "from apache_beam.runners.worker.channel_factory import GRPCChannelFactory\n"
+        + "GRPCChannelFactory.insecure_channel('localhost:1')\nprint(repr(seen[0]))\n"
+    )
+    out = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, check=True)
+    for option in beam_internals.WORKER_CHANNEL_OPTIONS:
+        if repr(option) not in out.stdout:
+            raise ValueError(f"{option} is not among a worker channel's options: {out.stdout}")
+
+
 def _runner_buffer_peaks() -> None:
     from beam_pipelines.engines.runners import InProcessRunner
 
@@ -253,6 +287,11 @@ CONTRACTS: dict[str, tuple[str, Callable[..., None]]] = {
     "start_loopback_workers_in_own_process_group": (
         "apache_beam.runners.worker.worker_pool_main.subprocess",
         _start_loopback_workers_in_own_process_group,
+    ),
+    "with_worker_channel_options": (
+        "apache_beam.runners.worker.channel_factory.GRPCChannelFactory.DEFAULT_OPTIONS, "
+        "worker_pool_main's LOOPBACK worker command",
+        _with_worker_channel_options,
     ),
     "runner_buffer_peaks": (
         "apache_beam.runners.portability.fn_api_runner (FnApiRunner._execute_bundle, "

@@ -27,6 +27,8 @@ __all__ = [
     "side_input_view_options",
     "tfrecord_frame",
     "start_loopback_workers_in_own_process_group",
+    "with_worker_channel_options",
+    "WORKER_CHANNEL_OPTIONS",
 ]
 
 
@@ -124,26 +126,68 @@ def filesystems_options() -> Any | None:
     return FileSystems._pipeline_options
 
 
-# -- beam_pipelines.engines.portable: LOOPBACK SDK worker processes out of Ctrl-C's reach -------
+# -- beam_pipelines.engines.portable: LOOPBACK SDK worker processes: out of Ctrl-C's reach, and
+# their gRPC receive window
 
 _WORKER_POOL_SUBPROCESS = "apache_beam.runners.worker.worker_pool_main.subprocess"
 
 
 class _PopenInOwnProcessGroup:
-    """``subprocess`` as ``worker_pool_main`` sees it: ``Popen`` starts a process group."""
+    """``subprocess`` as ``worker_pool_main`` sees it: ``Popen`` starts a process group, and a
+    Python SDK worker with ``WORKER_CHANNEL_OPTIONS`` (``with_worker_channel_options``)."""
 
     def __getattr__(self, name: str) -> object:
         return getattr(subprocess, name)
 
     @staticmethod
-    def Popen(*args: Any, **kwargs: Any) -> subprocess.Popen:
+    def Popen(args: Any, *rest: Any, **kwargs: Any) -> subprocess.Popen:
         kwargs.setdefault("process_group", 0)
-        return subprocess.Popen(*args, **kwargs)
+        return subprocess.Popen(with_worker_channel_options(args), *rest, **kwargs)
+
+
+# gRPC's HTTP/2 receive window in the SDK workers: fixed at 4 MB a stream instead of grown by
+# gRPC's bandwidth-delay probe. With the probe (Beam's default) the window grows with the rate
+# the runner sends at, and on Flink, whose batch runner sends a task's whole partition to one
+# bundle, a worker's memory in use grew with the images: 491 -> 834 MB a worker from 1 M to 3 M
+# simulated images on 6 slots. With a fixed 4 MB window: 506 -> 587 MB at the same CPU per
+# image; with the probe off and gRPC's 64 KB window, 1.47x the CPU (docs/benchmarks.md).
+WORKER_CHANNEL_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 4 << 20))
+_LOOPBACK_WORKER_CODE = "from apache_beam.runners.worker.sdk_worker import SdkHarness"
+
+
+def _worker_channel_preamble() -> str:
+    """Python code that adds ``WORKER_CHANNEL_OPTIONS`` to the options of every gRPC channel
+    Beam's SDK harness opens afterwards in that process."""
+    return (
+        "from apache_beam.runners.worker import channel_factory as _beam_channels; "
+        f"_beam_channels.GRPCChannelFactory.DEFAULT_OPTIONS.extend({WORKER_CHANNEL_OPTIONS!r}); "
+    )
+
+
+def with_worker_channel_options(command: Any) -> Any:
+    """Beam's command for a LOOPBACK SDK worker process (``python -c "from ...sdk_worker import
+    SdkHarness; SdkHarness(...).run()"``) with ``_worker_channel_preamble`` first; any other
+    command as it is.
+
+    Why private: the channel options are Beam's (``GRPCChannelFactory.DEFAULT_OPTIONS``, which
+    every channel of the SDK harness gets), and no pipeline option reaches them; the worker pool
+    starts its processes with that ``-c`` command and nothing of this project runs in them
+    before the harness opens its channels.
+    """
+    if (
+        isinstance(command, list)
+        and len(command) == 3
+        and command[1] == "-c"
+        and str(command[2]).startswith(_LOOPBACK_WORKER_CODE)
+    ):
+        return [command[0], "-c", _worker_channel_preamble() + command[2]]
+    return command
 
 
 def start_loopback_workers_in_own_process_group() -> None:
     """Beam's LOOPBACK worker pool starts each SDK worker process in a process group of its
-    own, so that a terminal's Ctrl-C reaches the launcher only. Idempotent.
+    own, so that a terminal's Ctrl-C reaches the launcher only, and with
+    ``WORKER_CHANNEL_OPTIONS`` (``with_worker_channel_options``). Idempotent.
 
     Why private: with ``--experiments=use_loopback_process_worker`` the pool
     (``worker_pool_main.BeamFnExternalWorkerPoolServicer``, started inside
