@@ -149,8 +149,8 @@ class _PopenInOwnProcessGroup:
 # gRPC's bandwidth-delay probe. With the probe (Beam's default) the window grows with the rate
 # the runner sends at, and on Flink, whose batch runner sends a task's whole partition to one
 # bundle, a worker's memory in use grew with the images: 491 -> 834 MB a worker from 1 M to 3 M
-# simulated images on 6 slots. With a fixed 4 MB window: 506 -> 587 MB at the same CPU per
-# image; with the probe off and gRPC's 64 KB window, 1.47x the CPU (docs/benchmarks.md).
+# simulated images on 6 slots. With a fixed 4 MB window: 518 -> 598 MB (1.15x) at the same CPU
+# per image; with the probe off and gRPC's 64 KB window, 1.47x the CPU (docs/benchmarks.md).
 WORKER_CHANNEL_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 4 << 20))
 _LOOPBACK_WORKER_CODE = "from apache_beam.runners.worker.sdk_worker import SdkHarness"
 
