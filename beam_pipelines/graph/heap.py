@@ -13,6 +13,7 @@ a ``TRIM_EVERY_S``; elsewhere (another C library, no ``malloc_trim``) it does no
 from __future__ import annotations
 
 import ctypes
+import functools
 import time
 
 __all__ = ["TRIM_EVERY_S", "release_freed_memory"]
@@ -21,16 +22,15 @@ __all__ = ["TRIM_EVERY_S", "release_freed_memory"]
 # and each page it returns is faulted in again when it is next used.
 TRIM_EVERY_S = 1.0
 _last_trim = [0.0]
-_trim: list = []  # [glibc's malloc_trim, or None], found on first use
 
 
+@functools.cache
 def _malloc_trim():
-    if not _trim:
-        try:
-            _trim.append(ctypes.CDLL(None).malloc_trim)
-        except (OSError, AttributeError):  # not glibc: nothing to trim with
-            _trim.append(None)
-    return _trim[0]
+    """glibc's ``malloc_trim``, or None where the C library has none."""
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
 
 
 def release_freed_memory(*, now: float | None = None) -> bool:
