@@ -214,7 +214,62 @@ def _start_loopback_workers_in_own_process_group(tmp_path: Path) -> None:
         raise ValueError(f"the worker {pid} ran in process group {group}, not its own")
 
 
-def _with_worker_channel_options(tmp_path: Path) -> None:
+# Run in a fresh process after the code under test: a gRPC channel's options as the SDK
+# harness opens one, and a bundle's data output after the bundle.
+_WORKER_PROBE = """
+import grpc
+seen = []
+grpc.insecure_channel = lambda target, options=None: seen.append(options)
+from apache_beam.runners.worker.channel_factory import GRPCChannelFactory
+GRPCChannelFactory.insecure_channel("localhost:1")
+print("channel", repr(seen[0]))
+
+from apache_beam.coders import coders
+from apache_beam.runners.common import NameContext
+from apache_beam.runners.worker import bundle_processor, data_plane, statesampler
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.counters import CounterFactory
+from apache_beam.utils.windowed_value import WindowedValue
+
+counters = CounterFactory()
+output = bundle_processor.DataOutputOperation(
+    NameContext("out"), None, {}, counters, statesampler.StateSampler("probe", counters),
+    coders.WindowedValueCoder(coders.BytesCoder()), "out", None,
+)
+sent = []
+output.set_output_stream(data_plane.ClosableOutputStream.create(sent.append, sent.append, 0))
+output.start()
+output.process(WindowedValue(b"x" * 100_000, 0, [GlobalWindow()]))
+output.finish()
+print("sent", sum(map(len, sent)), "kept", type(output.output_stream).__name__)
+"""
+
+
+def _probe_worker(tmp_path: Path, preparation: str) -> str:
+    """``_WORKER_PROBE``'s output after ``preparation`` (Python code), in a fresh process."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(preparation + "\n" + _WORKER_PROBE)
+    run = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True)
+    if run.returncode:
+        raise RuntimeError(run.stderr[-2000:])
+    return run.stdout
+
+
+def _check_prepared(out: str) -> None:
+    for option in beam_internals.WORKER_CHANNEL_OPTIONS:
+        if repr(option) not in out:
+            raise ValueError(f"{option} is not among a worker channel's options: {out}")
+    # 100,000 bytes, their length and the window: all sent, and no stream (its buffer) kept.
+    if "sent 100017 kept NoneType" not in out:
+        raise ValueError(f"a finished bundle's data output kept its stream: {out}")
+
+
+def _prepare_sdk_worker(tmp_path: Path) -> None:
+    prepare = "from beam_pipelines.engines.beam_internals import prepare_sdk_worker\n"
+    _check_prepared(_probe_worker(tmp_path, prepare + "prepare_sdk_worker()\nprepare_sdk_worker()"))
+
+
+def _with_worker_preparation(tmp_path: Path) -> None:
     from apache_beam.portability.api import beam_fn_api_pb2, endpoints_pb2
     from apache_beam.runners.worker import worker_pool_main
 
@@ -231,21 +286,29 @@ def _with_worker_channel_options(tmp_path: Path) -> None:
     finally:
         subprocess.Popen = popen  # type: ignore[misc]
     command = started[0] if started else []
-    if len(command) != 3 or "DEFAULT_OPTIONS.extend" not in str(command[2]):
+    if len(command) != 3 or "prepare_sdk_worker" not in str(command[2]):
         raise ValueError(f"the worker's command was not rewritten: {command}")
-    # The rewritten code's options reach the channels the harness opens.
-    probe = tmp_path / "probe.py"
-    probe.write_text(
-        str(command[2]).split("from apache_beam.runners.worker.sdk_worker")[0]
-        + "\nimport grpc\nseen = []\n"
-        + "grpc.insecure_channel = lambda target, options=None: seen.append(options)\n"
-        + "from apache_beam.runners.worker.channel_factory import GRPCChannelFactory\n"
-        + "GRPCChannelFactory.insecure_channel('localhost:1')\nprint(repr(seen[0]))\n"
+    # The code before Beam's own readies the process as prepare_sdk_worker does.
+    _check_prepared(
+        _probe_worker(tmp_path, str(command[2]).split("from apache_beam.runners.worker")[0])
     )
-    out = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, check=True)
-    for option in beam_internals.WORKER_CHANNEL_OPTIONS:
-        if repr(option) not in out.stdout:
-            raise ValueError(f"{option} is not among a worker channel's options: {out.stdout}")
+
+
+@pytest.mark.parametrize(
+    "preparation, failure",
+    [
+        ("", "is not among a worker channel's options"),
+        (  # the channel options alone: Beam's data outputs keep their streams
+            "from apache_beam.runners.worker import channel_factory\n"
+            "from beam_pipelines.engines.beam_internals import WORKER_CHANNEL_OPTIONS\n"
+            "channel_factory.GRPCChannelFactory.DEFAULT_OPTIONS.extend(WORKER_CHANNEL_OPTIONS)",
+            "a finished bundle's data output kept its stream",
+        ),
+    ],
+)
+def test_a_worker_short_of_the_preparation_fails_its_check(tmp_path, preparation, failure):
+    with pytest.raises(ValueError, match=failure):
+        _check_prepared(_probe_worker(tmp_path, preparation))
 
 
 def _runner_buffer_peaks() -> None:
@@ -288,10 +351,14 @@ CONTRACTS: dict[str, tuple[str, Callable[..., None]]] = {
         "apache_beam.runners.worker.worker_pool_main.subprocess",
         _start_loopback_workers_in_own_process_group,
     ),
-    "with_worker_channel_options": (
+    "prepare_sdk_worker": (
         "apache_beam.runners.worker.channel_factory.GRPCChannelFactory.DEFAULT_OPTIONS, "
+        "apache_beam.runners.worker.bundle_processor.DataOutputOperation.finish",
+        _prepare_sdk_worker,
+    ),
+    "with_worker_preparation": (
         "worker_pool_main's LOOPBACK worker command",
-        _with_worker_channel_options,
+        _with_worker_preparation,
     ),
     "runner_buffer_peaks": (
         "apache_beam.runners.portability.fn_api_runner (FnApiRunner._execute_bundle, "

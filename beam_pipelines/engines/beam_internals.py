@@ -27,7 +27,8 @@ __all__ = [
     "side_input_view_options",
     "tfrecord_frame",
     "start_loopback_workers_in_own_process_group",
-    "with_worker_channel_options",
+    "prepare_sdk_worker",
+    "with_worker_preparation",
     "WORKER_CHANNEL_OPTIONS",
 ]
 
@@ -126,15 +127,16 @@ def filesystems_options() -> Any | None:
     return FileSystems._pipeline_options
 
 
-# -- beam_pipelines.engines.portable: LOOPBACK SDK worker processes: out of Ctrl-C's reach, and
-# their gRPC receive window
+# -- beam_pipelines.engines.portable: LOOPBACK SDK worker processes: out of Ctrl-C's reach, their
+# gRPC receive window and their output buffers
 
 _WORKER_POOL_SUBPROCESS = "apache_beam.runners.worker.worker_pool_main.subprocess"
+_DATA_OUTPUT_FINISH = "apache_beam.runners.worker.bundle_processor.DataOutputOperation.finish"
 
 
 class _PopenInOwnProcessGroup:
     """``subprocess`` as ``worker_pool_main`` sees it: ``Popen`` starts a process group, and a
-    Python SDK worker with ``WORKER_CHANNEL_OPTIONS`` (``with_worker_channel_options``)."""
+    Python SDK worker prepared by ``prepare_sdk_worker`` (``with_worker_preparation``)."""
 
     def __getattr__(self, name: str) -> object:
         return getattr(subprocess, name)
@@ -142,7 +144,7 @@ class _PopenInOwnProcessGroup:
     @staticmethod
     def Popen(args: Any, *rest: Any, **kwargs: Any) -> subprocess.Popen:
         kwargs.setdefault("process_group", 0)
-        return subprocess.Popen(with_worker_channel_options(args), *rest, **kwargs)
+        return subprocess.Popen(with_worker_preparation(args), *rest, **kwargs)
 
 
 # gRPC's HTTP/2 receive window in the SDK workers: fixed at 4 MB a stream instead of grown by
@@ -153,26 +155,61 @@ class _PopenInOwnProcessGroup:
 # per image; with the probe off and gRPC's 64 KB window, 1.47x the CPU (docs/benchmarks.md).
 WORKER_CHANNEL_OPTIONS = (("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 4 << 20))
 _LOOPBACK_WORKER_CODE = "from apache_beam.runners.worker.sdk_worker import SdkHarness"
+_WORKER_PREAMBLE = (
+    "from beam_pipelines.engines.beam_internals import prepare_sdk_worker as _prepare; _prepare(); "
+)
 
 
-def _worker_channel_preamble() -> str:
-    """Python code that adds ``WORKER_CHANNEL_OPTIONS`` to the options of every gRPC channel
-    Beam's SDK harness opens afterwards in that process."""
-    return (
-        "from apache_beam.runners.worker import channel_factory as _beam_channels; "
-        f"_beam_channels.GRPCChannelFactory.DEFAULT_OPTIONS.extend({WORKER_CHANNEL_OPTIONS!r}); "
-    )
-
-
-def with_worker_channel_options(command: Any) -> Any:
-    """Beam's command for a LOOPBACK SDK worker process (``python -c "from ...sdk_worker import
-    SdkHarness; SdkHarness(...).run()"``) with ``_worker_channel_preamble`` first; any other
-    command as it is.
+def prepare_sdk_worker() -> None:
+    """Readies this process to be a Python SDK worker, before its harness starts: every gRPC
+    channel it opens gets ``WORKER_CHANNEL_OPTIONS``, and each data output of a bundle lets its
+    buffer go when the bundle ends. Idempotent.
 
     Why private: the channel options are Beam's (``GRPCChannelFactory.DEFAULT_OPTIONS``, which
-    every channel of the SDK harness gets), and no pipeline option reaches them; the worker pool
-    starts its processes with that ``-c`` command and nothing of this project runs in them
-    before the harness opens its channels.
+    every channel of the SDK harness gets), and no pipeline option reaches them. The buffers:
+    a bundle's data output (``bundle_processor.DataOutputOperation``) encodes into one stream
+    that grows to its largest flush (past Beam's 10 MB flush threshold: 16 or 32 MB), and after
+    the bundle the closed stream stays on the operation while Beam caches the bundle processor
+    for the stage's next bundle (up to two minutes idle); no option frees it. On Spark, at 1 M
+    simulated images, such buffers were 344 of an SDK worker's 677 MB in use at its peak
+    (memray; docs/benchmarks.md).
+
+    Raises:
+      BeamInternalChanged: the harness's channel options or data outputs moved.
+    """
+    from apache_beam.runners.worker import bundle_processor, channel_factory
+
+    options = getattr(channel_factory.GRPCChannelFactory, "DEFAULT_OPTIONS", None)
+    if not isinstance(options, list):
+        raise changed(
+            "apache_beam.runners.worker.channel_factory.GRPCChannelFactory.DEFAULT_OPTIONS",
+            "prepare_sdk_worker",
+        )
+    options.extend(o for o in WORKER_CHANNEL_OPTIONS if o not in options)
+    output = getattr(bundle_processor, "DataOutputOperation", None)
+    finish = getattr(output, "finish", None)
+    if finish is None or not hasattr(output, "set_output_stream"):
+        raise changed(_DATA_OUTPUT_FINISH, "prepare_sdk_worker")
+    if getattr(finish, "releases_output_stream", False):
+        return
+
+    def finish_and_release(self: Any) -> None:
+        try:
+            finish(self)
+        finally:
+            self.output_stream = None  # the next bundle sets its own (set_output_stream)
+
+    finish_and_release.releases_output_stream = True  # type: ignore[attr-defined]
+    output.finish = finish_and_release  # type: ignore[union-attr]
+
+
+def with_worker_preparation(command: Any) -> Any:
+    """Beam's command for a LOOPBACK SDK worker process (``python -c "from ...sdk_worker import
+    SdkHarness; SdkHarness(...).run()"``) with a call of ``prepare_sdk_worker`` first; any
+    other command as it is.
+
+    Why private: the worker pool starts its processes with that ``-c`` command, and nothing of
+    this project runs in them before the harness opens its channels.
     """
     if (
         isinstance(command, list)
@@ -180,14 +217,14 @@ def with_worker_channel_options(command: Any) -> Any:
         and command[1] == "-c"
         and str(command[2]).startswith(_LOOPBACK_WORKER_CODE)
     ):
-        return [command[0], "-c", _worker_channel_preamble() + command[2]]
+        return [command[0], "-c", _WORKER_PREAMBLE + command[2]]
     return command
 
 
 def start_loopback_workers_in_own_process_group() -> None:
     """Beam's LOOPBACK worker pool starts each SDK worker process in a process group of its
-    own, so that a terminal's Ctrl-C reaches the launcher only, and with
-    ``WORKER_CHANNEL_OPTIONS`` (``with_worker_channel_options``). Idempotent.
+    own, so that a terminal's Ctrl-C reaches the launcher only, and prepared by
+    ``prepare_sdk_worker`` (``with_worker_preparation``). Idempotent.
 
     Why private: with ``--experiments=use_loopback_process_worker`` the pool
     (``worker_pool_main.BeamFnExternalWorkerPoolServicer``, started inside
