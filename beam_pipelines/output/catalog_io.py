@@ -38,6 +38,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from beam_pipelines.elements import CatalogMeta, ShardResult
 from beam_pipelines.engines.filesystems import file_digest, write_object
+from beam_pipelines.graph.heap import release_freed_memory
 from catalog.index_files import format_index, index_filename
 from catalog.partitions import (
     DEFAULT_PARTITION_ROWS,
@@ -169,6 +170,7 @@ def _local_copies(paths: Iterable[str]) -> Iterator[Iterator[str]]:
                             sink.write(chunk)
                 yield local
                 os.remove(local)
+                release_freed_memory()  # what Arrow freed reading it (a merge reads hundreds)
 
         yield copies()
 
