@@ -105,14 +105,12 @@ def test_an_unreachable_cluster_is_named_with_the_command_that_starts_one(tmp_pa
 def test_spark_caches_spill_to_disk_unless_a_storage_level_is_given(tmp_path, capsys):
     # Beam's Spark runner caches what two steps read at MEMORY_ONLY unless told: at 1 M images
     # what did not fit was computed again (1.6x the CPU per image). The level travels to the
-    # job server among the pipeline options, as Beam's portable runner encodes them. Serialized
-    # in memory too: held as objects, a 10 M-image build's cached elements filled the executor's
-    # heap and it spent 45 % of a stage in GC.
+    # job server among the pipeline options, as Beam's portable runner encodes them.
     jar = _fake_jar(tmp_path)
     options = PipelineOptions(["--spark_master_url", "local[2]", "--spark_job_server_jar", jar])
     spark.prepare_spark_options(options)
     sent = JobServiceHandle.encode_pipeline_options(options.get_all_options())
-    assert sent["beam:option:storage_level:v1"] == "MEMORY_AND_DISK_SER"
+    assert sent["beam:option:storage_level:v1"] == "MEMORY_AND_DISK"
     # Spilling needs Kryo in the driver: Java serialization refuses Beam's RawUnionValue.
     assert SPARK_KRYO in _properties(options)
     # A running job server's driver is set already: Beam's default stays unless given, and
@@ -126,7 +124,7 @@ def test_spark_caches_spill_to_disk_unless_a_storage_level_is_given(tmp_path, ca
     assert SPARK_KRYO not in _properties(running)
     kept = SparkCluster(1, 2, tmp_path, os.getpid(), (os.getpid(),), 2, job_server_port=7,
                         job_server_pid=os.getpid(), job_server_ui_port=9)  # fmt: skip
-    assert "--storage_level=MEMORY_AND_DISK_SER" in kept.runner_args()
+    assert "--storage_level=MEMORY_AND_DISK" in kept.runner_args()
     given = PipelineOptions(
         ["--spark_master_url", "local[2]", "--spark_job_server_jar", jar, "--storage_level",
          "MEMORY_ONLY"]

@@ -81,14 +81,11 @@ LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
 # (about 1 GB for each task under way), as the TaskManager's does (see _flink_config); 1536m
 # failed at 1 M simulated images. The worker offers _SPARK_WORKER_MEMORY.
 _SPARK_EXECUTOR_MEMORY = "-Dspark.executor.memory=3g"
-# Beam's Spark runner spills the datasets it caches (``--storage_level MEMORY_AND_DISK_SER``)
-# with the driver's serializer; Java serialization refuses Beam's RawUnionValue, which failed a
-# 1 M-image build as soon as a block went to disk. Kryo writes it, with Beam's registrator (the
-# elements' coder bytes). Serialized in memory too: as objects (MEMORY_AND_DISK), a 10 M-image
-# build's executor held 9.2 M cached elements of about 110 B each behind about 110 B of objects,
-# filled its old generation and spent 45 % of a stage in GC (docs/benchmarks.md).
+# Beam's Spark runner spills the datasets it caches (``--storage_level MEMORY_AND_DISK``) with
+# the driver's serializer; Java serialization refuses Beam's RawUnionValue, which failed a
+# 1 M-image build as soon as a block went to disk. Kryo writes it.
 SPARK_KRYO = "-Dspark.serializer=org.apache.spark.serializer.KryoSerializer"
-SPARK_SPILLING_STORAGE = "MEMORY_AND_DISK_SER"
+SPARK_SPILLING_STORAGE = "MEMORY_AND_DISK"
 _SPARK_WORKER_MEMORY = "4g"
 
 
