@@ -30,6 +30,7 @@ from trainer.train import main, parse_config
 from trainer.user_model import Objective, build_checked_model, load_model_fn, parse_model_args
 
 TRAIN, BATCH = 14, 2
+PER_EPOCH = TRAIN // BATCH  # steps an epoch
 COMMON = [
     f"--global_batch_size={BATCH}",
     "--warmup_steps=1",
@@ -59,6 +60,23 @@ def _assert_epoch_once(keys: list[str], dataset: Path) -> None:
     assert sorted(counts) == sorted(k.decode() for _, _, ks in expected for k in ks.numpy())
 
 
+def _end_of_epoch(step: int) -> int:
+    """The step that ends the epoch a resume at ``step`` is in."""
+    return (step // PER_EPOCH + 1) * PER_EPOCH
+
+
+def _assert_resumed_to(target: int, log: str, keys: list[str], dataset: Path) -> None:
+    """The rerun logged the end of the epoch at ``target``, and every epoch it trained holds each
+    example exactly once."""
+    complete = (
+        f"epoch {target // PER_EPOCH - 1} complete at step {target}: every example exactly once"
+    )
+    assert complete in log, log
+    assert len(keys) == target * BATCH, log
+    for epoch in range(target // PER_EPOCH):
+        _assert_epoch_once(keys[epoch * TRAIN : (epoch + 1) * TRAIN], dataset)
+
+
 @pytest.mark.slow
 def test_sequential_model_killed_between_checkpoints_resumes_exactly(pipeline_dataset, tmp_path):
     run = tmp_path / "run"
@@ -82,8 +100,7 @@ def test_sequential_model_killed_between_checkpoints_resumes_exactly(pipeline_da
     saved = latest_checkpoint_step(run)
     assert saved >= 2 and saved % 2 == 0, killed.log
     before = _keys(run / "keys")
-    per_epoch = TRAIN // BATCH
-    target = (saved // per_epoch + 1) * per_epoch  # the end of the epoch the resume is in
+    target = _end_of_epoch(saved)
     # What the killed run trained after its checkpoint, up to where the rerun stops: a late
     # kill may have let it train past that.
     uncommitted = before[saved * BATCH : target * BATCH]
@@ -91,15 +108,10 @@ def test_sequential_model_killed_between_checkpoints_resumes_exactly(pipeline_da
     # Iterators restored: the examples trained after the checkpoint come again, in order.
     again = run_trainer([*args, f"--steps={target}", "--checkpoint_every=100"])
     assert f"resume: exact at step {saved} (same input layout" in again.log, again.log
-    last = target // per_epoch - 1
-    complete = f"epoch {last} complete at step {target}: every example exactly once"
-    assert complete in again.log, again.log
     after = _keys(run / "keys")
-    assert len(after) == target * BATCH, again.log
     assert after[: saved * BATCH] == before[: saved * BATCH]
     assert after[saved * BATCH : saved * BATCH + len(uncommitted)] == uncommitted
-    for epoch in range(target // per_epoch):
-        _assert_epoch_once(after[epoch * TRAIN : (epoch + 1) * TRAIN], pipeline_dataset)
+    _assert_resumed_to(target, again.log, after, pipeline_dataset)
 
 
 @pytest.mark.slow
@@ -126,19 +138,14 @@ def test_subclassed_model_on_two_replicas_stopped_and_resumed(pipeline_dataset, 
     assert step >= 3, stopped.log
     before = _keys(run / "keys")
     assert len(before) == step * BATCH, stopped.log  # every trained step was saved
-    per_epoch = TRAIN // BATCH
-    target = (step // per_epoch + 1) * per_epoch
+    target = _end_of_epoch(step)
 
     again = run_trainer([*args, f"--steps={target}"])
     assert f"resume: exact at step {step} (same input layout" in again.log, again.log
-    last = target // per_epoch - 1
-    complete = f"epoch {last} complete at step {target}: every example exactly once"
-    assert complete in again.log, again.log
     assert "validation: loss" in again.log, again.log
     after = _keys(run / "keys")
-    assert after[: len(before)] == before and len(after) == target * BATCH
-    for epoch in range(target // per_epoch):
-        _assert_epoch_once(after[epoch * TRAIN : (epoch + 1) * TRAIN], pipeline_dataset)
+    assert after[: len(before)] == before
+    _assert_resumed_to(target, again.log, after, pipeline_dataset)
 
 
 def _top2(labels, logits):
