@@ -32,6 +32,7 @@ from beam_pipelines.engines import flink, portable, spark
 from beam_pipelines.engines.local_clusters import (
     LOCAL_JVM_OPTIONS,
     SPARK_KRYO,
+    SPARK_MEMORY_FRACTION,
     FlinkCluster,
     SparkCluster,
     free_port,
@@ -113,6 +114,14 @@ def test_spark_caches_spill_to_disk_unless_a_storage_level_is_given(tmp_path, ca
     assert sent["beam:option:storage_level:v1"] == "MEMORY_AND_DISK"
     # Spilling needs Kryo in the driver: Java serialization refuses Beam's RawUnionValue.
     assert SPARK_KRYO in _properties(options)
+    # Spark's caches leave the executors' heap to Beam's queues sooner (GC at 10 M images).
+    assert SPARK_MEMORY_FRACTION in _properties(options)
+    own = ["--job_server_jvm_properties=-Dspark.memory.fraction=0.5"]
+    chosen = PipelineOptions(
+        ["--spark_master_url", "local[2]", "--spark_job_server_jar", jar, *own]
+    )
+    spark.prepare_spark_options(chosen)
+    assert [p for p in _properties(chosen) if "memory.fraction" in p] == [own[0].split("=", 1)[1]]
     # A running job server's driver is set already: Beam's default stays unless given, and
     # the local cluster, whose driver runs Kryo, gives it.
     running = PipelineOptions(
@@ -122,6 +131,7 @@ def test_spark_caches_spill_to_disk_unless_a_storage_level_is_given(tmp_path, ca
     spark.prepare_spark_options(running)
     assert running.view_as(spark.SparkStorageOptions).storage_level is None
     assert SPARK_KRYO not in _properties(running)
+    assert SPARK_MEMORY_FRACTION not in _properties(running)
     kept = SparkCluster(1, 2, tmp_path, os.getpid(), (os.getpid(),), 2, job_server_port=7,
                         job_server_pid=os.getpid(), job_server_ui_port=9)  # fmt: skip
     assert "--storage_level=MEMORY_AND_DISK" in kept.runner_args()
@@ -511,3 +521,11 @@ def test_an_interrupted_engine_build_on_a_base_resumes_through_a_killed_worker_b
             if line.startswith("Spark Executor Command:")
         ]
         assert commands and all(LOCAL_JVM_OPTIONS in line for line in commands), commands
+        # The kept driver's settings, which its executors get: the memory fraction among them.
+        ui = f"http://127.0.0.1:{cluster.job_server_ui_port}/api/v1/applications"
+        apps = portable.http_json(ui)
+        assert isinstance(apps, list) and apps, apps
+        environment = portable.http_json(f"{ui}/{apps[0]['id']}/environment")
+        assert isinstance(environment, dict), environment
+        settings = dict(environment["sparkProperties"])
+        assert settings["spark.memory.fraction"] == SPARK_MEMORY_FRACTION.split("=", 1)[1]

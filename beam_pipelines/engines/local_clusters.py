@@ -86,6 +86,12 @@ _SPARK_EXECUTOR_MEMORY = "-Dspark.executor.memory=3g"
 # 1 M-image build as soon as a block went to disk. Kryo writes it.
 SPARK_KRYO = "-Dspark.serializer=org.apache.spark.serializer.KryoSerializer"
 SPARK_SPILLING_STORAGE = "MEMORY_AND_DISK"
+# Spark's unified memory (its caches and its shuffles' buffers) is spark.memory.fraction of the
+# executor's heap, 0.6 unless set; the rest holds the tasks' own objects, among them Beam's
+# queues of the SDK workers' output. At 10 M images with 0.6 the caches held 9.2 M elements as
+# objects, the old generation stayed full and one stage spent 45 % of its time in GC; with 0.25
+# what does not fit spills sooner, and the same stage spent 5 % (docs/scale.md).
+SPARK_MEMORY_FRACTION = "-Dspark.memory.fraction=0.25"
 _SPARK_WORKER_MEMORY = "4g"
 
 
@@ -678,10 +684,12 @@ def _start_spark_job_server(cluster: SparkCluster, more: Sequence[str]) -> Spark
         f"-Dspark.executor.extraJavaOptions={LOCAL_JVM_OPTIONS}",
         _SPARK_EXECUTOR_MEMORY,
         SPARK_KRYO,
+        SPARK_MEMORY_FRACTION,
         f"-Dspark.ui.port={driver_ui}",
         # Beam's Spark runner then keeps its SparkContext between jobs instead of starting a
         # new application (and new executor JVMs) for each; the name is Beam's, from its tests.
         "-Dbeam.spark.test.reuseSparkContext=true",
+        # Given settings come last: of two -D flags for one property, the JVM keeps the last.
         *more,
     ]
     engine_args = ["--spark-master-url", cluster.master_url]
