@@ -251,9 +251,10 @@ def _change(images: Path, change: str) -> None:
     ("change", "extra", "reused"),
     [
         ("add", [], 15),
-        ("remove", [], 12),
-        ("relabel", [], 15),
-        ("options", ["--image_size", "20"], 0),
+        # The fast loop (-m "not slow") builds one change; the whole suite all four.
+        pytest.param("remove", [], 12, marks=pytest.mark.slow),
+        pytest.param("relabel", [], 15, marks=pytest.mark.slow),
+        pytest.param("options", ["--image_size", "20"], 0, marks=pytest.mark.slow),
     ],
 )
 def test_incremental_build_equals_a_clean_build(

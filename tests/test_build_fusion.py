@@ -164,6 +164,7 @@ def test_shard_assignment_holds_at_most_max_held_locations(max_held):
     assert packs == 307 if max_held == 5_000 else packs > 307
 
 
+@pytest.mark.slow
 def test_small_packs_write_the_same_dataset(tmp_path, monkeypatch):
     """A build whose shard assignment packs every few locations (the bound reached all the
     time) writes the same bytes as one that packs each shard's locations once."""

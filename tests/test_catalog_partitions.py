@@ -258,6 +258,7 @@ def _catalog_results(root: Path) -> list[catalog_io.CatalogResult]:
     return results
 
 
+@pytest.mark.slow
 def test_the_near_duplicate_report_names_members_from_every_partition(
     partitioned: Path, single: Path
 ) -> None:
@@ -290,6 +291,7 @@ def _near_duplicate_report(root: Path, copy: Path, found: dict | None, pairs: in
     return (copy / NEAR_DUPLICATES_NAME).read_bytes()
 
 
+@pytest.mark.slow
 def test_the_near_duplicate_report_reads_each_partition_apart_with_the_same_bytes(
     partitioned: Path, single: Path, tmp_path: Path
 ) -> None:

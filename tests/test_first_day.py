@@ -106,6 +106,7 @@ def test_a_folder_of_ones_own_publishes_then_verifies_inspects_and_reads(photos,
     assert list((run / "checkpoints").glob("ckpt-3.index")), trained.stderr
 
 
+@pytest.mark.slow
 def test_a_refusal_prints_the_command_that_publishes_and_that_command_does(
     photos, tmp_path, capsys, caplog
 ):
@@ -260,7 +261,11 @@ def _validation_per_class(dataset: Path) -> dict[str, int]:
     ]
 
 
-@pytest.mark.parametrize("stratify", [[], ["--stratify_validation"]], ids=["plain", "stratified"])
+@pytest.mark.parametrize(
+    "stratify",
+    [pytest.param([], id="plain"),
+     pytest.param(["--stratify_validation"], id="stratified", marks=pytest.mark.slow)],
+)  # fmt: skip
 def test_adding_and_removing_images_moves_no_example_between_splits(tmp_path, stratify):
     images = tmp_path / "images"
     written = make_image_tree(images, {"cat": 12, "dog": 12}, size=(64, 48))

@@ -64,6 +64,7 @@ def test_check_contiguous():
         check_contiguous(np.array([[0, 26], [27, 36]]), 63)
 
 
+@pytest.mark.slow
 def test_same_bytes_as_dali_tfrecord2idx(tmp_path):
     """Our index for a TFRecord file equals what DALI's own tool writes for it."""
     from schemas.framing import write_frame

@@ -87,6 +87,7 @@ def small_dataset(tmp_path_factory) -> tuple[Path, Path]:
     return images, root / "dataset"
 
 
+@pytest.mark.slow
 def test_the_summary_and_dataset_json_count_upscaled_and_too_small_images(
     small_dataset, tmp_path, capsys
 ):

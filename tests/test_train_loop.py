@@ -147,6 +147,7 @@ def test_trains_logs_every_scalar_and_evaluates_five_times(tmp_path, one_device)
     assert [s for s, _ in runs["validation"]["accuracy"]] == [7, 14, 21, 28, 32]
 
 
+@pytest.mark.slow
 def test_resume_trains_on_the_same_examples_to_the_same_weights(tmp_path, one_device):
     audit_a, audit_b = tmp_path / "a.keys", tmp_path / "b.keys"
     first = _run(_config(tmp_path / "a", steps=10, audit_keys=str(audit_a)), one_device)
@@ -211,6 +212,7 @@ def test_images_of_the_wrong_size_are_refused(tmp_path, one_device):
         _run(config, one_device)
 
 
+@pytest.mark.slow
 def test_tf_data_service_input_resumes_from_the_delivered_set(jpeg_dataset, tmp_path, one_device):
     import tensorflow as tf
 
