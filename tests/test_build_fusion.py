@@ -106,6 +106,7 @@ def test_build_streams_its_records_between_steps(build_args, extra):
     assert any(name.startswith("ImagesToShards/ListSources/") for name in buffered)
 
 
+@pytest.mark.slow
 def test_simulated_image_step_fuses_as_the_real_one(build_args, monkeypatch):
     real = _buffered(build_args)
     monkeypatch.setattr(transforms, "PrepareImages", SimulatedPrepareImages)

@@ -441,6 +441,7 @@ def test_a_rotated_photo_reaches_the_model_as_the_pipeline_and_reader_gave_it() 
     assert np.array_equal(served.numpy(), reader.numpy())
 
 
+@pytest.mark.slow
 def test_a_model_of_ones_own_exports_without_a_keras_file_when_keras_cannot_load_it(
     tmp_path: Path,
 ) -> None:

@@ -142,6 +142,7 @@ def test_a_refusal_prints_the_command_that_publishes_and_that_command_does(
         "prepared 0\n" in resumed, resumed  # fmt: skip
 
 
+@pytest.mark.slow
 def test_a_folder_without_class_folders_is_not_published_and_says_what_to_do(tmp_path, capsys):
     flat = tmp_path / "photos" / "cats"
     make_image_tree(flat, {"cat": 4}, size=(32, 24))

@@ -398,6 +398,7 @@ def test_internal_error_names_the_type_and_where():
     assert "test_internal_error_names_the_type_and_where" in rejected.detail
 
 
+@pytest.mark.slow
 def test_memory_error_while_decoding_is_an_internal_error_rejection(tmp_path):
     # A real MemoryError: a 100 MP PNG (allowed by --max_pixels) decoded in a process whose
     # address space leaves no room for its 300 MB of pixels.

@@ -132,6 +132,7 @@ def _by_value(ids: list[int]) -> list[int]:
     return sorted(ids, key=lambda i: split_value(_sha(i)))
 
 
+@pytest.mark.slow
 def test_on_a_base_nothing_moves_and_new_examples_fill_each_gap():
     f = 0.25
     # Class 0: 8 in the base, 4 of them in validation (over its quota of 3 at n = 10, as after

@@ -219,6 +219,7 @@ def test_threads_decode_as_one_thread_does() -> None:
     assert all(np.array_equal(a, b) for a, b in zip(expected, got, strict=True))
 
 
+@pytest.mark.slow
 def test_a_large_foreign_jpeg_decodes() -> None:
     # Larger than the per-thread buffer that is kept (16 MiB).
     data = _encoded(_photo(5, height=2100, width=2900), quality=80)

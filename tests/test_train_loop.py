@@ -120,6 +120,7 @@ def _run(config: TrainConfig, dist: Any, inputs: MemoryInputs | None = None) -> 
     return run_training(config, dist, inputs or MemoryInputs(config.global_batch_size))
 
 
+@pytest.mark.slow
 def test_trains_logs_every_scalar_and_evaluates_five_times(tmp_path, one_device):
     # 48 examples in global batches of 12: 4 steps per epoch, 8 epochs.
     result = _run(_config(tmp_path, steps=None, epochs=8, eval_every=None), one_device)
@@ -163,6 +164,7 @@ def test_resume_trains_on_the_same_examples_to_the_same_weights(tmp_path, one_de
     assert resumed.eval_metrics["loss"] == pytest.approx(straight.eval_metrics["loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_rerun_layout_change_uncheckpointable_input_and_wrong_model(tmp_path, one_device):
     quiet = {"eval_every": None, "log_every": 100}
     plain = MemoryInputs(12, has_eval=False)

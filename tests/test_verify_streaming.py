@@ -86,6 +86,7 @@ def _live_reports_while_reading(root: Path) -> tuple[VerifyReport, list[int]]:
     return report, [c - baseline for c in counts]
 
 
+@pytest.mark.slow
 def test_reports_are_built_as_shards_are_read_and_sound_ones_not_kept(many_shards: Path) -> None:
     gc.collect()
     report, counts = _live_reports_while_reading(many_shards)
