@@ -310,7 +310,7 @@ def test_write_shards_with_few_records_writes_empty_shards_too(tmp_path):
 def test_side_inputs_of_every_shard_carry_names_not_label_counts(tmp_path):
     # A ShardResult carries its label counts (74 KB decoded at 1,000 classes): as side inputs
     # of every shard, the finished and the done ones grew each worker that read them with the
-    # dataset (0.96 GB an SDK worker at 10 M images on Spark, 0.45 GB at 1 M).
+    # dataset (0.39 GB at 10 M images).
     done = ShardResult(TRAIN, 0, 2, "train-00000-of-00002.tfrecord", 1, 1, "0" * 64)
     done = done._replace(label_counts=tuple((label, 1) for label in range(1000)))
     p = beam.Pipeline()

@@ -399,6 +399,8 @@ class WriteShards(beam.PTransform):
         else:
             done = pipeline | "NoneDone" >> beam.Create([])
             done_duplicates = pipeline | "NoDoneDuplicates" >> beam.Create([])
+        # (split, index) of the shards done before: what the side inputs below need of them
+        done_names = done | "DoneNames" >> _shard_names()
         packed = records | "AssignShard" >> beam.ParDo(
             _AssignAndPackFn(), beam.pvalue.AsSingleton(plan)
         )
@@ -411,14 +413,11 @@ class WriteShards(beam.PTransform):
             | "WriteShard"
             >> beam.ParDo(
                 WriteShardFn(self._output_dir, label_conflicts=self._label_conflicts),
-                done=beam.pvalue.AsList(done | "DoneNames" >> _shard_names()),
+                done=beam.pvalue.AsList(done_names),
             ).with_outputs(DUPLICATES_TAG, main="shards")
         )
-        finished = (
-            (written.shards, done)
-            | "Finished" >> beam.Flatten()
-            | "FinishedNames" >> _shard_names()
-        )
+        written_names = written.shards | "WrittenNames" >> _shard_names()
+        finished = (written_names, done_names) | "Finished" >> beam.Flatten()
         # A shard whose hash range caught no record is written empty, after the others.
         empty = (
             plan
