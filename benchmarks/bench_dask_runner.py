@@ -34,6 +34,7 @@ from pathlib import Path
 
 from beam_pipelines.samples import write_imagenet_like_jpegs
 from benchmarks.bench_jvm_engines import engine_cluster
+from benchmarks.common import exit_on_sigterm
 from benchmarks.steady_state import chosen_engines, cpu_seconds, photo_sets, pipeline_run
 from tests.fixtures.dask_cluster import local_dask_cluster
 
@@ -90,6 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--engines", default="in_process,dask,flink", help=f"from {ENGINES}")
     parser.add_argument("--workdir", default=None, help="where to put images and outputs")
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # the clusters this starts stop on SIGTERM too
     engines = chosen_engines(parser, args.engines, list(ENGINES))
     logging.getLogger("apache_beam").setLevel(logging.ERROR)
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:

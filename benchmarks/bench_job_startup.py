@@ -37,6 +37,7 @@ from beam_pipelines.engines.local_clusters import (
 from beam_pipelines.engines.portable import http_json
 from benchmarks.bench_jvm_engines import start_build
 from benchmarks.bench_scale import SMALL_RECORDS, write_noise_pngs
+from benchmarks.common import exit_on_sigterm
 
 __all__ = ["flink_job_times", "main"]
 
@@ -129,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=100, help="tiny images a build")
     parser.add_argument("--workdir", help="scratch directory (default: a temporary one)")
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # the clusters this starts stop on SIGTERM too
     engines = [e for e in args.engines.split(",") if e]
     if unknown := sorted(set(engines) - {"flink", "spark"}):
         parser.error(f"--engines: unknown {unknown}; expected flink, spark")

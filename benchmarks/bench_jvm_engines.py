@@ -55,6 +55,7 @@ from beam_pipelines.engines.local_clusters import (
 )
 from benchmarks.bench_engines import Row, measure_engine
 from benchmarks.bench_scale import CLASSES, SMALL_RECORDS, write_noise_pngs
+from benchmarks.common import exit_on_sigterm
 from benchmarks.steady_state import (
     add_size_flags,
     photo_sets,
@@ -353,6 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(e.g. 16000,32000,64000), a fresh cluster per build",
     )
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # the clusters this starts stop on SIGTERM too
     engines = [e for e in args.engines.split(",") if e]
     if unknown := sorted(set(engines) - set(ENGINES)):
         parser.error(f"--engines: unknown {unknown}; expected names from {list(ENGINES)}")

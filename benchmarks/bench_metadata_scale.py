@@ -49,6 +49,7 @@ from apache_beam.transforms.window import GlobalWindows
 from beam_pipelines.elements import CatalogMeta, SourceFile
 from beam_pipelines.inputs.sources import unpack_sources
 from beam_pipelines.output.staging import DEFAULT_FILE_BYTES, RecordStager
+from benchmarks.common import exit_on_sigterm
 from benchmarks.metadata_on_engines import ENGINE_MODES, engine_run
 from schemas.image_example import ImageRecord, serialize_record
 
@@ -409,6 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="one more pipeline flag (repeatable; e.g. --pipeline_flag=--leakage=move_to_train)",
     )  # fmt: skip
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # the clusters this starts stop on SIGTERM too
     measure = _buffers if args.buffers else _measure
     if args.work:
         work = Path(args.work)

@@ -42,6 +42,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import io
 import os
@@ -186,13 +187,19 @@ def measured_run(
     stderr_chunks: list[bytes] = []
     reader = threading.Thread(target=lambda: stderr_chunks.append(proc.stderr.read()), daemon=True)
     reader.start()
-    if kill_after_s is not None:
-        try:
-            proc.wait(timeout=kill_after_s)
-        except subprocess.TimeoutExpired:
+    try:
+        if kill_after_s is not None:
+            try:
+                proc.wait(timeout=kill_after_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed = True
+        _, status, usage = os.wait4(proc.pid, 0)
+    except BaseException:  # Ctrl-C, or SIGTERM (common.exit_on_sigterm): the run goes too
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-            killed = True
-    _, status, usage = os.wait4(proc.pid, 0)
+        sampler.stop()
+        raise
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - start
     sampler.stop()

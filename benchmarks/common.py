@@ -12,6 +12,8 @@
 * ``publish_synthetic_manifest``: ``dataset.json`` (and its shard tables) for the synthetic
   8-pixel PNG datasets of the manifest and verify benchmarks, written as the pipeline
   publishes them.
+* ``exit_on_sigterm``: a benchmark that starts local clusters stops them when it is sent
+  SIGTERM, as it does on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +41,7 @@ __all__ = [
     "tuned_jpeg_dataset",
     "photo_datasets",
     "publish_synthetic_manifest",
+    "exit_on_sigterm",
     "run_module",
     "write_shards",
 ]
@@ -80,6 +84,19 @@ def tuned_jpeg_dataset(photos: Path, batch_size: int, image_size: int = 224, see
     ds = ds.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True).repeat()
     ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def exit_on_sigterm() -> None:
+    """From now on SIGTERM ends this process as Ctrl-C does: ``SystemExit`` (status 143) is
+    raised in the main thread, so the ``with`` blocks on the way out run, among them those
+    that started a local Flink or Spark cluster (``local_clusters``), which stop it. Without
+    this, Python dies on SIGTERM at once and the cluster's JVMs keep running. Call it from the
+    main thread."""
+
+    def _exit(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
 
 
 def run_module(module: str, args: Sequence[str], env: dict[str, str] | None = None) -> str:

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from beam_pipelines.samples import write_imagenet_like_jpegs
 from benchmarks.bench_jvm_engines import RolePeaks, engine_cluster
+from benchmarks.common import exit_on_sigterm
 
 __all__ = [
     "frame_category",
@@ -315,6 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--keep", default=None, help="copy the logs, py-spy stacks and event log to this folder"
     )
     args = parser.parse_args(argv)
+    exit_on_sigterm()  # the clusters this starts stop on SIGTERM too
     if args.n < 1:
         parser.error(f"--n must be >= 1, got {args.n}")
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
