@@ -31,6 +31,7 @@ from beam_pipelines.command_line import parse_command_line
 from beam_pipelines.engines import flink, portable, spark
 from beam_pipelines.engines.local_clusters import (
     LOCAL_JVM_OPTIONS,
+    SPARK_HEARTBEAT_WHOLE,
     SPARK_KRYO,
     SPARK_MEMORY_FRACTION,
     FlinkCluster,
@@ -116,6 +117,8 @@ def test_spark_caches_spill_to_disk_unless_a_storage_level_is_given(tmp_path, ca
     assert SPARK_KRYO in _properties(options)
     # Spark's caches leave the executors' heap to Beam's queues sooner (GC at 10 M images).
     assert SPARK_MEMORY_FRACTION in _properties(options)
+    # Executors' heartbeats send Beam's accumulators whole (isZero throws mid-deserialization).
+    assert SPARK_HEARTBEAT_WHOLE in _properties(options)
     own = ["--job_server_jvm_properties=-Dspark.memory.fraction=0.5"]
     chosen = PipelineOptions(
         ["--spark_master_url", "local[2]", "--spark_job_server_jar", jar, *own]
@@ -132,6 +135,7 @@ def test_spark_caches_spill_to_disk_unless_a_storage_level_is_given(tmp_path, ca
     assert running.view_as(spark.SparkStorageOptions).storage_level is None
     assert SPARK_KRYO not in _properties(running)
     assert SPARK_MEMORY_FRACTION not in _properties(running)
+    assert SPARK_HEARTBEAT_WHOLE not in _properties(running)
     kept = SparkCluster(1, 2, tmp_path, os.getpid(), (os.getpid(),), 2, job_server_port=7,
                         job_server_pid=os.getpid(), job_server_ui_port=9)  # fmt: skip
     assert "--storage_level=MEMORY_AND_DISK" in kept.runner_args()
@@ -529,3 +533,5 @@ def test_an_interrupted_engine_build_on_a_base_resumes_through_a_killed_worker_b
         assert isinstance(environment, dict), environment
         settings = dict(environment["sparkProperties"])
         assert settings["spark.memory.fraction"] == SPARK_MEMORY_FRACTION.split("=", 1)[1]
+        heartbeat, whole = SPARK_HEARTBEAT_WHOLE.removeprefix("-D").split("=", 1)
+        assert settings[heartbeat] == whole

@@ -92,6 +92,13 @@ SPARK_SPILLING_STORAGE = "MEMORY_AND_DISK"
 # objects, the old generation stayed full and one stage spent 45 % of its time in GC; with 0.25
 # what does not fit spills sooner, and the same stage spent 5 % (docs/scale.md).
 SPARK_MEMORY_FRACTION = "-Dspark.memory.fraction=0.25"
+# Every 10 s an executor's heartbeat asks each running task's accumulators whether they are
+# zero, to leave those out. Spark registers an accumulator while the task is still
+# deserializing it (apache/spark#58785, open), and Beam's (MetricsContainerStepMapAccumulator)
+# then has no value yet: isZero throws, the heartbeat thread dies, and two minutes later the
+# driver drops the executor and recomputes what it held (a 10 M-image build lost 10 minutes so,
+# after about 15,000 tasks). Sent whole, as before Spark 3.0, nothing asks.
+SPARK_HEARTBEAT_WHOLE = "-Dspark.executor.heartbeat.dropZeroAccumulatorUpdates=false"
 _SPARK_WORKER_MEMORY = "4g"
 
 
@@ -685,6 +692,7 @@ def _start_spark_job_server(cluster: SparkCluster, more: Sequence[str]) -> Spark
         _SPARK_EXECUTOR_MEMORY,
         SPARK_KRYO,
         SPARK_MEMORY_FRACTION,
+        SPARK_HEARTBEAT_WHOLE,
         f"-Dspark.ui.port={driver_ui}",
         # Beam's Spark runner then keeps its SparkContext between jobs instead of starting a
         # new application (and new executor JVMs) for each; the name is Beam's, from its tests.

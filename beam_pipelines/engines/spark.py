@@ -31,6 +31,7 @@ from apache_beam.runners.runner import PipelineResult
 
 from beam_pipelines.engines import portable, versions
 from beam_pipelines.engines.local_clusters import (
+    SPARK_HEARTBEAT_WHOLE,
     SPARK_KRYO,
     SPARK_MEMORY_FRACTION,
     SPARK_SPILLING_STORAGE,
@@ -145,10 +146,12 @@ def prepare_spark_options(options: PipelineOptions) -> str | None:
     # (MEMORY_ONLY unless told): what did not fit the executor's storage memory was dropped and
     # computed again for its second reader (a 1 M-image build's CPU per image 1.6x a 300 k
     # one's). A driver started here spills them instead, with Kryo (SPARK_KRYO), and leaves
-    # the executors' heap to Beam's queues sooner (SPARK_MEMORY_FRACTION), unless given.
+    # the executors' heap to Beam's queues sooner (SPARK_MEMORY_FRACTION), unless given; its
+    # executors' heartbeats do not die on Beam's accumulator (SPARK_HEARTBEAT_WHOLE).
     if not options.view_as(PortableOptions).job_endpoint:
         _add_jvm_property(options, SPARK_KRYO)
         _add_jvm_property(options, SPARK_MEMORY_FRACTION)
+        _add_jvm_property(options, SPARK_HEARTBEAT_WHOLE)
         storage = options.view_as(SparkStorageOptions)
         storage.storage_level = storage.storage_level or SPARK_SPILLING_STORAGE
     return ui
