@@ -8,10 +8,13 @@ import json
 import shutil
 from pathlib import Path
 
+import apache_beam as beam
 import pyarrow as pa
 import pytest
+from apache_beam.testing.util import assert_that, equal_to
 
 from beam_pipelines import images_to_tfrecord
+from beam_pipelines.elements import ShardResult
 from beam_pipelines.output import catalog_io
 from beam_pipelines.output.publish import split_catalog_files
 from catalog.partitions import (
@@ -112,6 +115,37 @@ def test_the_cut_is_consecutive_bounded_and_covers_every_shard() -> None:
             assert all(
                 partition_of(i, parts, num_shards) == p for p, r in enumerate(ranges) for i in r
             )
+
+
+def test_a_partitions_merge_holds_its_shards_without_their_label_counts(monkeypatch) -> None:
+    # A merge holds every shard of its partition at once: at 1,000 classes each shard's label
+    # counts are 74 KB as Python objects, 74 MB in a worker for a partition of 1,000 shards.
+    given: list[ShardResult] = []
+
+    def merge(output_dir, split, shards, *, partition, partitions, first_index):
+        shards = list(shards)
+        given.extend(shards)
+        rows = sum(s.num_examples for s in shards)
+        return catalog_io.CatalogResult(split, f"p{partition}", rows, 1, "0" * 64, partition,
+                                        partitions)  # fmt: skip
+
+    monkeypatch.setattr(catalog_io, "merge_split_catalog", merge)
+    counts = tuple((label, 3) for label in range(1000))
+    shards = [
+        ShardResult("train", i, 6, f"train-{i:05d}-of-00006.tfrecord", 30, 100, "0" * 64,
+                    label_counts=counts)
+        for i in range(6)
+    ]  # fmt: skip
+    with beam.Pipeline() as pipeline:
+        merged = (
+            pipeline
+            | beam.Create(shards)
+            | catalog_io.MergeCatalogs("/unused", partition_rows=60)
+            | beam.Map(lambda c: (c.partition, c.num_examples))
+        )
+        assert_that(merged, equal_to([(0, 60), (1, 60), (2, 60)]))
+    assert sorted(s.index for s in given) == list(range(6))
+    assert all(s.label_counts == () for s in given), "label counts reached a merge"
 
 
 def test_missing_or_repeated_partitions_are_refused() -> None:

@@ -64,6 +64,9 @@ def test_it_trims_at_most_once_a_period(monkeypatch):
     assert heap.release_freed_memory(now=start)
     assert not heap.release_freed_memory(now=start + heap.TRIM_EVERY_S / 2)
     assert heap.release_freed_memory(now=start + heap.TRIM_EVERY_S)
+    # A bundle's end trims whatever the period.
+    assert heap.release_freed_memory(now=start + heap.TRIM_EVERY_S * 1.5, force=True)
+    assert not heap.release_freed_memory(now=start + heap.TRIM_EVERY_S * 1.75)
 
 
 # In a process of its own: 300 arrays of 1 MB in Arrow's default pool (mimalloc in the wheels),

@@ -10,6 +10,7 @@ gathered search's result exactly (``search_columns``: every hash in one place).
 from __future__ import annotations
 
 import array
+import sys
 
 import apache_beam as beam
 import numpy as np
@@ -260,3 +261,22 @@ def test_the_launcher_chooses_from_the_listings_size_and_the_runner(tmp_path, mo
         unreadable = dataclasses.replace(config, input=str(tmp_path / "dir.csv"))
         assert choose(unreadable, dask).search_method == "gathered"
     assert caplog.text == ""  # the gathered search is not announced
+
+
+def test_each_search_step_gives_back_what_its_bundle_freed_when_the_bundle_ends(monkeypatch):
+    # Trims are at most one a second while a step runs; at a bundle's end one is made whatever
+    # the period, or what the last packs or buckets freed stays in the worker into the next
+    # step (230 MB at 10 M images on Spark).
+    from beam_pipelines.graph import near_duplicate_search
+
+    forced: set[str] = set()
+
+    def release(*, now=None, force=False):
+        caller = sys._getframe(1).f_locals.get("self")  # the DoFn that asked
+        if force:
+            forced.add(type(caller).__name__)
+        return True
+
+    monkeypatch.setattr(near_duplicate_search, "release_freed_memory", release)
+    _run(PipelineOptions([]), _entries(200, seed=5), DEFAULT_THRESHOLD, False, 1 << 16)
+    assert forced == {"_CountBucketsFn", "_ToBlocksFn", "SearchBucketFn"}, forced

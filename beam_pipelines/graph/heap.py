@@ -40,11 +40,12 @@ def _malloc_trim():
         return None
 
 
-def release_freed_memory(*, now: float | None = None) -> bool:
+def release_freed_memory(*, now: float | None = None, force: bool = False) -> bool:
     """Returns the free pages of glibc's heap, and Arrow's unused memory, to the system, unless
-    it did so less than ``TRIM_EVERY_S`` ago. Returns whether it did."""
+    it did so less than ``TRIM_EVERY_S`` ago (``force``: even then; for the end of a bundle,
+    after which nothing of its step calls again). Returns whether it did."""
     now = time.monotonic() if now is None else now
-    if now - _last_trim[0] < TRIM_EVERY_S:
+    if not force and now - _last_trim[0] < TRIM_EVERY_S:
         return False
     _last_trim[0] = now
     arrow = sys.modules.get("pyarrow")  # not imported here: only where it is in use already
