@@ -223,7 +223,9 @@ def test_every_example_once_per_epoch_over_any_number_of_pipelines(dataset, pipe
     assert max(ends) - min(ends) <= 1
 
 
-@ORDERS
+@pytest.mark.parametrize(
+    "order", ["permutation", pytest.param("buffer", marks=pytest.mark.slow)]
+)  # the slower order in the whole suite only
 def test_exclude_reads_the_rest_of_the_epoch_then_full_epochs(dataset, order):
     digest = _digest(dataset)
     empty = DeliveredSet.empty(N, seed=3, split=digest)
@@ -389,7 +391,7 @@ def test_damage_among_the_records_skipped_in_the_file_reader_still_fails(dataset
     assert sorted(rest) == sorted(set(range(N)) - shard)
 
 
-@pytest.mark.parametrize("pipelines", [1, 2])
+@pytest.mark.parametrize("pipelines", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_shard_read_short_under_the_filter_still_fails(dataset, tmp_path, pipelines):
     copy = copy_dataset(dataset, tmp_path / "ds")
     shards = copy.manifest.split("train").shards

@@ -95,7 +95,12 @@ def _run(options: PipelineOptions, rows, threshold: int, move: bool, max_entries
 
 @pytest.mark.parametrize(
     ("threshold", "max_entries", "move"),
-    [(0, 1 << 16, False), (3, 40, True), (DEFAULT_THRESHOLD, 1 << 16, True), (8, 64, False)],
+    [
+        pytest.param(0, 1 << 16, False, marks=pytest.mark.slow),
+        (3, 40, True),
+        (DEFAULT_THRESHOLD, 1 << 16, True),
+        (8, 64, False),
+    ],
 )
 def test_bucketed_search_equals_the_gathered_one_in_process(threshold, max_entries, move):
     _run(PipelineOptions([]), _entries(400, seed=threshold), threshold, move, max_entries)
