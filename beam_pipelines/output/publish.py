@@ -199,10 +199,6 @@ class ClassCounts(beam.CombineFn):
         return {"examples": examples, "labels": sorted(labels.items())}
 
 
-def _without_class_counts(shard: ShardResult) -> ShardResult:
-    return shard._replace(label_counts=())
-
-
 class _StageFn(beam.DoFn):
     def __init__(self, output_dir: str, run_id: str) -> None:
         self._output_dir = output_dir
@@ -263,7 +259,9 @@ class StageResults(beam.PTransform):
             | "BySplit" >> beam.Map(lambda shard: (shard.split, shard))
             | "ClassCounts" >> beam.CombinePerKey(ClassCounts())
         )
-        shards = results["shards"] | "WithoutClassCounts" >> beam.Map(_without_class_counts)
+        shards = results["shards"] | "WithoutClassCounts" >> beam.Map(
+            ShardResult.without_label_counts
+        )
         # Written sorted with bounded memory; only their counts reach the summary below.
         rejected = results["rejected"] | "RejectedReport" >> WriteSortedReport(
             self._output_dir, REJECTED_NAME, Rejection, RejectedSummary
