@@ -111,7 +111,7 @@ def check_hashes(hashes: np.ndarray, threshold: int) -> np.ndarray:
         return array.view(np.uint64)  # the same 64 bits, as a signed store would hold them
     if array.dtype.kind != "u" and array.size:
         raise TypeError(f"hashes must be uint64 (the catalog's 'phash'), got dtype {array.dtype}")
-    return array.astype(np.uint64)
+    return array.astype(np.uint64, copy=False)  # no second copy of a large bucket's hashes
 
 
 class _Enough(Exception):  # control flow: max_pairs reached
@@ -513,22 +513,25 @@ def bucket_candidates(virtual: np.ndarray, threshold: int, shared: tuple[int, in
     (``without_chunk``): left in, it fills part of one of the index's chunks with bits that never
     differ, and at 120,000 entries that search took 15x as long.
     """
+    # Positions of the bucket's entries held whole while it is searched: 4 bytes each, not 8.
+    index = _position_type(virtual.shape[0] + 1)
     unique, inverse = np.unique(virtual, return_inverse=True)
-    inverse = inverse.ravel()
+    inverse = inverse.ravel().astype(index)
     bits = HASH_BITS
     if unique.shape[0] > 1:
         cut = without_chunk(unique, *shared)
         if cut is not None:
             unique, bits = cut, HASH_BITS - shared[1]
     near = find_pairs(unique, threshold, flips=False, bits=bits)
-    order = np.argsort(inverse, kind="stable")  # entries grouped by distinct value
-    offsets = np.zeros(unique.shape[0] + 1, np.int64)
+    order = np.argsort(inverse, kind="stable").astype(index)  # entries grouped by value
+    offsets = np.zeros(unique.shape[0] + 1, index)
     np.cumsum(np.bincount(inverse, minlength=unique.shape[0]), out=offsets[1:])
-    sizes = np.diff(offsets)
+    sizes = np.diff(offsets).astype(np.int64)
     # Queries in grouped order: each entry with the rest of its group, and each member of a
     # distinct pair's first group with all of its second group.
     group_of = inverse[order]
-    positions = np.arange(order.shape[0], dtype=np.int64)
+    del inverse
+    positions = np.arange(order.shape[0], dtype=index)
     q_same, s_same = positions, positions + 1
     c_same = offsets[group_of + 1] - positions - 1
     g1, g2 = near.first, near.second
@@ -537,7 +540,7 @@ def bucket_candidates(virtual: np.ndarray, threshold: int, shared: tuple[int, in
     c_near = np.repeat(sizes[g2], sizes[g1])
     for queries, starts, counts in ((q_same, s_same, c_same), (q_near, s_near, c_near)):
         for grouped, partners in expanded_runs(queries, starts, counts):
-            yield order[grouped], order[partners]
+            yield order[grouped].astype(np.int64), order[partners].astype(np.int64)
 
 
 def without_chunk(hashes: np.ndarray, low: int, width: int) -> np.ndarray | None:

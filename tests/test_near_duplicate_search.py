@@ -285,3 +285,36 @@ def test_each_search_step_gives_back_what_its_bundle_freed_when_the_bundle_ends(
     monkeypatch.setattr(near_duplicate_search, "release_freed_memory", release)
     _run(PipelineOptions([]), _entries(200, seed=5), DEFAULT_THRESHOLD, False, 1 << 16)
     assert forced == {"_CountBucketsFn", "_ToBlocksFn", "SearchBucketFn"}, forced
+
+
+def test_a_bucket_search_holds_under_230_bytes_an_entry_at_its_peak(monkeypatch):
+    # docs/scale.md sizes an SDK worker by what its largest bucket search holds: 210 bytes an
+    # entry (the rows it keeps, their hashes and the index's positions), 254 before the sort of
+    # one entry per content stopped copying every row and the positions shrank to 4 bytes.
+    import tracemalloc
+
+    from beam_pipelines.graph import near_duplicate_search
+    from beam_pipelines.graph.near_duplicate_search import SearchBucketFn, entry_dtype
+    from catalog.near_duplicates import bucket_layout
+
+    rule, examples = WindowRule(), 10_000
+    rng = np.random.default_rng(3)
+    low, width = bucket_layout(rule.bucket_threshold)[1]
+    whole = rng.integers(0, 2**64, examples, dtype=np.uint64)
+    whole &= ~np.uint64(((1 << width) - 1) << low)  # every whole frame in bucket (1, 0)
+    rows = np.zeros(4 * examples, entry_dtype(rule.windows))
+    rows["key"] = np.repeat(rng.integers(-(2**63), 2**63 - 1, examples, dtype=np.int64), 4)
+    rows["label"] = np.repeat(rng.integers(0, 1000, examples), 4)
+    rows["kind"] = np.tile([0, 2, 3, 4], examples)  # windows as the whole frame: adopted data
+    rows["hashes"] = np.repeat(whole, 4).view(np.int64)[:, None]
+    rows = rows[rng.permutation(rows.shape[0])]
+    packs = [rows[i : i + 1000].tobytes() for i in range(0, rows.shape[0], 1000)]
+    monkeypatch.setattr(near_duplicate_search, "release_freed_memory", lambda **_: False)
+    tracemalloc.start()
+    try:
+        found = list(SearchBucketFn(rule).process(((1, 0, 0, 0), packs)))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert found == []  # uniform hashes: no pair among 10,000 examples
+    assert peak / rows.shape[0] < 230, peak / rows.shape[0]
