@@ -504,7 +504,8 @@ class BucketPairs:
 
 def bucket_candidates(virtual: np.ndarray, threshold: int, shared: tuple[int, int]):
     """Yields ``(rows a, rows b)``: every pair of a bucket's entries whose hashes (``virtual``,
-    uint64) are within ``threshold`` bits, each once, at most about ``_EXPAND_LIMIT`` at a time.
+    uint64) are within ``threshold`` bits, each once, at most about ``_EXPAND_LIMIT`` at a time
+    (int32 rows below 2**31 entries).
 
     Identical hashes are collapsed first: ``find_pairs`` finds the distinct values within the
     threshold, and member pairs are expanded from them, so a bucket of many identical hashes
@@ -540,7 +541,7 @@ def bucket_candidates(virtual: np.ndarray, threshold: int, shared: tuple[int, in
     c_near = np.repeat(sizes[g2], sizes[g1])
     for queries, starts, counts in ((q_same, s_same, c_same), (q_near, s_near, c_near)):
         for grouped, partners in expanded_runs(queries, starts, counts):
-            yield order[grouped].astype(np.int64), order[partners].astype(np.int64)
+            yield order[grouped], order[partners]
 
 
 def without_chunk(hashes: np.ndarray, low: int, width: int) -> np.ndarray | None:

@@ -288,7 +288,7 @@ def test_each_search_step_gives_back_what_its_bundle_freed_when_the_bundle_ends(
 
 
 def test_a_bucket_search_holds_under_230_bytes_an_entry_at_its_peak(monkeypatch):
-    # docs/scale.md sizes an SDK worker by what its largest bucket search holds: 210 bytes an
+    # docs/scale.md sizes an SDK worker by what its largest bucket search holds: 198 bytes an
     # entry (the rows it keeps, their hashes and the index's positions), 254 before the sort of
     # one entry per content stopped copying every row and the positions shrank to 4 bytes.
     import tracemalloc
